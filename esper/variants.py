@@ -1,0 +1,91 @@
+"""The reviewed choices, one frozen dataclass with a value on every axis.
+
+Every part of esper reads its behaviour from a `Variants` instance; there are no
+global flags. `Variants.original()` is the code as reviewed, `Variants.optimized()`
+the choices the review proposed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+#: axis name -> allowed values; the first value is the original system's choice.
+AXES: dict[str, tuple[str, ...]] = {
+    "reset": ("clone", "mask"),
+    "step_counts": ("list", "tensor"),
+    "gae": ("loop", "batched", "scan"),
+    "sync": ("stream", "event"),
+}
+
+
+def register_gae_method(name: str) -> None:
+    """Allow `name` as a value of the `gae` axis (for methods added by later modules)."""
+    if name not in AXES["gae"]:
+        AXES["gae"] = AXES["gae"] + (name,)
+
+
+@dataclass(frozen=True)
+class Variants:
+    """One choice per reviewed axis."""
+
+    reset: str = "clone"
+    """How the per-env loop GAE resets the trace at a true terminal:
+    `clone` allocates `zero.clone()` (original), `mask` multiplies by a precomputed not-done."""
+    step_counts: str = "list"
+    """Buffer bookkeeping of per-env step counts: Python `list` (original) or CPU int `tensor`."""
+    gae: str = "loop"
+    """Advantage computation method, a key of `esper.gae.METHODS`."""
+    sync: str = "stream"
+    """Vectorized env phase: host `stream.synchronize()` per env (original) or CUDA `event`s."""
+
+    def __post_init__(self) -> None:
+        for axis, allowed in AXES.items():
+            value = getattr(self, axis)
+            if value not in allowed:
+                raise ValueError(
+                    f"Variants.{axis}: expected one of {', '.join(allowed)}; got {value!r}"
+                )
+
+    @classmethod
+    def original(cls) -> "Variants":
+        """The reviewed code: clone resets, list step counts, loop GAE, stream sync."""
+        return cls(reset="clone", step_counts="list", gae="loop", sync="stream")
+
+    @classmethod
+    def optimized(cls) -> "Variants":
+        """Every change the review proposed."""
+        return cls(reset="mask", step_counts="tensor", gae="scan", sync="event")
+
+    @classmethod
+    def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":
+        """Parse `"gae=scan,reset=mask"` over `base` (default `original()`).
+
+        `spec` may also be `original` or `optimized`, optionally followed by overrides:
+        `"optimized,gae=batched"`.
+        """
+        result = base if base is not None else cls.original()
+        for part in (p.strip() for p in spec.split(",")):
+            if not part:
+                continue
+            if part in ("original", "optimized"):
+                result = getattr(cls, part)()
+                continue
+            if "=" not in part:
+                raise ValueError(
+                    f"variant spec: expected 'axis=value' or 'original'/'optimized'; got {part!r}"
+                )
+            axis, value = (s.strip() for s in part.split("=", 1))
+            if axis not in AXES:
+                raise ValueError(
+                    f"variant spec: unknown axis {axis!r}; valid axes: {', '.join(AXES)}"
+                )
+            result = dataclasses.replace(result, **{axis: value})
+        return result
+
+    def spec(self) -> str:
+        """The inverse of `parse`: `"reset=clone,step_counts=list,gae=loop,sync=stream"`."""
+        return ",".join(f"{axis}={getattr(self, axis)}" for axis in AXES)
+
+    def __str__(self) -> str:
+        return self.spec()
