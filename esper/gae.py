@@ -1,0 +1,328 @@
+"""Generalized Advantage Estimation over ragged, env-major rollouts.
+
+Every method computes the same function (see `compute_gae`); they differ only in how.
+
+Semantics, per env `e` with `T_e = step_counts[e]` and `t < T_e`::
+
+    done_t   = dones_t or truncated_t
+    term_t   = dones_t and not truncated_t          # true terminal: no bootstrap
+    boot_t   = truncated_t or t == T_e - 1           # next value comes from bootstrap_values
+    next_v_t = bootstrap_values_t if boot_t else values_{t+1}
+    delta_t  = rewards_t + gamma * (1 - term_t) * next_v_t - values_t
+    A_t      = delta_t + gamma * lambda * (1 - done_t) * A_{t+1},   A_{T_e} = 0
+    R_t      = A_t + values_t
+
+`terminated` (term) zeroes the bootstrap; `done` (dones or truncated) cuts the
+lambda-trace. Entries at or past `T_e` are 0 in both outputs, whatever the padding holds.
+
+Difference from the reviewed original: at a truncation *inside* a row (an episode cut
+by a time limit and followed by the next episode in the same row) the original
+bootstrapped from the next episode's first value and carried the lambda-trace across
+the boundary. Here the trace is cut and `bootstrap_values_t` is used. On inputs with no
+truncation before a row's last step both agree.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+StepCounts = Sequence[int] | Tensor
+GaeFn = Callable[..., tuple[Tensor, Tensor]]
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _shape_error(field: str, expected: object, got: object) -> ValueError:
+    return ValueError(f"compute_gae: {field}: expected {expected}; got {got}")
+
+
+def check_gae_inputs(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    truncated: Tensor,
+    bootstrap_values: Tensor,
+    step_counts: StepCounts,
+    gamma: float,
+    gae_lambda: float,
+) -> None:
+    """Validate shapes, dtypes, devices and hyper-parameters; raise `ValueError` naming the field.
+
+    Never reads tensor values (no host sync). List step counts are range-checked;
+    tensor step counts are not, because that would cost a host sync on CUDA.
+    """
+    if rewards.dim() != 2:
+        raise _shape_error("rewards", "a 2-D [num_envs, max_steps] tensor", tuple(rewards.shape))
+    if not rewards.is_floating_point():
+        raise _shape_error("rewards.dtype", "a floating dtype", rewards.dtype)
+    shape = tuple(rewards.shape)
+    for name, tensor, want_dtype in (
+        ("values", values, rewards.dtype),
+        ("bootstrap_values", bootstrap_values, rewards.dtype),
+        ("dones", dones, torch.bool),
+        ("truncated", truncated, torch.bool),
+    ):
+        if tuple(tensor.shape) != shape:
+            raise _shape_error(f"{name}.shape", shape, tuple(tensor.shape))
+        if tensor.dtype != want_dtype:
+            raise _shape_error(f"{name}.dtype", want_dtype, tensor.dtype)
+        if tensor.device != rewards.device:
+            raise _shape_error(f"{name}.device", rewards.device, tensor.device)
+    num_envs, max_steps = shape
+    if isinstance(step_counts, Tensor):
+        if step_counts.dim() != 1 or step_counts.shape[0] != num_envs:
+            raise _shape_error("step_counts.shape", (num_envs,), tuple(step_counts.shape))
+        if step_counts.is_floating_point() or step_counts.dtype == torch.bool:
+            raise _shape_error("step_counts.dtype", "an integer dtype", step_counts.dtype)
+    else:
+        counts = list(step_counts)
+        if len(counts) != num_envs:
+            raise _shape_error("len(step_counts)", num_envs, len(counts))
+        bad = [c for c in counts if not isinstance(c, int) or not 0 <= c <= max_steps]
+        if bad:
+            raise _shape_error("step_counts", f"ints in [0, {max_steps}]", bad[:5])
+    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+        if not 0.0 <= float(value) <= 1.0:
+            raise _shape_error(name, "a number in [0, 1]", value)
+
+
+def step_counts_tensor(step_counts: StepCounts, device: torch.device) -> Tensor:
+    """`step_counts` as an int64 tensor [num_envs] on `device`; a tensor stays a tensor."""
+    if isinstance(step_counts, Tensor):
+        return step_counts.to(device=device, dtype=torch.int64, non_blocking=True)
+    return torch.as_tensor(list(step_counts), dtype=torch.int64, device=device)
+
+
+def valid_mask(step_counts: Tensor, max_steps: int) -> Tensor:
+    """[num_envs, max_steps] bool: True where `t < step_counts[e]`."""
+    steps = torch.arange(max_steps, device=step_counts.device)
+    return steps[None, :] < step_counts[:, None]
+
+
+# ------------------------------------------------------------ the affine recurrence
+
+def gae_recurrence_terms(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    truncated: Tensor,
+    bootstrap_values: Tensor,
+    step_counts: StepCounts,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Rewrite GAE as the affine recurrence `A_t = delta_t + coef_t * A_{t+1}`.
+
+    Returns `(delta, coef, valid)`, each [num_envs, max_steps]; `delta` and `coef` are 0
+    at and past `step_counts[e]`, so the recurrence gives 0 there and the trace is cut at
+    each row's last valid step. `torch.where` (not multiplication) keeps stale padding,
+    even NaN, out of every valid entry. No host sync.
+    """
+    num_envs, max_steps = rewards.shape
+    counts = step_counts_tensor(step_counts, rewards.device)
+    valid = valid_mask(counts, max_steps)
+    steps = torch.arange(max_steps, device=rewards.device)
+    is_last = steps[None, :] == (counts - 1)[:, None]
+    terminal = dones & ~truncated
+    boot = truncated | is_last
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
+    next_values = torch.where(boot, bootstrap_values, next_values)
+    bootstrapped = torch.where(terminal, torch.zeros_like(next_values), gamma * next_values)
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    delta = torch.where(valid, rewards + bootstrapped - values, zero)
+    trace = torch.full_like(rewards, gamma * gae_lambda)
+    coef = torch.where(valid & ~(dones | truncated), trace, zero)
+    return delta, coef, valid
+
+
+def _outputs(advantages: Tensor, values: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    returns = torch.where(valid, advantages + values, torch.zeros_like(values))
+    return advantages, returns
+
+
+# -------------------------------------------------------------------------- methods
+
+def gae_loop(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    truncated: Tensor,
+    bootstrap_values: Tensor,
+    step_counts: StepCounts,
+    *,
+    gamma: float,
+    gae_lambda: float,
+    reset: str = "mask",
+) -> tuple[Tensor, Tensor]:
+    """The original: Python loops over envs and reversed steps on 0-d tensor elements.
+
+    Each `if` on a tensor element is a host sync (`aten::item`), about two per step, as in
+    the reviewed code. `reset="clone"` resets the trace with `zero.clone()` at each true
+    terminal (one allocation each, as the original); `reset="mask"` multiplies by a
+    not-done factor precomputed per env, with no allocation for the reset.
+    """
+    if reset not in ("clone", "mask"):
+        raise ValueError(f"gae_loop: reset: expected 'clone' or 'mask'; got {reset!r}")
+    num_envs, max_steps = rewards.shape
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    # a 0-d tensor, so `trace * last_gae` wraps no Python scalar (an allocation per step)
+    # and the two resets differ by exactly their reset
+    trace = torch.full((), gamma * gae_lambda, dtype=rewards.dtype, device=rewards.device)
+    if reset == "mask":
+        not_done_trace = trace * (~(dones | truncated)).to(rewards.dtype)  # [num_envs, max_steps]
+    rows = []
+    for env in range(num_envs):
+        steps = int(step_counts[env])  # host sync when step_counts is a device tensor
+        env_adv = torch.zeros(max_steps, dtype=rewards.dtype, device=rewards.device)
+        done, trunc = dones[env], truncated[env]
+        last_gae = zero
+        for t in reversed(range(steps)):
+            terminal = bool(done[t]) and not bool(trunc[t])  # host sync x2
+            if terminal:
+                delta = rewards[env, t] - values[env, t]
+            else:
+                if bool(trunc[t]) or t == steps - 1:  # host sync
+                    next_value = bootstrap_values[env, t]
+                else:
+                    next_value = values[env, t + 1]
+                delta = rewards[env, t] + gamma * next_value - values[env, t]
+            if reset == "clone":
+                if terminal:
+                    last_gae = zero.clone()
+                elif bool(trunc[t]):  # cut the trace at an interior truncation
+                    last_gae = zero
+                last_gae = delta + trace * last_gae
+            else:
+                last_gae = delta + not_done_trace[env, t] * last_gae
+            env_adv[t] = last_gae
+        rows.append(env_adv)
+    advantages = torch.stack(rows) if rows else torch.zeros_like(rewards)
+    valid = valid_mask(step_counts_tensor(step_counts, rewards.device), max_steps)
+    return _outputs(advantages, values, valid)
+
+
+def gae_batched(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    truncated: Tensor,
+    bootstrap_values: Tensor,
+    step_counts: StepCounts,
+    *,
+    gamma: float,
+    gae_lambda: float,
+    reset: str = "mask",
+) -> tuple[Tensor, Tensor]:
+    """One Python loop over time, vectorized across envs; ragged rows handled by masks.
+
+    `reset` is accepted for a uniform signature and has no effect. No host sync.
+    """
+    delta, coef, valid = gae_recurrence_terms(
+        rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
+    )
+    advantages = torch.empty_like(delta)
+    last_gae = torch.zeros_like(delta[:, 0])  # [num_envs]
+    for t in reversed(range(delta.shape[1])):
+        last_gae = torch.addcmul(delta[:, t], coef[:, t], last_gae)
+        advantages[:, t] = last_gae
+    return _outputs(advantages, values, valid)
+
+
+def affine_suffix_scan(delta: Tensor, coef: Tensor) -> Tensor:
+    """Solve `A_t = delta_t + coef_t * A_{t+1}` (A_T = 0) along dim 1 by a parallel scan.
+
+    Hillis-Steele over the affine maps `x -> delta + coef * x`: after the step with
+    offset `k`, position `t` holds the composition of the maps `t .. t+2k-1`. log2(T)
+    sequential steps, each one vectorized over [num_envs, T]. Only products of
+    coefficients in [0, 1] and sums appear, no division by cumulative products, so float32
+    stays accurate for long rows (products underflow harmlessly to 0).
+
+    delta, coef: [num_envs, T] -> A: [num_envs, T].
+    """
+    acc, mul = delta, coef
+    max_steps = delta.shape[1]
+    offset = 1
+    while offset < max_steps:
+        # compose map t with the map that starts `offset` later: x -> d_t + c_t (d_s + c_s x)
+        tail_acc = torch.addcmul(acc[:, :-offset], mul[:, :-offset], acc[:, offset:])
+        tail_mul = mul[:, :-offset] * mul[:, offset:]
+        acc = torch.cat([tail_acc, acc[:, -offset:]], dim=1)
+        mul = torch.cat([tail_mul, mul[:, -offset:]], dim=1)
+        offset *= 2
+    return acc
+
+
+def gae_scan(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    truncated: Tensor,
+    bootstrap_values: Tensor,
+    step_counts: StepCounts,
+    *,
+    gamma: float,
+    gae_lambda: float,
+    reset: str = "mask",
+) -> tuple[Tensor, Tensor]:
+    """A parallel (associative) scan over time: O(log T) sequential steps. No host sync.
+
+    `reset` is accepted for a uniform signature and has no effect.
+    """
+    delta, coef, valid = gae_recurrence_terms(
+        rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
+    )
+    return _outputs(affine_suffix_scan(delta, coef), values, valid)
+
+
+#: method name -> implementation; every entry runs on this machine.
+METHODS: dict[str, GaeFn] = {
+    "loop": gae_loop,
+    "batched": gae_batched,
+    "scan": gae_scan,
+}
+
+
+def compute_gae(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    truncated: Tensor,
+    bootstrap_values: Tensor,
+    step_counts: StepCounts,
+    *,
+    gamma: float,
+    gae_lambda: float,
+    method: str = "scan",
+    reset: str = "mask",
+) -> tuple[Tensor, Tensor]:
+    """Advantages and returns for a ragged batch of rollouts (semantics: module docstring).
+
+    Args:
+        rewards, values, bootstrap_values: [num_envs, max_steps] float32 or float64.
+        dones, truncated: [num_envs, max_steps] bool. `dones` marks the end of an
+            episode; `truncated` marks a time-limit end (bootstrap, do not zero).
+        step_counts: valid steps per env, a list of ints or a 1-D integer tensor [num_envs].
+        gamma: discount; gae_lambda: trace decay; both in [0, 1].
+        method: a key of `METHODS`.
+        reset: `clone` or `mask`; how the `loop` method resets at terminals.
+
+    Returns:
+        (advantages, returns), each [num_envs, max_steps] with the inputs' dtype and
+        device, 0 at and past `step_counts[e]`.
+    """
+    if method not in METHODS:
+        raise ValueError(
+            f"compute_gae: method: expected one of {', '.join(METHODS)}; got {method!r}"
+        )
+    if reset not in ("clone", "mask"):
+        raise ValueError(f"compute_gae: reset: expected 'clone' or 'mask'; got {reset!r}")
+    check_gae_inputs(
+        rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
+    )
+    return METHODS[method](
+        rewards, values, dones, truncated, bootstrap_values, step_counts,
+        gamma=gamma, gae_lambda=gae_lambda, reset=reset,
+    )

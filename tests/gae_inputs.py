@@ -1,0 +1,53 @@
+"""Random GAE inputs with stale padding, shared by the GAE and buffer tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GaeCase:
+    rewards: torch.Tensor
+    values: torch.Tensor
+    dones: torch.Tensor
+    truncated: torch.Tensor
+    bootstrap_values: torch.Tensor
+    step_counts: list[int]
+
+    def args(self, counts_as_tensor: bool = False) -> tuple:
+        counts = torch.tensor(self.step_counts) if counts_as_tensor else self.step_counts
+        return (self.rewards, self.values, self.dones, self.truncated, self.bootstrap_values, counts)
+
+
+def make_case(
+    num_envs: int,
+    max_steps: int,
+    seed: int,
+    *,
+    p_done: float = 0.1,
+    p_trunc: float = 0.05,
+    dtype: torch.dtype = torch.float64,
+    step_counts: list[int] | None = None,
+    stale_padding: bool = True,
+) -> GaeCase:
+    """Inputs [num_envs, max_steps]; padding past step_counts holds NaN and random flags."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (num_envs, max_steps)
+    if step_counts is None:
+        step_counts = torch.randint(0, max_steps + 1, (num_envs,), generator=g).tolist()
+    case = GaeCase(
+        rewards=torch.randn(shape, generator=g, dtype=torch.float64).to(dtype),
+        values=torch.randn(shape, generator=g, dtype=torch.float64).to(dtype),
+        dones=torch.rand(shape, generator=g) < p_done,
+        truncated=torch.rand(shape, generator=g) < p_trunc,
+        bootstrap_values=torch.randn(shape, generator=g, dtype=torch.float64).to(dtype),
+        step_counts=list(step_counts),
+    )
+    if stale_padding:
+        steps = torch.arange(max_steps)
+        pad = steps[None, :] >= torch.tensor(step_counts)[:, None]
+        for t in (case.rewards, case.values, case.bootstrap_values):
+            t[pad] = float("nan")
+    return case

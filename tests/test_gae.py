@@ -1,0 +1,185 @@
+"""Every GAE method x reset equals the float64 pure-Python reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from esper.gae import METHODS, compute_gae
+from esper.gae_reference import reference_gae
+from harness.counters import profile_call
+from tests.gae_inputs import make_case
+
+FAST_METHODS = [m for m in METHODS if m != "loop"]
+RESETS = ["clone", "mask"]
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def assert_matches_reference(case, method, reset, gamma, lam, dtype, counts_as_tensor=False):
+    adv, ret = compute_gae(
+        *case.args(counts_as_tensor), gamma=gamma, gae_lambda=lam, method=method, reset=reset
+    )
+    ref_adv, ref_ret = reference_gae(*case.args(), gamma=gamma, gae_lambda=lam)
+    assert adv.dtype == dtype and ret.dtype == dtype
+    assert adv.shape == case.rewards.shape
+    for got, want in ((adv, ref_adv), (ret, ref_ret)):
+        scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+        err = (got.double() - want).abs().max().item() if want.numel() else 0.0
+        assert err <= TOLERANCE[dtype] * scale, f"{method}/{reset}: max error {err} (scale {scale})"
+
+
+def test_hand_checked_vector():
+    """ESPER_NOTES.md: gamma .9, lambda .5 -> A [1.0625, 0.75, 11.8575, 4.85]."""
+    args = (
+        torch.tensor([[1.0, 1.0, 10.0, 2.0]], dtype=torch.float64),
+        torch.tensor([[0.5, 0.25, 1.0, 0.75]], dtype=torch.float64),
+        torch.tensor([[False, True, False, True]]),
+        torch.tensor([[False, False, False, True]]),
+        torch.tensor([[0.0, 0.0, 0.0, 4.0]], dtype=torch.float64),
+        [4],
+    )
+    expected = torch.tensor([[1.0625, 0.75, 11.8575, 4.85]], dtype=torch.float64)
+    ref_adv, _ = reference_gae(*args, gamma=0.9, gae_lambda=0.5)
+    torch.testing.assert_close(ref_adv, expected, rtol=0, atol=1e-12)
+    for method in METHODS:
+        for reset in RESETS:
+            adv, ret = compute_gae(*args, gamma=0.9, gae_lambda=0.5, method=method, reset=reset)
+            torch.testing.assert_close(adv, expected, rtol=0, atol=1e-12)
+            torch.testing.assert_close(ret, expected + args[1], rtol=0, atol=1e-12)
+
+
+def test_interior_truncation_cuts_the_trace():
+    """Truncated at t=1 mid-row: A_1 bootstraps from b_1 and A_0 does not see A_2."""
+    rewards = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    values = torch.tensor([[0.0, 0.0, 100.0]], dtype=torch.float64)
+    dones = torch.tensor([[False, True, False]])
+    truncated = torch.tensor([[False, True, False]])
+    boot = torch.tensor([[0.0, 5.0, 7.0]], dtype=torch.float64)
+    for method in METHODS:
+        adv, _ = compute_gae(rewards, values, dones, truncated, boot, [3],
+                             gamma=1.0, gae_lambda=1.0, method=method)
+        # A_1 = 2 + 5 - 0 = 7; A_0 = 1 + V_1 - V_0 + A_1 = 8; A_2 = 3 + 7 - 100 = -90
+        torch.testing.assert_close(adv, torch.tensor([[8.0, 7.0, -90.0]], dtype=torch.float64))
+
+
+gammas = st.sampled_from([0.0, 1.0, 0.9, 0.995]) | st.floats(0.0, 1.0)
+lambdas = st.sampled_from([0.0, 1.0, 0.5, 0.98]) | st.floats(0.0, 1.0)
+
+
+@st.composite
+def cases(draw, max_envs, max_steps):
+    num_envs = draw(st.integers(1, max_envs))
+    steps = draw(st.integers(1, max_steps))
+    counts = draw(
+        st.lists(st.sampled_from([0, steps]) | st.integers(0, steps),
+                 min_size=num_envs, max_size=num_envs)
+    )
+    p_done = draw(st.sampled_from([0.0, 0.05, 0.3, 1.0]))
+    p_trunc = draw(st.sampled_from([0.0, 0.05, 0.3, 1.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    case = make_case(num_envs, steps, seed, p_done=p_done, p_trunc=p_trunc,
+                     dtype=dtype, step_counts=counts)
+    return case, dtype
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=cases(max_envs=64, max_steps=300), gamma=gammas, lam=lambdas,
+       method=st.sampled_from(FAST_METHODS), counts_as_tensor=st.booleans())
+def test_fast_methods_equal_reference(data, gamma, lam, method, counts_as_tensor):
+    case, dtype = data
+    assert_matches_reference(case, method, "mask", gamma, lam, dtype, counts_as_tensor)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=cases(max_envs=6, max_steps=40), gamma=gammas, lam=lambdas,
+       reset=st.sampled_from(RESETS), counts_as_tensor=st.booleans())
+def test_loop_equals_reference(data, gamma, lam, reset, counts_as_tensor):
+    case, dtype = data
+    assert_matches_reference(case, "loop", reset, gamma, lam, dtype, counts_as_tensor)
+
+
+@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("trace", [0.999, 0.5])
+def test_float32_long_rows(method, trace):
+    """T=4096 in float32: finite and within tolerance of the float64 reference."""
+    gamma = 0.999 if trace == 0.999 else 0.99
+    lam = trace / gamma
+    case = make_case(8, 4096, seed=3, p_done=0.001, p_trunc=0.0005, dtype=torch.float32,
+                     step_counts=[4096, 4096, 4000, 1, 0, 2048, 4095, 4096])
+    adv, ret = compute_gae(*case.args(), gamma=gamma, gae_lambda=lam, method=method)
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+    assert_matches_reference(case, method, "mask", gamma, lam, torch.float32)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_outputs_zero_past_step_counts_and_dtype_kept(method):
+    case = make_case(5, 30, seed=1, dtype=torch.float32, step_counts=[0, 30, 7, 1, 29])
+    adv, ret = compute_gae(*case.args(), gamma=0.99, gae_lambda=0.95, method=method)
+    pad = torch.arange(30)[None, :] >= torch.tensor(case.step_counts)[:, None]
+    assert (adv[pad] == 0).all() and (ret[pad] == 0).all()
+    assert adv.dtype == torch.float32 and adv.device == case.rewards.device
+
+
+def _syncs(method, reset="mask"):
+    case = make_case(4, 25, seed=2, p_done=0.2, stale_padding=False, step_counts=[25] * 4)
+    return profile_call(lambda: compute_gae(*case.args(counts_as_tensor=True), gamma=0.99,
+                                            gae_lambda=0.95, method=method, reset=reset))
+
+
+@pytest.mark.parametrize("method", FAST_METHODS)
+def test_fast_methods_never_sync_the_host(method):
+    assert _syncs(method).host_syncs == 0
+
+
+def test_loop_syncs_the_host():
+    assert _syncs("loop").host_syncs > 0
+
+
+def test_clone_reset_allocates_more_than_mask():
+    """On an input with many true terminals (p=0.3) the clone resets outnumber the
+    mask's one-off precompute of the not-done multiplier."""
+    case = make_case(4, 25, seed=5, p_done=0.3, p_trunc=0.0, stale_padding=False,
+                     step_counts=[25] * 4)
+    terminals = int((case.dones & ~case.truncated).sum())
+    counts = {
+        reset: profile_call(lambda r=reset: compute_gae(
+            *case.args(), gamma=0.99, gae_lambda=0.95, method="loop", reset=r)).allocations
+        for reset in RESETS
+    }
+    assert terminals > 10
+    assert counts["clone"] > counts["mask"], counts
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda a: a.__setitem__(0, a[0][0]), "rewards"),
+        (lambda a: a.__setitem__(1, a[1][:, :-1]), "values.shape"),
+        (lambda a: a.__setitem__(2, a[2].float()), "dones.dtype"),
+        (lambda a: a.__setitem__(3, a[3][:1]), "truncated.shape"),
+        (lambda a: a.__setitem__(4, a[4].float()), "bootstrap_values.dtype"),
+        (lambda a: a.__setitem__(5, [3, 3]), "len(step_counts)"),
+        (lambda a: a.__setitem__(5, [3, 3, 99]), "step_counts"),
+        (lambda a: a.__setitem__(5, torch.zeros(3, 1, dtype=torch.long)), "step_counts.shape"),
+        (lambda a: a.__setitem__(5, torch.zeros(3)), "step_counts.dtype"),
+    ],
+)
+def test_bad_input_names_the_field(mutate, field):
+    case = make_case(3, 10, seed=0)
+    args = list(case.args())
+    mutate(args)
+    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(")", r"\)")):
+        compute_gae(*args, gamma=0.9, gae_lambda=0.9)
+
+
+def test_unknown_method_and_bad_hyperparameters():
+    case = make_case(2, 5, seed=0)
+    with pytest.raises(ValueError, match="method.*loop"):
+        compute_gae(*case.args(), gamma=0.9, gae_lambda=0.9, method="fast")
+    with pytest.raises(ValueError, match="gamma"):
+        compute_gae(*case.args(), gamma=1.5, gae_lambda=0.9)
+    with pytest.raises(ValueError, match="reset"):
+        compute_gae(*case.args(), gamma=0.9, gae_lambda=0.9, reset="zero")
