@@ -1,0 +1,166 @@
+"""Statistics over timing samples: median, IQR, a bootstrap ratio interval, verdicts.
+
+Samples are per-call durations in seconds: non-empty, finite and positive. A
+comparison is the ratio of medians `variant / baseline` (below 1.0: the variant takes
+less time) with a percentile-bootstrap interval, and `classify` turns it into a
+`Verdict` only when the interval excludes 1.0 and the change passes a factor.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "RatioCI",
+    "Verdict",
+    "as_samples",
+    "bootstrap_ratio_ci",
+    "classify",
+    "iqr",
+    "median",
+]
+
+
+def as_samples(values: Sequence[float] | np.ndarray, name: str = "samples") -> np.ndarray:
+    """`values` as a 1-D float64 array of seconds; ValueError naming `name` otherwise."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(
+            f"{name}: expected a non-empty 1-D sequence of seconds; "
+            f"got shape {array.shape}"
+        )
+    bad = np.flatnonzero(~np.isfinite(array) | (array <= 0.0))
+    if bad.size:
+        index = int(bad[0])
+        value = float(array[index])
+        raise ValueError(
+            f"{name}: expected finite positive seconds; got {value!r} at index {index}"
+        )
+    return array
+
+
+def median(samples: Sequence[float] | np.ndarray) -> float:
+    """Median of `samples` (seconds)."""
+    return float(np.median(as_samples(samples)))
+
+
+def iqr(samples: Sequence[float] | np.ndarray) -> float:
+    """Interquartile range (75th minus 25th percentile, linear interpolation) of `samples`."""
+    q25, q75 = np.percentile(as_samples(samples), [25.0, 75.0])
+    return float(q75 - q25)
+
+
+@dataclass(frozen=True)
+class RatioCI:
+    """Ratio of medians `variant / baseline` with a confidence interval `[low, high]`.
+
+    Below 1.0 the variant takes less time than the baseline.
+    """
+
+    ratio: float
+    """Point estimate: median(variant) / median(baseline)."""
+    low: float
+    """Lower bound of the interval."""
+    high: float
+    """Upper bound of the interval."""
+
+    def __post_init__(self) -> None:
+        for field in ("ratio", "low", "high"):
+            value = getattr(self, field)
+            if not (np.isfinite(value) and value > 0.0):
+                raise ValueError(
+                    f"RatioCI.{field}: expected a finite positive ratio; got {value!r}"
+                )
+        if self.low > self.high:
+            raise ValueError(
+                f"RatioCI.low: expected low <= high ({self.high!r}); got {self.low!r}"
+            )
+
+    @property
+    def speedup(self) -> float:
+        """baseline / variant: how many times faster the variant is (below 1.0: slower)."""
+        return 1.0 / self.ratio
+
+    @property
+    def speedup_interval(self) -> tuple[float, float]:
+        """The interval of `speedup`, low bound first."""
+        return 1.0 / self.high, 1.0 / self.low
+
+
+def _bootstrap_medians(samples: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of `n_boot` resamples (with replacement) of `samples [n]` -> `[n_boot]`."""
+    draws = rng.integers(0, samples.size, size=(n_boot, samples.size))  # [n_boot, n] indices
+    return np.median(samples[draws], axis=1)
+
+
+def bootstrap_ratio_ci(
+    variant_samples: Sequence[float] | np.ndarray,
+    baseline_samples: Sequence[float] | np.ndarray,
+    *,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> RatioCI:
+    """Percentile-bootstrap interval of median(variant) / median(baseline).
+
+    Each sample set is resampled with replacement independently (the variants were
+    interleaved, not paired call by call), `n_boot` times, in one vectorized draw.
+    The same `seed` gives the same interval.
+    """
+    variant = as_samples(variant_samples, "variant_samples")
+    baseline = as_samples(baseline_samples, "baseline_samples")
+    if not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot: expected an integer >= 1; got {n_boot!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
+    rng = np.random.default_rng(seed)
+    ratios = _bootstrap_medians(variant, n_boot, rng) / _bootstrap_medians(baseline, n_boot, rng)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    return RatioCI(
+        ratio=float(np.median(variant) / np.median(baseline)), low=float(low), high=float(high)
+    )
+
+
+class Verdict(str, enum.Enum):
+    """What one row of a comparison says; the report renders text from these."""
+
+    BASELINE = "baseline"
+    """The row the others are compared against."""
+    FASTER = "faster"
+    """Interval below 1.0 and the time ratio beyond the factor: the variant takes less time."""
+    SLOWER = "slower"
+    """Interval above 1.0 and the time ratio beyond the factor: the variant takes more time."""
+    WITHIN_FACTOR = "within_factor"
+    """Interval excludes 1.0, but the change is smaller than the factor that counts."""
+    NO_DIFFERENCE = "no_difference"
+    """Interval contains 1.0: no measurable difference."""
+    FAILED = "failed"
+    """The variant raised; the row carries the error instead of samples."""
+    MISMATCH = "mismatch"
+    """The variant's output disagreed with the reference, so it was not timed."""
+    NEEDS_CUDA = "needs_cuda"
+    """The variant needs a CUDA device and none was available."""
+    NOT_TIMED = "not_timed"
+    """Not measured in this run (excluded by a filter or the run's budget)."""
+
+
+def classify(ci: RatioCI, *, min_factor: float = 1.0) -> Verdict:
+    """Verdict for a time ratio `ci` (variant / baseline).
+
+    A change counts only when the interval excludes 1.0 (significance) and the point
+    ratio is beyond `min_factor` in that direction (size): with `min_factor=1.1`, FASTER
+    needs `ratio < 1/1.1` and SLOWER needs `ratio > 1.1`. A significant change that is
+    not beyond the factor is WITHIN_FACTOR.
+    """
+    if not (np.isfinite(min_factor) and min_factor >= 1.0):
+        raise ValueError(f"min_factor: expected a finite factor >= 1.0; got {min_factor!r}")
+    if ci.low <= 1.0 <= ci.high:
+        return Verdict.NO_DIFFERENCE
+    if ci.high < 1.0:
+        return Verdict.FASTER if ci.ratio * min_factor < 1.0 else Verdict.WITHIN_FACTOR
+    return Verdict.SLOWER if ci.ratio > min_factor else Verdict.WITHIN_FACTOR
