@@ -1,0 +1,313 @@
+"""The PPO update for the recurrent factored policy: one batch = the whole rollout.
+
+Read top to bottom: `PPOConfig` (hyper-parameters) -> `prepare_batch` (padding made
+inert, causal head masks) -> `ppo_losses` (pure function of tensors) -> `PPOAgent.update`
+(GAE, epochs of full-sequence BPTT, KL early stop, clipped Adam steps).
+
+Shapes: `n` environments, `m` the buffer's max steps, `D` state_dim, `L` LSTM layers,
+`H` hidden size, `K` a head's number of actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from esper.heads import HEAD_NAMES, HEADS_FOR_OP, OPS
+from esper.policy import EvalOutput, FactoredRecurrentActorCritic
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Hyper-parameters of the update (the original system's values by default)."""
+
+    gamma: float = 0.995
+    """Discount per step."""
+    gae_lambda: float = 0.98
+    """GAE trace decay."""
+    clip_ratio: float = 0.2
+    """Surrogate clip: each head's ratio is clipped to [1 - clip_ratio, 1 + clip_ratio]."""
+    value_clip: float = 10.0
+    """New values are clipped to old value +- value_clip in the pessimistic value loss."""
+    entropy_coef: float = 0.05
+    """Weight of the (normalised, in [0, 1]) entropy bonus."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip before each Adam step."""
+    learning_rate: float = 3e-4
+    """Adam learning rate."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    target_kl: float = 0.015
+    """Approximate-KL target; an epoch whose KL exceeds kl_stop_factor * target_kl
+    is not applied and ends the update."""
+    kl_stop_factor: float = 1.5
+    """Multiple of target_kl that triggers the early stop."""
+    update_epochs: int = 4
+    """Passes over the whole rollout per update (one full batch, one Adam step each)."""
+    amp_bf16: bool = False
+    """Run the policy forward of the update under bf16 autocast (losses stay float32).
+    bf16 has float32's exponent range, so no GradScaler is needed (the original's fp16
+    update ran without one)."""
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "gae_lambda"):
+            _check_range(name, getattr(self, name), "in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+        positive = ("clip_ratio", "value_clip", "max_grad_norm", "learning_rate", "adam_eps",
+                    "target_kl", "kl_stop_factor")
+        for name in positive:
+            _check_range(name, getattr(self, name), "> 0", lambda v: v > 0)
+        for name in ("entropy_coef", "value_coef"):
+            _check_range(name, getattr(self, name), ">= 0", lambda v: v >= 0)
+        if not isinstance(self.update_epochs, int) or self.update_epochs < 1:
+            raise ValueError(
+                f"PPOConfig.update_epochs: expected a positive int; got {self.update_epochs!r}"
+            )
+
+
+def _check_range(name: str, value: float, expected: str, ok: Callable[[float], bool]) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(value):
+        raise ValueError(f"PPOConfig.{name}: expected a number {expected}; got {value!r}")
+
+
+def causal_head_table(device: torch.device | str = "cpu") -> torch.Tensor:
+    """`[len(OPS), len(HEAD_NAMES)]` bool: True where that op's outcome depends on that head."""
+    table = torch.zeros(len(OPS), len(HEAD_NAMES), dtype=torch.bool)
+    for op_index, op in enumerate(OPS):
+        for head in HEADS_FOR_OP[op]:
+            table[op_index, HEAD_NAMES.index(head)] = True
+    return table.to(device)
+
+
+class UpdateBatch(NamedTuple):
+    """The rollout as the loss reads it; padding entries are replaced by inert values."""
+
+    states: torch.Tensor
+    """`[n, m, D]` float32, 0 in padding."""
+    actions: dict[str, torch.Tensor]
+    """head -> `[n, m]` int64, 0 in padding."""
+    masks: dict[str, torch.Tensor]
+    """head -> `[n, m, K]` bool, all allowed in padding."""
+    old_log_probs: dict[str, torch.Tensor]
+    """head -> `[n, m]` float32 log-probs at rollout time, 0 in padding."""
+    old_values: torch.Tensor
+    """`[n, m]` float32, 0 in padding."""
+    advantages: torch.Tensor
+    """`[n, m]` float32 normalised advantages, 0 in padding."""
+    returns: torch.Tensor
+    """`[n, m]` float32 value targets, 0 in padding."""
+    valid: torch.Tensor
+    """`[n, m]` bool, True on stored steps."""
+    causal: dict[str, torch.Tensor]
+    """head -> `[n, m]` bool: a stored step whose op uses the head."""
+    initial_hidden: tuple[torch.Tensor, torch.Tensor]
+    """`(h, c)`, each `[L, n, H]` float32: the state before step 0, 0 for empty envs."""
+
+
+def prepare_batch(sequences: dict, causal_table: torch.Tensor) -> UpdateBatch:
+    """Turn `RolloutBuffer.get_batched_sequences` output into an `UpdateBatch`.
+
+    Padding past each env's step count holds stale data (possibly NaN or out-of-range
+    actions). Masking only the loss is not enough: a NaN state would reach the weight
+    gradients through the LSTM backward (0 * NaN), and a stale action could index out of
+    range. So every padded input is overwritten with an inert value here.
+    """
+    valid = sequences["valid_mask"]  # [n, m]
+
+    def zero_padding(x: torch.Tensor) -> torch.Tensor:
+        v = valid.view(valid.shape + (1,) * (x.dim() - 2))  # [n, m] -> [n, m, 1...]
+        return torch.where(v, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    actions = {h: zero_padding(sequences["actions"][h]) for h in HEAD_NAMES}
+    per_step = causal_table[actions["op"]]  # [n, m] op index -> [n, m, heads]
+    causal = {h: per_step[..., i] & valid for i, h in enumerate(HEAD_NAMES)}
+    started = valid[:, 0].view(1, -1, 1)  # envs with a step 0: [n] -> [1, n, 1]
+    return UpdateBatch(
+        states=zero_padding(sequences["states"]),
+        actions=actions,
+        masks={h: sequences["masks"][h] | ~valid.unsqueeze(-1) for h in HEAD_NAMES},
+        old_log_probs={h: zero_padding(sequences["log_probs"][h]) for h in HEAD_NAMES},
+        old_values=zero_padding(sequences["values"]),
+        advantages=zero_padding(sequences["advantages"]),
+        returns=zero_padding(sequences["returns"]),
+        valid=valid,
+        causal=causal,
+        initial_hidden=tuple(
+            torch.where(started, sequences[k], torch.zeros((), device=valid.device))
+            for k in ("initial_hidden_h", "initial_hidden_c")
+        ),
+    )
+
+
+class PPOLosses(NamedTuple):
+    """0-d float32 tensors of one epoch; only `total` carries gradients."""
+
+    total: torch.Tensor
+    policy: torch.Tensor
+    value: torch.Tensor
+    entropy: torch.Tensor
+    approx_kl: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `x` over True entries of `mask` (same shape); 0 when none is True."""
+    total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+    return total / mask.sum().clamp(min=1)
+
+
+def ppo_losses(ev: EvalOutput, batch: UpdateBatch, config: PPOConfig) -> PPOLosses:
+    """Clipped factored surrogate, clipped value loss and entropy bonus over stored steps.
+
+    Each head has its own ratio `exp(clamp(logp_new - logp_old, -20, 20))` and its own
+    clipped surrogate, counted only on steps whose op uses the head (elsewhere the head's
+    choice had no effect, so its log-prob must not carry the advantage). Head surrogates
+    are summed and averaged over all stored steps, like the joint log-prob they factor.
+    The entropy bonus is the mean over heads of each head's mean normalised entropy.
+    The approximate KL `(e^x - 1) - x` uses the joint log-ratio x (sum over causal heads).
+    """
+    valid = batch.valid
+    num_valid = valid.sum().clamp(min=1)
+    policy_loss = torch.zeros((), device=valid.device)
+    joint_log_ratio = torch.zeros(valid.shape, device=valid.device)
+    clipped = torch.zeros((), device=valid.device)
+    num_causal = torch.zeros((), device=valid.device)
+    for head in HEAD_NAMES:
+        causal = batch.causal[head]
+        log_ratio = (ev.log_probs[head] - batch.old_log_probs[head]).clamp(-20.0, 20.0)
+        log_ratio = torch.where(causal, log_ratio, torch.zeros_like(log_ratio))
+        ratio = log_ratio.exp()
+        advantage = torch.where(causal, batch.advantages, torch.zeros_like(batch.advantages))
+        bounded = ratio.clamp(1.0 - config.clip_ratio, 1.0 + config.clip_ratio)
+        surrogate = torch.min(ratio * advantage, bounded * advantage)
+        policy_loss = policy_loss - surrogate.sum() / num_valid
+        joint_log_ratio = joint_log_ratio + log_ratio.detach()
+        clipped = clipped + (((ratio.detach() - 1.0).abs() > config.clip_ratio) & causal).sum()
+        num_causal = num_causal + causal.sum()
+
+    value_loss = _clipped_value_loss(ev.values, batch, config.value_clip)
+    entropy = torch.stack([masked_mean(ev.entropy[h], valid) for h in HEAD_NAMES]).mean()
+    total = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+    approx_kl = masked_mean(torch.expm1(joint_log_ratio) - joint_log_ratio, valid)
+    return PPOLosses(
+        total=total,
+        policy=policy_loss.detach(),
+        value=value_loss.detach(),
+        entropy=entropy.detach(),
+        approx_kl=approx_kl,
+        clip_fraction=clipped / num_causal.clamp(min=1),
+    )
+
+
+def _clipped_value_loss(values: torch.Tensor, batch: UpdateBatch, value_clip: float):
+    """`0.5 * mean(max((V - R)^2, (V_clip - R)^2))` over stored steps, with
+    `V_clip = V_old + clamp(V - V_old, -value_clip, value_clip)`; 0-d float32."""
+    old = batch.old_values
+    clipped = old + (values - old).clamp(-value_clip, value_clip)
+    worst = torch.max((values - batch.returns) ** 2, (clipped - batch.returns) ** 2)
+    return 0.5 * masked_mean(worst, batch.valid)
+
+
+class PPOAgent:
+    """Owns the policy's optimiser and runs PPO updates from a `RolloutBuffer`.
+
+    Args:
+        policy: the actor-critic; moved to `device`.
+        config: hyper-parameters.
+        device: where the update runs; Adam is fused on CUDA.
+    """
+
+    def __init__(
+        self,
+        policy: FactoredRecurrentActorCritic,
+        config: PPOConfig = PPOConfig(),
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device)
+        self.config = config
+        self.optimizer = torch.optim.Adam(
+            self.policy.parameters(),
+            lr=config.learning_rate,
+            eps=config.adam_eps,
+            fused=True if self.device.type == "cuda" else None,
+        )
+        self._causal_table = causal_head_table(self.device)
+
+    def update(self, buffer) -> dict[str, float]:
+        """GAE, advantage normalisation, then up to `update_epochs` full-batch epochs.
+
+        Returns:
+            `policy_loss`, `value_loss`, `entropy`, `clip_fraction`: means over the epochs
+            evaluated (including one stopped by the KL check); `approx_kl`: the last KL
+            checked; `epochs_run`: Adam steps taken; `early_stop_epoch`: index of the epoch
+            stopped by the KL check (KL above `kl_stop_factor * target_kl`, or NaN), or -1.
+
+        Raises:
+            ValueError: the buffer holds no step.
+        """
+        with record_function("update"):
+            batch = self._prepare(buffer)
+            history: list[PPOLosses] = []
+            stop_epoch = -1
+            for epoch in range(self.config.update_epochs):
+                losses = self._evaluate_losses(batch)
+                history.append(losses)
+                limit = self.config.kl_stop_factor * self.config.target_kl
+                # host sync: the early stop must be decided on the host, before backward;
+                # written as `not <=` so that a NaN KL also stops instead of poisoning weights
+                if not float(losses.approx_kl) <= limit:
+                    stop_epoch = epoch
+                    break
+                self._step(losses.total)
+            return _metrics(history, stop_epoch)
+
+    def _prepare(self, buffer) -> UpdateBatch:
+        # the buffer labels this "gae" itself: a second range here would count its time twice
+        buffer.compute_advantages_and_returns(self.config.gamma, self.config.gae_lambda)
+        buffer.normalize_advantages()
+        batch = prepare_batch(buffer.get_batched_sequences(self.device), self._causal_table)
+        # host sync: once per update, so an empty rollout fails loudly instead of a no-op
+        if not bool(batch.valid.any()):
+            raise ValueError("buffer: expected at least one stored step; got none")
+        return batch
+
+    def _evaluate_losses(self, batch: UpdateBatch) -> PPOLosses:
+        with torch.autocast(
+            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.config.amp_bf16
+        ):
+            ev = self.policy.evaluate(
+                batch.states, batch.actions, batch.masks, batch.initial_hidden
+            )
+        # losses in float32, outside autocast: evaluate returns float32 outputs
+        return ppo_losses(ev, batch, self.config)
+
+    def _step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+
+
+def _metrics(history: list[PPOLosses], stop_epoch: int) -> dict[str, float]:
+    """Per-epoch 0-d tensors -> floats, read in one transfer."""
+    per_epoch = torch.stack([torch.stack(losses[1:]) for losses in history])  # [E, 5]
+    # means over epochs, then the last epoch's KL: [5] ++ [1] -> [6]
+    summary = torch.cat([per_epoch.mean(0), per_epoch[-1, 3:4]])
+    # host sync: the single read of all metrics, at the end of the update
+    policy, value, entropy, _, clip_fraction, last_kl = summary.tolist()
+    epochs_run = len(history) - (1 if stop_epoch >= 0 else 0)
+    return {
+        "policy_loss": policy,
+        "value_loss": value,
+        "entropy": entropy,
+        "approx_kl": last_kl,
+        "clip_fraction": clip_fraction,
+        "epochs_run": float(epochs_run),
+        "early_stop_epoch": float(stop_epoch),
+    }
