@@ -7,6 +7,7 @@ every consumer goes through `valid_mask`, and GAE writes 0 there.
 
 from __future__ import annotations
 
+import time
 from typing import Mapping
 
 import numpy as np
@@ -178,6 +179,7 @@ class RolloutBuffer:
 
     def compute_advantages_and_returns(self, gamma: float, gae_lambda: float) -> None:
         """Fill `advantages` and `returns` with `variants.gae` / `variants.reset`."""
+        start = time.perf_counter()
         with record_function("gae"):
             counts = self.step_counts if isinstance(self.step_counts, Tensor) else list(self.step_counts)
             self.advantages, self.returns = gae.compute_gae(
@@ -185,6 +187,8 @@ class RolloutBuffer:
                 counts, gamma=gamma, gae_lambda=gae_lambda,
                 method=self.variants.gae, reset=self.variants.reset,
             )
+        # host seconds: on CUDA the async methods count their launches, not their kernels
+        self.last_gae_seconds = time.perf_counter() - start
 
     def normalize_advantages(self) -> None:
         """Normalise advantages over valid entries only: (A - mean) / (population std + 1e-8).

@@ -1,0 +1,78 @@
+"""Save and resume a `VectorizedTrainer`: policy, optimiser, normaliser, RNG, LSTM state."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from esper.trainer import VectorizedTrainer
+
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
+    """Write atomically (temp file + rename), so a crash never leaves half a checkpoint."""
+    path = Path(path)
+    state = {
+        "format_version": FORMAT_VERSION,
+        "identity": trainer.config.identity(),
+        "variants": trainer.config.variants.spec(),
+        "iteration": trainer.iteration_count,
+        "policy": trainer.policy.state_dict(),
+        "optimizer": trainer.agent.optimizer.state_dict(),
+        "normalizer": trainer.normalizer.state_dict(),
+        "sampler": trainer.sampler.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "hidden": tuple(h.cpu() for h in trainer.hidden),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _mismatches(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _mismatches(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: checkpoint has {a!r}, this run has {b!r}")
+    return out
+
+
+def load_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
+    """Restore `trainer` in place, mapped to its device.
+
+    Raises `ValueError` naming every field where the checkpoint's config differs.
+    """
+    state = torch.load(path, map_location=trainer.device, weights_only=False)
+    if state.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"resume {path}: format_version: expected {FORMAT_VERSION}; "
+            f"got {state.get('format_version')!r}"
+        )
+    problems = _mismatches(state["identity"], trainer.config.identity())
+    if problems:
+        raise ValueError(f"resume {path}: config mismatch: " + "; ".join(problems))
+    trainer.policy.load_state_dict(state["policy"])
+    trainer.agent.optimizer.load_state_dict(state["optimizer"])
+    trainer.normalizer.load_state_dict(
+        {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in state["normalizer"].items()}
+    )
+    trainer.sampler.set_state(state["sampler"].cpu())
+    torch.set_rng_state(state["torch_rng"].cpu())
+    trainer.hidden = tuple(h.to(trainer.device) for h in state["hidden"])
+    trainer.iteration_count = state["iteration"]
+
+
+

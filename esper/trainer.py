@@ -1,0 +1,290 @@
+"""The vectorized PPO loop: rollout over N envs (one CUDA stream each), GAE, update.
+
+One iteration, read top to bottom (`VectorizedTrainer.iteration`):
+
+    reset envs and the LSTM state
+    for each of max_steps steps:
+        policy_forward  one batched act() for all envs on normalised observations
+        (bookkeeping)   actions to the host, applied to each env's host network
+        env_step        each env trains one epoch on its own CUDA stream; sync by variant
+        policy_forward  at the last step: bootstrap values with the carried LSTM state
+        buffer_add      one add() per env
+    normaliser update (frozen during the rollout), then PPO update (gae, update)
+
+Each phase runs inside a `torch.profiler.record_function` range of that name, so a
+profiler attributes time to it, and its host wall time is summed per iteration.
+
+`Variants.sync` decides how the env phase waits for the env streams on CUDA:
+- `stream` (the original): the host blocks on `stream.synchronize()` once per env before
+  reading that env's metrics.
+- `event`: each env stream records an event that the default stream waits on; the host
+  blocks once, when it reads all metrics together.
+On the CPU there are no streams: both values run the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch.profiler import record_function
+
+from esper.buffer import RolloutBuffer
+from esper.env import EnvConfig, VectorizedMorphoEnv
+from esper.heads import HEAD_NAMES
+from esper.normalizer import RunningNormalizer
+from esper.policy import FactoredRecurrentActorCritic
+from esper.ppo import PPOAgent, PPOConfig
+from esper.variants import Variants
+
+PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; `cuda` without CUDA is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device: expected auto, cpu or cuda; got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for, but torch.cuda.is_available() is False")
+    return torch.device(device)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run (what a resumed run must match)."""
+
+    num_envs: int = 4
+    """Parallel environments, one rollout row each."""
+    max_steps: int = 25
+    """Steps (host epochs) per episode; one episode per env per iteration, ending truncated."""
+    seed: int = 0
+    """Seeds policy init, action sampling and the environments."""
+    variants: Variants = field(default_factory=Variants.original)
+    """The reviewed choices (GAE method, reset, step_counts, stream sync)."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyper-parameters."""
+    env: EnvConfig | None = None
+    """Environment sizes; None: `EnvConfig` defaults with this num_envs, max_steps and seed."""
+    hidden_dim: int = 128
+    """LSTM hidden size of the policy."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "max_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"TrainConfig.{name}: expected a positive int; got {value!r}")
+
+    @property
+    def env_config(self) -> EnvConfig:
+        base = self.env if self.env is not None else EnvConfig()
+        return dataclasses.replace(base, num_envs=self.num_envs, max_steps=self.max_steps,
+                                   seed=self.seed)
+
+    def identity(self) -> dict:
+        """The fields a checkpoint must agree on to be resumed (variants excluded: they
+        change speed, not results)."""
+        return {
+            "num_envs": self.num_envs,
+            "max_steps": self.max_steps,
+            "seed": self.seed,
+            "hidden_dim": self.hidden_dim,
+            "ppo": dataclasses.asdict(self.ppo),
+            "env": dataclasses.asdict(self.env_config),
+        }
+
+
+@dataclass
+class IterationStats:
+    """What one iteration did: mean episode return, update metrics, seconds per phase."""
+
+    iteration: int
+    mean_return: float
+    update: dict[str, float]
+    phase_seconds: dict[str, float]
+    host_blocked_seconds: float
+    """Host time spent waiting for env streams (synchronize / metric reads) in env_step."""
+
+    def line(self) -> str:
+        phases = " ".join(f"{p}={self.phase_seconds.get(p, 0.0):.3f}s" for p in PHASES)
+        u = self.update
+        return (f"iter {self.iteration:4d}  return {self.mean_return:+.4f}  "
+                f"pi {u['policy_loss']:+.4f}  v {u['value_loss']:.4f}  "
+                f"ent {u['entropy']:.3f}  kl {u['approx_kl']:.4f}  {phases}")
+
+
+class VectorizedTrainer:
+    """Owns the envs, policy, PPO agent, buffer and normaliser of one run."""
+
+    def __init__(self, config: TrainConfig, device: torch.device | str = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        torch.manual_seed(config.seed)
+        self.envs = VectorizedMorphoEnv(config.env_config, self.device)
+        obs_dim = self.envs.obs_dim
+        self.policy = FactoredRecurrentActorCritic(obs_dim, hidden_dim=config.hidden_dim)
+        self.agent = PPOAgent(self.policy, config.ppo, self.device)
+        self.buffer = RolloutBuffer(
+            config.num_envs, config.max_steps, obs_dim, lstm_hidden_dim=config.hidden_dim,
+            num_lstm_layers=self.policy.lstm_layers, device=self.device, variants=config.variants,
+        )
+        self.normalizer = RunningNormalizer(obs_dim)
+        self.sampler = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.streams = (
+            [torch.cuda.Stream(device=self.device) for _ in range(config.num_envs)]
+            if self.device.type == "cuda" else None
+        )
+        self.hidden = self.policy.initial_hidden(config.num_envs, self.device)
+        self.iteration_count = 0
+        self._phase_seconds: dict[str, float] = defaultdict(float)
+        self._blocked_seconds = 0.0
+
+    # ------------------------------------------------------------------ phases
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with record_function(name):
+            yield
+        self._phase_seconds[name] += time.perf_counter() - start
+
+    def env_phase(self) -> torch.Tensor:
+        """Run one epoch in every env; returns metrics [N, 3] on the CPU.
+
+        On CUDA each env's epoch is enqueued on its own stream, after that stream waits for
+        the default stream (where actions changed the host networks).
+        """
+        if self.streams is None:
+            launched = [env.launch_epoch() for env in self.envs.envs]
+            start = time.perf_counter()
+            metrics = torch.stack(launched).cpu()
+            self._blocked_seconds += time.perf_counter() - start
+            return metrics
+        default = torch.cuda.current_stream(self.device)
+        launched = []
+        for env, stream in zip(self.envs.envs, self.streams):
+            stream.wait_stream(default)
+            with torch.cuda.stream(stream):
+                launched.append(env.launch_epoch())
+        if self.config.variants.sync == "stream":
+            return self._read_after_stream_syncs(launched)
+        return self._read_after_events(launched, default)
+
+    def _read_after_stream_syncs(self, launched: list[torch.Tensor]) -> torch.Tensor:
+        rows = []
+        for stream, metrics in zip(self.streams, launched):
+            start = time.perf_counter()
+            stream.synchronize()  # host sync: once per env, as the original
+            rows.append(metrics.cpu())
+            self._blocked_seconds += time.perf_counter() - start
+        return torch.stack(rows)
+
+    def _read_after_events(self, launched: list[torch.Tensor], default) -> torch.Tensor:
+        for stream, metrics in zip(self.streams, launched):
+            done = torch.cuda.Event()
+            done.record(stream)
+            default.wait_event(done)  # the device waits; the host does not
+            metrics.record_stream(default)  # used on the default stream from here on
+        stacked = torch.stack(launched)  # [N, 3] on the default stream, after every event
+        start = time.perf_counter()
+        metrics = stacked.cpu()  # host sync: the single blocking read of the step
+        self._blocked_seconds += time.perf_counter() - start
+        return metrics
+
+    # ------------------------------------------------------------------ rollout
+
+    def rollout(self) -> float:
+        """Fill the buffer with one episode per env; returns the mean episode return."""
+        n, steps = self.config.num_envs, self.config.max_steps
+        self.buffer.reset()
+        obs = self.envs.reset()  # [N, D] raw, CPU
+        seen = [obs]
+        self.hidden = self.policy.initial_hidden(n, self.device)
+        returns = torch.zeros(n)
+        for t in range(steps):
+            norm_obs = self.normalizer.normalize(obs).to(self.device)
+            masks = self.envs.action_masks()  # {head: [N, K]} CPU
+            with self._phase("policy_forward"):
+                out = self.policy.act(
+                    norm_obs,
+                    {h: m.to(self.device) for h, m in masks.items()},
+                    self.hidden, generator=self.sampler,
+                )
+                # host sync: actions, log-probs and values in one transfer
+                packed = torch.stack(
+                    [out.actions[h].float() for h in HEAD_NAMES]
+                    + [out.log_probs[h] for h in HEAD_NAMES] + [out.value]
+                ).cpu()  # [17, N]
+            actions = packed[: len(HEAD_NAMES)].long().T.tolist()  # [N][8]
+            for env, row in zip(self.envs.envs, actions):
+                env.apply_action(dict(zip(HEAD_NAMES, row)))
+            with self._phase("env_step"):
+                metrics = self.env_phase()
+            results = [env.observe(row) for env, row in zip(self.envs.envs, metrics)]
+            next_obs = torch.stack([o for o, _ in results])
+            rewards = [r for _, r in results]
+            returns += torch.tensor(rewards)
+            seen.append(next_obs)
+            last = t == steps - 1
+            bootstrap = torch.zeros(n)
+            if last:
+                with self._phase("policy_forward"):
+                    # the carried state after this step, on the normalised next observation
+                    bootstrap = self.policy.value(
+                        self.normalizer.normalize(next_obs).to(self.device), out.hidden
+                    ).cpu()
+            with self._phase("buffer_add"):
+                self._add_step(norm_obs, packed, rewards, masks, last, bootstrap)
+            self.hidden = out.hidden
+            obs = next_obs
+        self.normalizer.update(torch.cat(seen))  # after the rollout: frozen during it
+        return float(returns.mean())
+
+    def _add_step(self, obs, packed, rewards, masks, last, bootstrap) -> None:
+        """obs [N, D] normalised, on the device: the observations the actions were sampled on."""
+        heads = len(HEAD_NAMES)
+        h, c = self.hidden
+        per_env = packed.T.tolist()  # [17, N] -> [N][17]
+        boot = bootstrap.tolist()
+        for i, row in enumerate(per_env):
+            self.buffer.add(
+                i,
+                obs[i],
+                actions={hd: int(row[k]) for k, hd in enumerate(HEAD_NAMES)},
+                log_probs={hd: row[heads + k] for k, hd in enumerate(HEAD_NAMES)},
+                value=row[2 * heads],
+                reward=rewards[i],
+                done=last,
+                masks={hd: m[i] for hd, m in masks.items()},
+                hidden_h=h[:, i : i + 1],  # [L, N, H] -> [L, 1, H]
+                hidden_c=c[:, i : i + 1],
+                truncated=last,
+                bootstrap_value=boot[i],
+            )
+
+    # ------------------------------------------------------------------ iteration
+
+    def iteration(self) -> IterationStats:
+        """One rollout and one PPO update."""
+        self._phase_seconds = defaultdict(float)
+        self._blocked_seconds = 0.0
+        mean_return = self.rollout()
+        start = time.perf_counter()
+        update = self.agent.update(self.buffer)  # ranges "gae" and "update" inside
+        gae_seconds = self.buffer.last_gae_seconds
+        self._phase_seconds["gae"] += gae_seconds
+        self._phase_seconds["update"] += time.perf_counter() - start - gae_seconds
+        self.iteration_count += 1
+        return IterationStats(
+            iteration=self.iteration_count,
+            mean_return=mean_return,
+            update=update,
+            phase_seconds=dict(self._phase_seconds),
+            host_blocked_seconds=self._blocked_seconds,
+        )
