@@ -8,8 +8,11 @@ as exact checks where timings cannot be.
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
+import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -84,6 +87,40 @@ def count_events(prof: profile, on_cuda: bool) -> Counters:
     )
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null: Kineto prints a line at every profiler start
+    and stop from C++, which Python's sys.stderr cannot catch and which breaks progress bars."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def profiling(device: torch.device | str = "cpu", **kwargs) -> Iterator[profile]:
+    """`torch.profiler.profile` with CPU (+ CUDA on a CUDA device) activities, quietly.
+
+    Only the profiler's start and stop are silenced, not the profiled code.
+    """
+    activities = [ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(activities=activities, **kwargs)
+    with _native_stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
 def profile_call(
     fn: Callable[[], object],
     device: torch.device | str = "cpu",
@@ -94,10 +131,9 @@ def profile_call(
     `trace_path`, when given, receives a Chrome trace (open it in Perfetto).
     """
     on_cuda = torch.device(device).type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     if on_cuda:
         torch.cuda.synchronize()  # keep earlier work out of the profiled window
-    with profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
+    with profiling(device, profile_memory=True) as prof:
         fn()
         if on_cuda:
             torch.cuda.synchronize()  # the window ends when the device is done

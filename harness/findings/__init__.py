@@ -1,0 +1,109 @@
+"""The registry of findings: each review claim as data plus a few small functions.
+
+A `Finding` names the ticket, quotes its claim, lists the variants compared (one is the
+baseline), the cases (sizes) to run, how inputs are built from a seed, how each variant
+is called, and how its output is checked against the reference. Adding the next ticket
+means one new module here that calls `register`, not a change to the runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+Inputs = Any
+Call = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One size/setting of a finding; `params` keep their order for display."""
+
+    params: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, **params: Any) -> "Case":
+        return cls(tuple(params.items()))
+
+    def __getitem__(self, key: str) -> Any:
+        return dict(self.params)[key]
+
+    @property
+    def label(self) -> str:
+        """`num_envs=4,max_steps=25,dones=episode`: the case's identity in results."""
+        return ",".join(f"{k}={v}" for k, v in self.params)
+
+
+def _never(variant: str, case: Case, device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A review claim turned into a measurement."""
+
+    id: str
+    """The ticket id, e.g. `B4-CR-03`."""
+    title: str
+    claim: str
+    """The ticket's claim, quoted short."""
+    variants: tuple[str, ...]
+    baseline: str
+    cases: Callable[[bool], list[Case]]
+    """quick -> the cases to run (`quick=True` for CI-sized runs)."""
+    build: Callable[[Case, torch.device, int], Inputs]
+    """(case, device, seed) -> inputs, built once per case."""
+    make_call: Callable[[str, Inputs], Call]
+    """(variant, inputs) -> a zero-argument callable: the timed region."""
+    check: Callable[[Any, Any], float] | None = None
+    """(output, reference output) -> max error; None: nothing to check."""
+    reference: Callable[[Inputs], Any] | None = None
+    """inputs -> reference output; None: the baseline variant's output is the reference."""
+    tolerance: Callable[[Case], float] = lambda case: 0.0
+    skip: Callable[[str, Case, torch.device], str | None] = _never
+    """(variant, case, device) -> why this cell is not run, or None."""
+    extra_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
+    """(variant, inputs) -> extra per-variant numbers (phase seconds, host-blocked time)."""
+    ticket: str = ""
+    """Where the claim comes from (a review ticket file name)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """What a reader should know about the setup (what is skipped and why)."""
+
+    def __post_init__(self) -> None:
+        if self.baseline not in self.variants:
+            raise ValueError(
+                f"Finding {self.id}: baseline: expected one of {', '.join(self.variants)}; "
+                f"got {self.baseline!r}"
+            )
+
+
+FINDINGS: dict[str, Finding] = {}
+
+
+def register(finding: Finding) -> Finding:
+    if finding.id in FINDINGS:
+        raise ValueError(f"register: finding id {finding.id!r} is already registered")
+    FINDINGS[finding.id] = finding
+    return finding
+
+
+def select(ids: list[str] | None) -> list[Finding]:
+    """The findings named by `ids` (all when None), in registry order."""
+    _load_builtin()
+    if not ids:
+        return list(FINDINGS.values())
+    unknown = [i for i in ids if i not in FINDINGS]
+    if unknown:
+        raise ValueError(
+            f"--findings: unknown id(s) {', '.join(unknown)}; known: {', '.join(FINDINGS)}"
+        )
+    return [FINDINGS[i] for i in FINDINGS if i in ids]
+
+
+def _load_builtin() -> None:
+    # imported for their `register` calls; late, so that `Finding` exists first
+    # in report order: the buffer-level tickets, the vectorized review, end to end
+    from harness.findings import gae_methods, reset_alloc, step_counts  # noqa: F401
+    from harness.findings import stream_sync, e2e  # noqa: F401

@@ -1,0 +1,90 @@
+"""B4-PT-05: "step_counts is a Python list, not a tensor - ... requires CPU-GPU round trips"."""
+
+from __future__ import annotations
+
+import torch
+
+from esper.buffer import RolloutBuffer
+from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.variants import Variants
+from harness.findings import Case, Finding, register
+
+STATE_DIM, HIDDEN = 218, 128
+
+
+def _cases(quick: bool) -> list[Case]:
+    sizes = [(4, 25)] if quick else [(4, 25), (16, 150)]
+    return [Case.of(num_envs=e, max_steps=t) for e, t in sizes]
+
+
+def _build(case: Case, device: torch.device, seed: int) -> dict:
+    """One buffer per variant on `device`, and every step's data prepared in advance."""
+    num_envs, max_steps = case["num_envs"], case["max_steps"]
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for t in range(max_steps):
+        for env in range(num_envs):
+            steps.append(dict(
+                env_id=env,
+                state=torch.randn(STATE_DIM, generator=g).to(device),
+                actions={h: int(torch.randint(0, k, (), generator=g)) for h, k in HEAD_SIZES.items()},
+                log_probs={h: float(-torch.rand((), generator=g)) for h in HEAD_NAMES},
+                value=float(torch.randn((), generator=g)),
+                reward=float(torch.randn((), generator=g)),
+                done=t == max_steps - 1,
+                masks={h: torch.ones(k, dtype=torch.bool, device=device) for h, k in HEAD_SIZES.items()},
+                hidden_h=torch.randn(1, 1, HIDDEN, generator=g).to(device),
+                hidden_c=torch.randn(1, 1, HIDDEN, generator=g).to(device),
+                truncated=t == max_steps - 1,
+                bootstrap_value=float(torch.randn((), generator=g)),
+            ))
+    buffers = {
+        kind: RolloutBuffer(num_envs, max_steps, STATE_DIM, lstm_hidden_dim=HIDDEN,
+                            device=device, variants=Variants(step_counts=kind))
+        for kind in ("list", "tensor")
+    }
+    return {"steps": steps, "buffers": buffers, "device": device}
+
+
+def _make_call(variant: str, inputs: dict):
+    buffer, steps, device = inputs["buffers"][variant], inputs["steps"], inputs["device"]
+
+    def rollout():
+        buffer.reset()
+        for step in steps:
+            buffer.add(**step)
+        return buffer.get_batched_sequences(device)
+
+    return rollout
+
+
+def _max_difference(output: dict, reference: dict) -> float:
+    worst = 0.0
+    for key, value in output.items():
+        pairs = value.items() if isinstance(value, dict) else [(key, value)]
+        ref = reference[key]
+        for name, tensor in pairs:
+            want = ref[name] if isinstance(value, dict) else ref
+            worst = max(worst, (tensor.double() - want.double()).abs().max().item())
+    return worst
+
+
+register(Finding(
+    id="B4-PT-05",
+    title="Buffer step_counts: Python list vs CPU tensor",
+    claim="step_counts is a Python list, not a tensor - prevents vectorized operations and "
+          "requires CPU-GPU round trips",
+    ticket="B4-PT-05-step-counts-list.md",
+    variants=("list", "tensor"),
+    baseline="list",
+    cases=_cases,
+    build=_build,
+    make_call=_make_call,
+    check=_max_difference,
+    tolerance=lambda case: 0.0,
+    notes=(
+        "One timed call = a full rollout of num_envs x max_steps add() calls into a buffer "
+        "on the run's device, then get_batched_sequences() on that device.",
+        "Both variants must produce identical batches (the list variant is the reference).",
+    ),
+))

@@ -1,0 +1,67 @@
+"""What a run was measured on: versions, device, CPU, threads, git state."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+#: the metadata fields that must agree for two runs' timings to be comparable
+FINGERPRINT_FIELDS = ("device_name", "cpu_model", "torch", "cuda", "threads", "python")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux, else the platform's answer)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({cpu_model()})"
+
+
+def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout holding this package; (None, None) outside git."""
+    repo = repo or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return commit, dirty
+
+
+def describe(device: torch.device) -> dict:
+    """Metadata of this process for `device`; call it while threads are pinned."""
+    commit, dirty = git_state()
+    return {
+        "device": str(device),
+        "device_name": device_name(device),
+        "cpu_model": cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def fingerprint(metadata: dict) -> dict:
+    return {k: metadata.get(k) for k in FINGERPRINT_FIELDS}

@@ -1,0 +1,260 @@
+"""Run one finding: build inputs, gate on correctness, time, profile, compare; rows out.
+
+Per case, in order (DESIGN.md, data flow):
+  1. inputs built once from the seed;
+  2. each variant called once and checked against the reference: a mismatch is a
+     `mismatch` row carrying the max error and that variant is not timed there;
+  3. the variants that agree are timed together, interleaved, on the device's clock;
+  4. a separate profiling pass counts ops, syncs, allocations and kernel launches;
+  5. each variant's time ratio to the baseline gets a bootstrap 95% interval and a verdict.
+A variant that raises is recorded as a `failed` row with its error; the run goes on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import record_function
+
+from harness.counters import profile_call, profiling
+from harness.findings import Case, Finding
+from harness.stats import Verdict, bootstrap_ratio_ci, classify
+from harness.timing import Measurement, VariantError, make_clock, measure_interleaved
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How much and where to measure."""
+
+    device: torch.device
+    quick: bool = False
+    seed: int = 0
+    time_budget_s: float = 1.0
+    """Sampling budget per finding x case (warm-up and calibration included)."""
+    min_samples: int = 10
+    max_samples: int = 200
+    profile: bool = True
+
+
+def describe_error(err: BaseException) -> str:
+    """`TypeError: message (at file.py:123)`: short, with where it was raised."""
+    if isinstance(err, VariantError):
+        err = err.original
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+class CaseRun:
+    """Everything measured for one finding x case; `summary` and `samples` are the rows."""
+
+    def __init__(self, finding: Finding, case: Case, options: RunOptions) -> None:
+        self.finding, self.case, self.options = finding, case, options
+        self.cells: dict[str, dict] = {v: {} for v in finding.variants}
+        self.measurements: dict[str, Measurement] = {}
+        self.inputs = None
+
+    # ------------------------------------------------------------------ steps
+
+    def run(self, trace_path: Path | None = None) -> "CaseRun":
+        f, options = self.finding, self.options
+        self._skip()
+        if not self._active():
+            return self
+        try:
+            self.inputs = f.build(self.case, options.device, options.seed)
+        except Exception as err:  # recorded on every row of the case; the run goes on
+            for variant in self._active():
+                self._fail(variant, err, "building inputs")
+            return self
+        outputs = self._first_calls()
+        self._check(outputs)
+        self._time()
+        if options.profile:
+            self._profile(trace_path)
+        self._extra_metrics()
+        self._compare()
+        return self
+
+    def _active(self) -> list[str]:
+        return [v for v in self.finding.variants if "status" not in self.cells[v]]
+
+    def _fail(self, variant: str, err: BaseException, stage: str) -> None:
+        self.cells[variant].update(status=Verdict.FAILED, error=f"{stage}: {describe_error(err)}")
+
+    def _skip(self) -> None:
+        for variant in self.finding.variants:
+            reason = self.finding.skip(variant, self.case, self.options.device)
+            if reason == "needs CUDA":
+                self.cells[variant].update(status=Verdict.NEEDS_CUDA, reason=reason)
+            elif reason:
+                self.cells[variant].update(status=Verdict.NOT_TIMED, reason=reason)
+
+    def _first_calls(self) -> dict[str, object]:
+        outputs = {}
+        for variant in self._active():
+            try:
+                outputs[variant] = self.finding.make_call(variant, self.inputs)()
+            except Exception as err:  # a crashing variant is a row, not the end of the run
+                self._fail(variant, err, "first call")
+        return outputs
+
+    def _check(self, outputs: dict[str, object]) -> None:
+        f = self.finding
+        if f.check is None:
+            return
+        if f.reference is not None:
+            try:
+                reference = f.reference(self.inputs)
+            except Exception as err:
+                for variant in self._active():
+                    self._fail(variant, err, "reference")
+                return
+        elif f.baseline in outputs:
+            reference = outputs[f.baseline]
+        else:
+            for variant in self._active():
+                self.cells[variant].update(status=Verdict.NOT_TIMED,
+                                           reason="no reference: the baseline did not run")
+            return
+        tolerance = f.tolerance(self.case)
+        for variant in self._active():
+            try:
+                error = float(f.check(outputs[variant], reference))
+            except Exception as err:
+                self._fail(variant, err, "correctness check")
+                continue
+            self.cells[variant]["max_error"] = error
+            if not error <= tolerance:  # NaN fails too
+                self.cells[variant].update(
+                    status=Verdict.MISMATCH,
+                    reason=f"max error {error:.3g} > tolerance {tolerance:.3g}",
+                )
+
+    def _time(self) -> None:
+        o = self.options
+        while self._active():
+            calls = {v: self.finding.make_call(v, self.inputs) for v in self._active()}
+            try:
+                self.measurements = measure_interleaved(
+                    calls, make_clock(o.device), finding=self.finding.id, case=self.case.label,
+                    min_samples=o.min_samples, max_samples=o.max_samples,
+                    time_budget_s=o.time_budget_s,
+                )
+                return
+            except VariantError as err:  # drop it and time the others again
+                self._fail(err.variant, err, f"timing ({err.phase})")
+        self.measurements = {}
+
+    def _profile(self, trace_path: Path | None) -> None:
+        device = self.options.device
+        for variant in list(self.measurements):
+            try:
+                counters = profile_call(self.finding.make_call(variant, self.inputs), device)
+            except Exception as err:
+                self._fail(variant, err, "profiling")
+                del self.measurements[variant]
+                continue
+            self.cells[variant].update(counters.as_row())
+        if trace_path is not None and self.measurements:
+            self._trace(trace_path)
+
+    def _trace(self, trace_path: Path) -> None:
+        """One Chrome trace of every timed variant, each inside a `variant:<name>` range."""
+        device = self.options.device
+        calls = {v: self.finding.make_call(v, self.inputs) for v in self.measurements}
+        with profiling(device, profile_memory=True) as prof:
+            for variant, call in calls.items():
+                with record_function(f"variant:{variant}"):
+                    call()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        raw = trace_path.with_suffix("")  # traces/<id>.json.gz -> traces/<id>.json
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
+
+    def _extra_metrics(self) -> None:
+        if self.finding.extra_metrics is None:
+            return
+        for variant in list(self.measurements):
+            try:
+                self.cells[variant].update(self.finding.extra_metrics(variant, self.inputs))
+            except Exception as err:
+                self._fail(variant, err, "extra metrics")
+                del self.measurements[variant]
+
+    def _compare(self) -> None:
+        baseline = self.measurements.get(self.finding.baseline)
+        for variant, m in self.measurements.items():
+            cell = self.cells[variant]
+            cell.update(status="ok", n=m.n, median_s=m.median, iqr_s=m.iqr,
+                        number_per_sample=m.number_per_sample,
+                        first_call_s=m.first_call_seconds, stopped_by=m.stopped_by.value)
+            if variant == self.finding.baseline:
+                cell["verdict"] = Verdict.BASELINE
+            elif baseline is None:
+                cell["verdict"] = Verdict.NOT_TIMED
+                cell["reason"] = "baseline not timed in this case: no ratio"
+            else:
+                ci = bootstrap_ratio_ci(m.samples, baseline.samples, seed=self.options.seed)
+                cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
+                            verdict=classify(ci))
+
+    # ------------------------------------------------------------------ rows
+
+    def _base(self) -> dict:
+        return {"finding": self.finding.id, "case": self.case.label,
+                **{f"p_{k}": v for k, v in self.case.params},
+                "device": str(self.options.device)}
+
+    @property
+    def summary(self) -> list[dict]:
+        rows = []
+        for variant in self.finding.variants:
+            cell = dict(self.cells[variant])
+            status = cell.pop("status", None)
+            verdict = cell.pop("verdict", status)
+            status = "ok" if status == "ok" else getattr(status, "value", status)
+            rows.append({**self._base(), "variant": variant,
+                         "baseline": variant == self.finding.baseline,
+                         "status": status, "verdict": getattr(verdict, "value", verdict), **cell})
+        return rows
+
+    @property
+    def samples(self) -> list[dict]:
+        counters = {s["variant"]: s for s in self.summary}
+        rows = []
+        for variant, m in self.measurements.items():
+            extra = {k: counters[variant].get(k) for k in
+                     ("op_calls", "host_syncs", "allocations", "allocated_bytes", "kernel_launches")}
+            for index, seconds in enumerate(m.samples):
+                rows.append({**self._base(), "variant": variant, "threads": m.key.threads,
+                             "sample": index, "seconds": seconds,
+                             "number_per_sample": m.number_per_sample, **extra})
+        return rows
+
+
+def run_finding(
+    finding: Finding,
+    options: RunOptions,
+    trace_dir: Path | None = None,
+    on_case: Callable[[CaseRun], None] | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """All cases of `finding`: (summary rows, sample rows). The first case leaves a trace."""
+    summary, samples = [], []
+    for index, case in enumerate(finding.cases(options.quick)):
+        trace = trace_dir / f"{finding.id}.json.gz" if trace_dir is not None and index == 0 else None
+        case_run = CaseRun(finding, case, options).run(trace)
+        summary += case_run.summary
+        samples += case_run.samples
+        if on_case is not None:
+            on_case(case_run)
+    return summary, samples
