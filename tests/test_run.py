@@ -1,0 +1,127 @@
+"""harness.run end to end: schema, correctness gate, failure isolation, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from harness import findings as registry
+from harness.findings import Case, Finding
+from harness.results import SCHEMA_VERSION, load_run
+from harness.run import main
+
+TEST_ID = "TEST-tiny"
+
+
+def _tiny_finding(calls_before_interrupt: int | None = None) -> Finding:
+    """Variants: `good` (baseline), `twice` (same result, double work), `wrong` (off by
+    one), `boom` (raises). Optionally `good` raises KeyboardInterrupt after N calls."""
+    counter = {"n": 0}
+
+    def make_call(variant: str, x: torch.Tensor):
+        def good():
+            counter["n"] += 1
+            if calls_before_interrupt is not None and counter["n"] > calls_before_interrupt:
+                raise KeyboardInterrupt
+            return (x * 2).sum()
+
+        calls = {
+            "good": good,
+            "twice": lambda: ((x * 2).sum() + (x * 2).sum()) / 2,
+            "wrong": lambda: (x * 2).sum() + 1,
+            "boom": lambda: (_ for _ in ()).throw(RuntimeError("variant exploded")),
+        }
+        return calls[variant]
+
+    return Finding(
+        id=TEST_ID, title="tiny", claim="a test claim",
+        variants=("good", "twice", "wrong", "boom"), baseline="good",
+        cases=lambda quick: [Case.of(n=64), Case.of(n=4096)],
+        build=lambda case, device, seed: torch.arange(case["n"], dtype=torch.float64, device=device),
+        make_call=make_call,
+        check=lambda out, ref: abs(float(out) - float(ref)),
+        tolerance=lambda case: 1e-9,
+    )
+
+
+@pytest.fixture
+def tiny(request):
+    registry.select(None)  # load the built-in findings first
+    registry.FINDINGS[TEST_ID] = _tiny_finding(getattr(request, "param", None))
+    yield TEST_ID
+    del registry.FINDINGS[TEST_ID]
+
+
+ARGS = ["--findings", TEST_ID, "--time-budget", "0.05", "--device", "cpu"]
+
+
+def test_gate_failure_isolation_and_schema(tiny, tmp_path):
+    code = main(ARGS + ["--out", str(tmp_path)])
+    assert code == 1  # a mismatch and a crash: not every variant agreed
+    run = load_run(None, tmp_path)
+    assert (tmp_path / "latest").read_text().strip() == run.run_id
+    assert run.metadata["schema_version"] == SCHEMA_VERSION and run.metadata["status"] == "complete"
+    for key in ("run_id", "created", "git_commit", "git_dirty", "python", "torch", "device_name",
+                "cpu_model", "threads", "command"):
+        assert key in run.metadata, key
+
+    s = run.summary.set_index(["case", "variant"])
+    for case in ("n=64", "n=4096"):
+        assert s.loc[(case, "good"), "verdict"] == "baseline"
+        assert s.loc[(case, "wrong"), "status"] == "mismatch"
+        assert s.loc[(case, "wrong"), "max_error"] == pytest.approx(1.0)
+        assert pd.isna(s.loc[(case, "wrong"), "median_s"])  # not timed
+        assert s.loc[(case, "boom"), "status"] == "failed"
+        assert "variant exploded" in s.loc[(case, "boom"), "error"]
+        assert s.loc[(case, "twice"), "status"] == "ok"
+        assert s.loc[(case, "twice"), "ci_low"] <= s.loc[(case, "twice"), "ratio"] <= s.loc[(case, "twice"), "ci_high"]
+        assert s.loc[(case, "good"), "allocations"] >= 1  # the profiling pass ran
+
+    rows = pd.read_csv(run.folder / "rows.csv")
+    assert set(rows["variant"]) == {"good", "twice"}
+    assert {"finding", "variant", "case", "p_n", "sample", "seconds", "allocations"} <= set(rows.columns)
+    assert (rows["seconds"] > 0).all()
+    assert (run.folder / "traces" / f"{TEST_ID}.json.gz").stat().st_size > 0
+    assert len(rows) == len(run.rows)
+
+
+@pytest.mark.parametrize("tiny", [3], indirect=True)
+def test_ctrl_c_keeps_what_was_measured(tiny, tmp_path):
+    code = main(ARGS + ["--out", str(tmp_path), "--no-profile"])
+    assert code == 130
+    document = json.loads(next(tmp_path.glob("*/run.json")).read_text())
+    assert document["status"] == "interrupted"
+
+
+def test_real_findings_quick_run_agree(tmp_path):
+    code = main(["--quick", "--findings", "B4-DRL-03", "B4-PT-05", "H3-stream-sync",
+                 "--time-budget", "0.1", "--out", str(tmp_path), "--device", "cpu"])
+    assert code == 0
+    summary = load_run(None, tmp_path).summary
+    h3 = summary[summary["finding"] == "H3-stream-sync"]
+    assert (h3["verdict"] == "needs_cuda").all() and h3["median_s"].isna().all()
+    drl = summary[(summary["finding"] == "B4-DRL-03") & (summary["case"].str.contains("random"))]
+    allocs = drl.set_index("variant")["allocations"]
+    assert allocs["clone"] > 0 and allocs["mask"] > 0
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(["--findings", "NOPE"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown id(s) NOPE" in err and "B4-CR-03" in err
+    assert main(["--time-budget", "-1"]) == 2
+    if not torch.cuda.is_available():
+        assert main(["--device", "cuda"]) == 2
+        assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_list_and_cli_subprocess():
+    out = subprocess.run([sys.executable, "-m", "harness.run", "--list"],
+                         capture_output=True, text=True, check=True).stdout
+    for finding_id in ("B4-CR-03", "B4-DRL-03", "B4-PT-05", "H3-stream-sync", "E2E-iteration"):
+        assert finding_id in out
