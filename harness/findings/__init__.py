@@ -79,6 +79,11 @@ class Finding:
             )
 
 
+def max_abs_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |output - reference| in float64: the check of findings whose variants must agree."""
+    return (output.double().cpu() - reference.double().cpu()).abs().max().item()
+
+
 FINDINGS: dict[str, Finding] = {}
 
 

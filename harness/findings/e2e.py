@@ -7,7 +7,7 @@ import torch
 from esper.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 from harness.counters import profiling
-from harness.findings import Case, Finding, register
+from harness.findings import Case, Finding, max_abs_difference, register
 
 PRESETS = {"original": Variants.original, "optimized": Variants.optimized}
 
@@ -36,9 +36,6 @@ def _make_call(variant: str, trainers: dict):
 
     return iteration
 
-
-def _max_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
-    return (output - reference).abs().max().item()
 
 
 def phase_seconds(trainer: VectorizedTrainer) -> dict[str, float]:
@@ -69,7 +66,7 @@ register(Finding(
     cases=_cases,
     build=_build,
     make_call=_make_call,
-    check=_max_difference,
+    check=max_abs_difference,
     tolerance=lambda case: 1e-5,
     extra_metrics=lambda variant, trainers: phase_seconds(trainers[variant]),
     notes=(

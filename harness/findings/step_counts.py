@@ -7,7 +7,7 @@ import torch
 from esper.buffer import RolloutBuffer
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
-from harness.findings import Case, Finding, register
+from harness.findings import Case, Finding, max_abs_difference, register
 
 STATE_DIM, HIDDEN = 218, 128
 
@@ -59,14 +59,14 @@ def _make_call(variant: str, inputs: dict):
 
 
 def _max_difference(output: dict, reference: dict) -> float:
-    worst = 0.0
+    """Largest difference over every tensor of two `get_batched_sequences` dicts."""
+    pairs = []
     for key, value in output.items():
-        pairs = value.items() if isinstance(value, dict) else [(key, value)]
-        ref = reference[key]
-        for name, tensor in pairs:
-            want = ref[name] if isinstance(value, dict) else ref
-            worst = max(worst, (tensor.double() - want.double()).abs().max().item())
-    return worst
+        if isinstance(value, dict):
+            pairs += [(t, reference[key][head]) for head, t in value.items()]
+        else:
+            pairs.append((value, reference[key]))
+    return max(max_abs_difference(out, ref) for out, ref in pairs)
 
 
 register(Finding(

@@ -6,7 +6,7 @@ import torch
 
 from esper.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
-from harness.findings import Case, Finding, register
+from harness.findings import Case, Finding, max_abs_difference, register
 
 STEPS_FOR_BLOCKED_TIME = 10
 
@@ -28,9 +28,6 @@ def _build(case: Case, device: torch.device, seed: int) -> dict:
 def _make_call(variant: str, trainers: dict):
     return trainers[variant].env_phase  # one vectorized env step: metrics [N, 3] on the CPU
 
-
-def _max_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
-    return (output.double() - reference.double()).abs().max().item()
 
 
 def _host_blocked(variant: str, trainers: dict) -> dict[str, float]:
@@ -56,7 +53,7 @@ register(Finding(
     cases=_cases,
     build=_build,
     make_call=_make_call,
-    check=_max_difference,
+    check=max_abs_difference,
     tolerance=lambda case: 1e-5,
     skip=_skip,
     extra_metrics=_host_blocked,
