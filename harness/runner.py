@@ -192,21 +192,30 @@ class CaseRun:
                 del self.measurements[variant]
 
     def _compare(self) -> None:
-        baseline = self.measurements.get(self.finding.baseline)
-        for variant, m in self.measurements.items():
+        """Ratios to the baseline; where it was not timed in this case (e.g. the loop at
+        sizes where it would take minutes), to the first timed variant instead, named in
+        `compared_to` so that no ratio is read against the wrong denominator."""
+        timed = [v for v in self.finding.variants if v in self.measurements]
+        if not timed:
+            return
+        reference = self.finding.baseline if self.finding.baseline in timed else timed[0]
+        base = self.measurements[reference]
+        for variant in timed:
+            m = self.measurements[variant]
             cell = self.cells[variant]
             cell.update(status="ok", n=m.n, median_s=m.median, iqr_s=m.iqr,
                         number_per_sample=m.number_per_sample,
-                        first_call_s=m.first_call_seconds, stopped_by=m.stopped_by.value)
-            if variant == self.finding.baseline:
+                        first_call_s=m.first_call_seconds, stopped_by=m.stopped_by.value,
+                        compared_to=reference)
+            if variant == reference:
                 cell["verdict"] = Verdict.BASELINE
-            elif baseline is None:
-                cell["verdict"] = Verdict.NOT_TIMED
-                cell["reason"] = "baseline not timed in this case: no ratio"
-            else:
-                ci = bootstrap_ratio_ci(m.samples, baseline.samples, seed=self.options.seed)
-                cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
-                            verdict=classify(ci))
+                if reference != self.finding.baseline:
+                    cell["reason"] = (f"stands in for the baseline {self.finding.baseline}, "
+                                      "not timed in this case")
+                continue
+            ci = bootstrap_ratio_ci(m.samples, base.samples, seed=self.options.seed)
+            cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
+                        verdict=classify(ci))
 
     # ------------------------------------------------------------------ rows
 

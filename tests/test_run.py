@@ -125,3 +125,24 @@ def test_list_and_cli_subprocess():
                          capture_output=True, text=True, check=True).stdout
     for finding_id in ("B4-CR-03", "B4-DRL-03", "B4-PT-05", "H3-stream-sync", "E2E-iteration"):
         assert finding_id in out
+
+
+def test_ratio_falls_back_to_first_timed_variant_when_baseline_is_skipped(tmp_path):
+    import dataclasses
+
+    registry.select(None)
+    finding = dataclasses.replace(
+        _tiny_finding(), variants=("good", "twice"),
+        skip=lambda variant, case, device: "too slow here" if variant == "good" and case["n"] > 100 else None,
+    )
+    registry.FINDINGS[TEST_ID] = finding
+    try:
+        assert main(ARGS + ["--out", str(tmp_path), "--no-profile"]) == 0
+    finally:
+        del registry.FINDINGS[TEST_ID]
+    s = load_run(None, tmp_path).summary.set_index(["case", "variant"])
+    assert s.loc[("n=64", "twice"), "compared_to"] == "good"
+    assert s.loc[("n=4096", "good"), "status"] == "not_timed"
+    assert s.loc[("n=4096", "good"), "reason"] == "too slow here"
+    assert s.loc[("n=4096", "twice"), "verdict"] == "baseline"
+    assert "stands in for the baseline good" in s.loc[("n=4096", "twice"), "reason"]
