@@ -132,7 +132,7 @@ def test_ratio_falls_back_to_first_timed_variant_when_baseline_is_skipped(tmp_pa
 
     registry.select(None)
     finding = dataclasses.replace(
-        _tiny_finding(), variants=("good", "twice"),
+        _tiny_finding(), variants=("good", "twice"), reference=lambda x: (x * 2).sum(),
         skip=lambda variant, case, device: "too slow here" if variant == "good" and case["n"] > 100 else None,
     )
     registry.FINDINGS[TEST_ID] = finding
