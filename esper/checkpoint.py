@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -53,13 +54,23 @@ def _mismatches(saved: dict, current: dict, prefix: str = "") -> list[str]:
 def load_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
     """Restore `trainer` in place, mapped to its device.
 
-    Raises `ValueError` naming every field where the checkpoint's config differs.
+    Raises `ValueError` for a file that is not a checkpoint of this format, or naming every
+    field where the checkpoint's config differs.
     """
-    state = torch.load(path, map_location=trainer.device, weights_only=False)
-    if state.get("format_version") != FORMAT_VERSION:
+    try:
+        # weights_only: a checkpoint holds tensors and plain containers, and loading one
+        # must not run arbitrary pickled code
+        state = torch.load(path, map_location=trainer.device, weights_only=True)
+    except (pickle.UnpicklingError, KeyError, RuntimeError, EOFError) as err:
+        # what torch.load raises for a file that is not a torch checkpoint at all
         raise ValueError(
-            f"resume {path}: format_version: expected {FORMAT_VERSION}; "
-            f"got {state.get('format_version')!r}"
+            f"resume {path}: expected a checkpoint written by save_checkpoint; got a file "
+            f"torch.load cannot read ({type(err).__name__}: {err})"
+        ) from err
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"resume {path}: format_version: expected {FORMAT_VERSION}; got {version!r}"
         )
     problems = _mismatches(state["identity"], trainer.config.identity())
     if problems:
@@ -73,6 +84,3 @@ def load_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
     torch.set_rng_state(state["torch_rng"].cpu())
     trainer.hidden = tuple(h.to(trainer.device) for h in state["hidden"])
     trainer.iteration_count = state["iteration"]
-
-
-

@@ -44,6 +44,10 @@ from esper.heads import HEAD_NAMES, HEAD_SIZES, OPS
 NUM_SLOTS: int = HEAD_SIZES["slot"]
 #: epochs of (train_loss, val_loss, val_acc) history in the observation.
 HISTORY: int = 5
+#: cap on the loss features of observations, in units of the chance loss ln(num_classes):
+#: a diverged host's loss is huge, inf or NaN, and a single such value would wreck the
+#: agent's running observation statistics for good.
+MAX_LOSS_FEATURE: float = 10.0
 #: alpha_target head index -> blend weight a seed ramps towards.
 ALPHA_TARGETS: tuple[float, ...] = (0.3, 0.7, 1.0)
 #: alpha_speed head index -> epochs a SET_ALPHA ramp takes.
@@ -568,18 +572,25 @@ class MorphoEnv:
         return self._observation(), reward
 
     def _observation(self) -> torch.Tensor:
-        """`[OBS_DIM]` f32 CPU: history (oldest first, zero-padded, losses / ln C), then per
-        slot stage one-hot, alpha, params / host params, epochs in stage / max_steps, then
-        epoch / max_steps and added parameter fraction."""
+        """`[OBS_DIM]` f32 CPU: history (oldest first, zero-padded, losses / ln C capped at
+        MAX_LOSS_FEATURE), then per slot stage one-hot, alpha, params / host params, epochs
+        in stage / max_steps, then epoch / max_steps and added parameter fraction."""
         chance_loss = math.log(self.config.num_classes)
         rows = [(0.0, 0.0, 0.0)] * (HISTORY - len(self._history)) + list(self._history)
-        features = [v for tl, vl, va in rows for v in (tl / chance_loss, vl / chance_loss, va)]
+        features = [v for tl, vl, va in rows
+                    for v in (_loss_feature(tl, chance_loss), _loss_feature(vl, chance_loss), va)]
         for slot in self.slots:
             features += [float(slot.stage == stage) for stage in Stage]
             features += [slot.alpha, slot.num_parameters / self.host_parameters,
                          slot.epochs_in_stage / self.config.max_steps]
         features += [self.epoch / self.config.max_steps, self.added_parameter_fraction]
         return torch.tensor(features, dtype=torch.float32)
+
+
+def _loss_feature(loss: float, chance_loss: float) -> float:
+    """`loss / chance_loss`, capped at MAX_LOSS_FEATURE; NaN (a diverged host) is the cap."""
+    scaled = loss / chance_loss
+    return scaled if scaled <= MAX_LOSS_FEATURE else MAX_LOSS_FEATURE  # NaN fails `<=`
 
 
 class VectorizedMorphoEnv:

@@ -17,6 +17,7 @@ from esper.variants import Variants
 
 
 def positive_int(text: str) -> int:
+    """argparse type: an int > 0, else an error naming the expected and received value."""
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive int; got {text}")
@@ -24,6 +25,7 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line; every size is validated here, so bad input exits 2 with usage."""
     parser = argparse.ArgumentParser(prog="python -m esper.train", description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="original",
                         help="'original', 'optimized', or axis=value pairs, e.g. "
@@ -43,15 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Train, printing one metrics line per iteration; returns the exit status.
+
+    Bad input (sizes, variants, device, a checkpoint of another config) exits with status 2
+    and a one-line message, through `argparse`'s `error`.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         variants = Variants.parse(args.variants)
         device = resolve_device(args.device)
         config = TrainConfig(num_envs=args.envs, max_steps=args.steps, seed=args.seed,
                              variants=variants)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        parser.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
     trainer = VectorizedTrainer(config, device)
@@ -59,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             load_checkpoint(trainer, args.resume)
         except (ValueError, FileNotFoundError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+            parser.error(str(err))
     print(f"device {device}, variants {variants.spec()}, threads {torch.get_num_threads()}")
     if device.type == "cpu":
         print("note: on the CPU there are no CUDA streams; the sync axis only matters on CUDA")
