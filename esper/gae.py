@@ -24,9 +24,14 @@ truncation before a row's last step both agree.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from typing import Callable, Sequence
 
 import torch
+
+from esper.variants import register_gae_method
 
 Tensor = torch.Tensor
 StepCounts = Sequence[int] | Tensor
@@ -111,15 +116,17 @@ def gae_recurrence_terms(
     truncated: Tensor,
     bootstrap_values: Tensor,
     step_counts: StepCounts,
-    gamma: float,
-    gae_lambda: float,
+    gamma: float | Tensor,
+    gae_lambda: float | Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Rewrite GAE as the affine recurrence `A_t = delta_t + coef_t * A_{t+1}`.
 
     Returns `(delta, coef, valid)`, each [num_envs, max_steps]; `delta` and `coef` are 0
     at and past `step_counts[e]`, so the recurrence gives 0 there and the trace is cut at
     each row's last valid step. `torch.where` (not multiplication) keeps stale padding,
-    even NaN, out of every valid entry. No host sync.
+    even NaN, out of every valid entry. `gamma` and `gae_lambda` are floats or 0-d
+    tensors of the inputs' dtype (tensors keep them graph inputs under torch.compile).
+    No host sync.
     """
     num_envs, max_steps = rewards.shape
     counts = step_counts_tensor(step_counts, rewards.device)
@@ -133,8 +140,8 @@ def gae_recurrence_terms(
     bootstrapped = torch.where(terminal, torch.zeros_like(next_values), gamma * next_values)
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     delta = torch.where(valid, rewards + bootstrapped - values, zero)
-    trace = torch.full_like(rewards, gamma * gae_lambda)
-    coef = torch.where(valid & ~(dones | truncated), trace, zero)
+    # gamma * gae_lambda may be a float or a 0-d tensor (as the compiled method passes)
+    coef = torch.where(valid & ~(dones | truncated), gamma * gae_lambda, zero)
     return delta, coef, valid
 
 
@@ -283,6 +290,8 @@ METHODS: dict[str, GaeFn] = {
     "batched": gae_batched,
     "scan": gae_scan,
 }
+#: method name -> the device types (`cpu`, `cuda`) whose tensors it takes.
+DEVICE_TYPES: dict[str, tuple[str, ...]] = {name: ("cpu", "cuda") for name in METHODS}
 
 
 def compute_gae(
@@ -326,3 +335,49 @@ def compute_gae(
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,
     )
+
+
+# ------------------------------------------------------ methods in their own modules
+# Imported after the helpers they reuse, and listed only where they run.
+
+def _compiled_device_types() -> tuple[str, ...]:
+    """Where inductor can build kernels: a C++ compiler for the CPU (found as inductor
+    looks for it on Linux: $CXX, else g++), Triton for CUDA."""
+    has_cxx = shutil.which(os.environ.get("CXX", "g++")) is not None
+    has_triton = importlib.util.find_spec("triton") is not None
+    return ("cpu",) * has_cxx + ("cuda",) * (has_triton and torch.cuda.is_available())
+
+
+def _triton_device_types() -> tuple[str, ...]:
+    """CUDA, or the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
+    if importlib.util.find_spec("triton") is None:
+        return ()
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return ("cpu",)
+    return ("cuda",) if torch.cuda.is_available() else ()
+
+
+_compiled_on = _compiled_device_types()
+if _compiled_on:
+    from esper.gae_compiled import gae_compiled  # noqa: E402
+
+    METHODS["compiled"] = gae_compiled
+    DEVICE_TYPES["compiled"] = _compiled_on
+if importlib.util.find_spec("numba") is not None:
+    from esper.gae_numba import gae_numba  # noqa: E402
+
+    METHODS["numba"] = gae_numba
+    DEVICE_TYPES["numba"] = ("cpu",)
+_triton_on = _triton_device_types()
+if _triton_on:
+    from esper.gae_triton import gae_triton  # noqa: E402
+
+    METHODS["triton"] = gae_triton
+    DEVICE_TYPES["triton"] = _triton_on
+
+from esper.gae_auto import gae_auto  # noqa: E402
+
+METHODS["auto"] = gae_auto
+DEVICE_TYPES["auto"] = ("cpu", "cuda")
+for _name in METHODS:
+    register_gae_method(_name)
