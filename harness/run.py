@@ -1,5 +1,8 @@
 """`python -m harness.run`: measure every reviewed variant into results/<run-id>/.
 
+Then, unless --no-report, render reports/<run-id>/index.html and the reports index
+(`harness.report`); with --pyspy, also record a py-spy flamegraph into the run folder.
+
 Exit status: 0 every variant ran and agreed with its reference; 1 some variant failed
 its correctness check or raised; 2 usage error; 130 interrupted (what was measured is kept).
 """
@@ -16,7 +19,10 @@ import torch
 from tqdm import tqdm
 
 from harness import findings as registry
+from harness.flamegraph import record_flamegraph
 from harness.machine import describe
+from harness.report import render
+from harness.report_data import ReportError
 from harness.results import DEFAULT_RESULTS_DIR, RunWriter
 from harness.runner import RunOptions, run_finding
 from harness.summary import summary_table
@@ -42,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads, fixed for the run (default: torch's current count)")
+    p.add_argument("--pyspy", action="store_true",
+                   help="also record a py-spy flamegraph of a few esper.train iterations")
+    p.add_argument("--no-report", action="store_true", help="do not render the HTML report")
+    p.add_argument("--reports", type=Path, default=None, metavar="DIR",
+                   help="report folder root (default: reports/ beside the results folder)")
     return p
 
 
@@ -83,10 +94,23 @@ def main(argv: list[str] | None = None) -> int:
         min_samples=5 if args.quick else 10, profile=not args.no_profile,
     )
     with pinned_threads(args.threads or torch.get_num_threads()):
-        return _run(selected, options, args.out)
+        code, folder = _run(selected, options, args.out, args.pyspy)
+    if not args.no_report and code != 130:
+        _report(folder, args.reports or args.out.parent / "reports")
+    return code
 
 
-def _run(selected, options: RunOptions, out: Path) -> int:
+def _report(folder: Path, reports: Path) -> None:
+    """Render reports/<run-id>/ and the index; a report problem never fails the run."""
+    try:
+        page = render(folder, out=reports / folder.name)
+    except ReportError as err:
+        print(f"report not written: {err}", file=sys.stderr)
+        return
+    print(f"report: {page}")
+
+
+def _run(selected, options: RunOptions, out: Path, pyspy: bool) -> tuple[int, Path]:
     stamp = dt.datetime.now(dt.timezone.utc)
     run_id = f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}"
     metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
@@ -106,14 +130,18 @@ def _run(selected, options: RunOptions, out: Path) -> int:
                 writer.add(summary, samples)
     except KeyboardInterrupt:
         status = "interrupted"
+    if pyspy and status == "complete":  # after the timing, so that it disturbs nothing
+        writer.metadata["pyspy"] = record_flamegraph(writer.folder)
+        print(f"py-spy: {writer.metadata['pyspy']['status']}: "
+              f"{writer.metadata['pyspy']['detail']}", file=sys.stderr)
     writer.write(status=status)
     table = pd.DataFrame(writer.summary)
     print(summary_table(table))
     print(f"\nresults: {writer.folder}  ({status})")
     if status == "interrupted":
-        return 130
+        return 130, writer.folder
     bad = table["status"].isin(["mismatch", "failed"]).any() if not table.empty else False
-    return 1 if bad else 0
+    return (1 if bad else 0), writer.folder
 
 
 if __name__ == "__main__":

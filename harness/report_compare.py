@@ -1,0 +1,112 @@
+"""Run vs run: per finding x case x variant, the ratio new / old of medians with a CI.
+
+Both runs' timing samples come from their `rows`; the interval is
+`harness.stats.bootstrap_ratio_ci(new, old)` and the change is `harness.stats.classify`
+with a factor, mapped to a `Change`. Runs measured on machines whose fingerprints differ
+are refused unless forced: their times say more about the machines than the code.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import pandas as pd
+
+from harness.machine import fingerprint
+from harness.report_data import ReportError
+from harness.results import Run
+from harness.stats import Verdict, bootstrap_ratio_ci, classify
+from harness.verdicts import case_phrase
+
+DEFAULT_FACTOR = 1.05
+KEY = ["finding", "case", "variant"]
+COLUMNS = [*KEY, "where", "old_status", "new_status", "old_median_s", "new_median_s", "ratio",
+           "ci_low", "ci_high", "change"]
+_BROKEN = {Verdict.FAILED.value, Verdict.MISMATCH.value}
+
+
+class Change(str, enum.Enum):
+    """What happened to one finding x case x variant between the old and the new run."""
+
+    IMPROVED = "improved"
+    """Interval below 1.0 and beyond the factor: the new run takes less time."""
+    REGRESSED = "regressed"
+    """Interval above 1.0 and beyond the factor: the new run takes more time."""
+    WITHIN_FACTOR = "within_factor"
+    """Significant, but smaller than the factor."""
+    NO_DIFFERENCE = "no_difference"
+    """Interval contains 1.0."""
+    NEW_FAILURE = "new_failure"
+    """Failed or mismatched in the new run, not in the old one."""
+    FIXED = "fixed"
+    """Failed or mismatched in the old run, not in the new one."""
+    NOT_COMPARABLE = "not_comparable"
+    """Missing from one run, or not timed in one of them."""
+
+
+_FROM_VERDICT = {Verdict.FASTER: Change.IMPROVED, Verdict.SLOWER: Change.REGRESSED,
+                 Verdict.WITHIN_FACTOR: Change.WITHIN_FACTOR,
+                 Verdict.NO_DIFFERENCE: Change.NO_DIFFERENCE}
+
+
+def fingerprint_differences(new: dict, old: dict) -> list[str]:
+    """'field: old X, new Y' for each fingerprint field where two runs' metadata differ."""
+    a, b = fingerprint(old), fingerprint(new)
+    return [f"{k}: old {a[k]!r}, new {b[k]!r}" for k in a if a[k] != b[k]]
+
+
+def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
+    """The fingerprint differences; ReportError listing them unless `force`."""
+    differences = fingerprint_differences(new.metadata, old.metadata)
+    if differences and not force:
+        raise ReportError(
+            f"runs {old.run_id} and {new.run_id} were measured on different machines "
+            f"({'; '.join(differences)}); their times are not comparable. "
+            "Pass --force to compare them anyway."
+        )
+    return differences
+
+
+def _samples(rows: pd.DataFrame) -> dict[tuple, list[float]]:
+    if rows.empty:
+        return {}
+    return {key: group["seconds"].tolist() for key, group in rows.groupby(KEY, sort=False)}
+
+
+def _change(old_status: str | None, new_status: str | None, verdict: Verdict | None) -> Change:
+    """A status change wins over timing; `verdict` is None where there is no ratio."""
+    if new_status in _BROKEN and old_status not in _BROKEN:
+        return Change.NEW_FAILURE
+    if old_status in _BROKEN and new_status not in _BROKEN and new_status is not None:
+        return Change.FIXED
+    return Change.NOT_COMPARABLE if verdict is None else _FROM_VERDICT[verdict]
+
+
+def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
+                 seed: int = 0) -> pd.DataFrame:
+    """One row per finding x case x variant found in either run's summary.
+
+    Columns: finding, case, variant, where (the case in words), old_status, new_status,
+    old_median_s, new_median_s, ratio (new / old), ci_low, ci_high, change (a `Change`
+    value); in the new run's order, then what only the old run has.
+    """
+    if not factor >= 1.0:
+        raise ReportError(f"--factor: expected a factor >= 1.0; got {factor!r}")
+    old_samples, new_samples = _samples(old.rows), _samples(new.rows)
+    old_summary = {tuple(r[k] for k in KEY): r for r in old.summary.to_dict("records")}
+    new_summary = {tuple(r[k] for k in KEY): r for r in new.summary.to_dict("records")}
+    out = []
+    for key in dict.fromkeys([*new_summary, *old_summary]):
+        o, n = old_summary.get(key, {}), new_summary.get(key, {})
+        row = {**dict(zip(KEY, key)), "where": case_phrase(n or o),
+               "old_status": o.get("status"), "new_status": n.get("status"),
+               "old_median_s": o.get("median_s"), "new_median_s": n.get("median_s"),
+               "ratio": None, "ci_low": None, "ci_high": None}
+        verdict = None
+        if key in old_samples and key in new_samples:
+            ci = bootstrap_ratio_ci(new_samples[key], old_samples[key], seed=seed)
+            row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high)
+            verdict = classify(ci, min_factor=factor)
+        change = _change(row["old_status"], row["new_status"], verdict)
+        out.append({**row, "change": change.value})
+    return pd.DataFrame(out, columns=COLUMNS)

@@ -1,0 +1,416 @@
+"""harness.report: HTML from real tiny runs, verdict sentences, plots, compare mode, index."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from harness import findings as registry
+from harness.findings import Case, Finding
+from harness.flamegraph import record_flamegraph
+from harness.plots import crossings, scaling_figure
+from harness.report import main as report_main
+from harness.report_compare import Change, compare_runs
+from harness.report_data import PHASES, ReportError, phase_breakdowns
+from harness.report_site import COPY_LIMIT_BYTES, attach, prepare_folder, render_run, update_index
+from harness.results import Run, load_run
+from harness.run import main as run_main
+from harness.verdicts import case_phrase, claim_factor, verdict_sentence
+
+FINDINGS = ["B4-DRL-03", "B4-PT-05"]
+RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--time-budget", "0.05", "--device", "cpu",
+            "--threads", "1"]
+
+
+class Links(HTMLParser):
+    """Every <img src>, <a href> and element id of a page; raises on unbalanced tags."""
+
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images, self.hrefs, self.ids, self.open = [], [], set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs["src"])
+        if tag == "a":
+            self.hrefs.append(attrs["href"])
+        if "id" in attrs:
+            self.ids.add(attrs["id"])
+        if tag not in self.VOID:
+            self.open.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        assert self.open and self.open[-1] == tag, f"</{tag}> closes <{self.open[-1:]}>"
+        self.open.pop()
+
+
+def parse(page: Path) -> Links:
+    links = Links()
+    links.feed(page.read_text())
+    links.close()
+    assert links.open == [], f"unclosed tags: {links.open}"
+    return links
+
+
+def assert_self_contained(page: Path) -> Links:
+    """Every image exists and is non-empty; every link points at a file or an anchor."""
+    links = parse(page)
+    for src in links.images:
+        assert (page.parent / src).stat().st_size > 0, src
+    for href in links.hrefs:
+        if href.startswith("#"):
+            assert href[1:] in links.ids, href
+        else:
+            assert (page.parent / href).exists(), href
+    return links
+
+
+def finding_png(finding: str, kind: str) -> str:
+    """The file name the plots give a finding's figure of one kind."""
+    return f"{finding}-{kind}.png"
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> dict:
+    """Two tiny real runs of B4-DRL-03 and B4-PT-05; the first renders its report itself,
+    the second skips profiling (no counters, no traces)."""
+    base = tmp_path_factory.mktemp("report")
+    assert run_main([*RUN_ARGS, "--out", str(base / "a"), "--reports", str(base / "reports")]) == 0
+    assert run_main([*RUN_ARGS, "--out", str(base / "b"), "--no-report", "--no-profile"]) == 0
+    folders = {name: next(p for p in (base / name).iterdir() if p.is_dir()) for name in "ab"}
+    return {"base": base, **folders}
+
+
+# --- the report of one run ----------------------------------------------------------------
+
+
+def test_run_renders_its_report_and_the_index(runs):
+    run_id = runs["a"].name
+    page = runs["base"] / "reports" / run_id / "index.html"
+    links = assert_self_contained(page)
+    assert set(FINDINGS) <= links.ids
+    assert {"flamegraph", "metadata"} <= links.ids
+    assert f"{finding_png('B4-DRL-03', 'speedup')}" in links.images
+    text = page.read_text()
+    assert "zero_tensor.clone() inside loop" in text  # the ticket's claim
+    assert "No flamegraph: the run was made without --pyspy" in text
+    index = runs["base"] / "reports" / "index.html"
+    assert f"{run_id}/index.html" in assert_self_contained(index).hrefs
+    assert not (runs["base"] / "b" / "reports").exists()  # --no-report wrote nothing
+
+
+def test_report_cli_renders_a_run_by_id(runs, tmp_path, capsys):
+    code = report_main([runs["b"].name, "--results", str(runs["b"].parent),
+                        "--out", str(tmp_path / "r" / "b")])
+    assert code == 0
+    page = tmp_path / "r" / "b" / "index.html"
+    assert str(page) in capsys.readouterr().out
+    links = assert_self_contained(page)
+    # B4-PT-05 has one case: a speed-up chart, no scaling plot
+    assert finding_png("B4-PT-05", "speedup") in links.images
+    assert not [src for src in links.images if "scaling" in src]
+    # the table holds every summary row of the run
+    summary = load_run(runs["b"]).summary
+    assert page.read_text().count("(baseline)</td>") == int(summary["baseline"].sum())
+
+
+def test_rendering_again_replaces_the_report_but_not_other_folders(runs, tmp_path):
+    out = tmp_path / "again"
+    assert report_main([str(runs["a"]), "--out", str(out)]) == 0
+    (out / "stale.png").write_bytes(b"x")
+    assert report_main([str(runs["a"]), "--out", str(out)]) == 0
+    assert not (out / "stale.png").exists()
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    with pytest.raises(ReportError, match="expected an empty folder or an earlier report"):
+        prepare_folder(other)
+    assert (other / "notes.txt").read_text() == "keep"
+
+
+def test_report_module_runs_as_a_command(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness.report", "no-such-run",
+                           "--results", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: no run 'no-such-run'")
+
+
+# --- failures, mismatches and a scaling plot, from a tiny registered finding ---------------
+
+TINY = "TEST-report"
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """A real run of a finding whose variants agree, mismatch, raise, or scale worse."""
+
+    def make_call(variant, x):
+        return {"sum": lambda: x.sum(),
+                "square": lambda: (x * x).sum() / (x * x).sum() * x.sum(),
+                "wrong": lambda: x.sum() + 1,
+                "boom": lambda: (_ for _ in ()).throw(RuntimeError("variant exploded"))}[variant]
+
+    registry.select(None)
+    registry.FINDINGS[TINY] = Finding(
+        id=TINY, title="tiny", claim="could be ~2x faster", variants=("sum", "square", "wrong",
+                                                                        "boom"),
+        baseline="sum", cases=lambda quick: [Case.of(num_envs=64), Case.of(num_envs=4096)],
+        build=lambda case, device, seed: torch.ones(case["num_envs"], dtype=torch.float64),
+        make_call=make_call, check=lambda out, ref: abs(float(out) - float(ref)),
+        tolerance=lambda case: 1e-9,
+    )
+    try:
+        code = run_main(["--findings", TINY, "--time-budget", "0.05", "--device", "cpu",
+                         "--out", str(tmp_path / "results"), "--no-report"])
+    finally:
+        del registry.FINDINGS[TINY]
+    assert code == 1  # a mismatch and a failure
+    return next((tmp_path / "results").glob("*-cpu"))
+
+
+def test_failed_and_mismatched_rows_are_reported_with_their_reasons(tiny_run, tmp_path):
+    out = tmp_path / "report"
+    assert report_main([str(tiny_run), "--out", str(out)]) == 0
+    links = assert_self_contained(out / "index.html")
+    text = (out / "index.html").read_text()
+    assert "variant exploded" in text
+    assert "wrong disagrees with the reference at 64 envs" in text
+    assert "FAIL (max error 1)" in text
+    # two sizes of the only parameter: a scaling plot, drawn after the registry forgot it
+    assert finding_png(TINY, "scaling-num_envs") in links.images
+
+
+# --- verdict sentences (a pure function of one summary row) -------------------------------
+
+ROW = {"variant": "scan", "case": "num_envs=4,max_steps=25", "p_num_envs": 4.0,
+       "p_max_steps": 25, "p_dones": float("nan")}
+
+
+@pytest.mark.parametrize(("cells", "claim", "expected"), [
+    ({"verdict": "faster", "ratio": 1 / 17.6, "ci_low": 1 / 18.2, "ci_high": 1 / 16.9}, 4.0,
+     "scan is 17.6x (95% CI 16.9-18.2) faster than loop at 4 envs x 25 steps; the ticket "
+     "estimated ~4x (the measured interval is above it)."),
+    ({"verdict": "faster", "ratio": 0.5, "ci_low": 0.45, "ci_high": 0.55}, None,
+     "scan is 2x (95% CI 1.82-2.22) faster than loop at 4 envs x 25 steps."),
+    ({"verdict": "slower", "ratio": 2.5, "ci_low": 2.0, "ci_high": 3.0}, 4.0,
+     "scan is 2.5x (95% CI 2-3) slower than loop at 4 envs x 25 steps."),
+    ({"verdict": "no_difference", "ratio": 0.98, "ci_low": 0.9, "ci_high": 1.05}, None,
+     "No measurable difference between scan and loop at 4 envs x 25 steps: time ratio 0.98 "
+     "(95% CI 0.9-1.05 contains 1)."),
+    ({"verdict": "within_factor", "ratio": 0.97, "ci_low": 0.96, "ci_high": 0.98}, None,
+     "scan is 1.03x (95% CI 1.02-1.04) faster than loop at 4 envs x 25 steps: measurable, "
+     "but below the factor that counts."),
+    ({"status": "mismatch", "verdict": "mismatch",
+      "reason": "max error 0.5 > tolerance 2e-05"}, None,
+     "scan disagrees with the reference at 4 envs x 25 steps (max error 0.5 > tolerance "
+     "2e-05), so it was not timed."),
+    ({"status": "failed", "verdict": "failed", "error": "first call: RuntimeError: boom"}, None,
+     "scan failed at 4 envs x 25 steps: first call: RuntimeError: boom."),
+    ({"status": "needs_cuda", "verdict": "needs_cuda", "reason": "needs CUDA"}, None,
+     "scan needs CUDA; this run had no GPU, so it was not measured at 4 envs x 25 steps."),
+    ({"status": "not_timed", "verdict": "not_timed", "reason": "skipped: too slow"}, None,
+     "scan was not timed at 4 envs x 25 steps: skipped: too slow."),
+    ({"verdict": "baseline", "median_s": 0.0021}, 4.0,
+     "scan is the baseline: 2.1 ms per call at 4 envs x 25 steps."),
+])
+def test_verdict_sentence(cells, claim, expected):
+    assert verdict_sentence({**ROW, **cells}, against="loop", claim=claim) == expected
+
+
+@pytest.mark.parametrize(("cells", "message"), [
+    ({"verdict": "quicker"}, "field 'verdict': expected one of baseline, faster, .*; got 'quicker'"),
+    ({"verdict": "faster", "ratio": 0.5, "ci_low": None, "ci_high": 0.6},
+     "field 'ci_low': expected a number for verdict 'faster'; got None"),
+])
+def test_verdict_sentence_rejects_bad_rows(cells, message):
+    with pytest.raises(ValueError, match=message):
+        verdict_sentence({**ROW, **cells}, against="loop")
+
+
+def test_claim_factor_and_case_phrase():
+    assert claim_factor("could be ~4x faster with tensor operations") == 4.0
+    assert claim_factor("about ~ 2.5x less time") == 2.5
+    assert claim_factor("up to 25 allocations per environment") is None
+    assert case_phrase({"p_num_envs": 16.0, "p_max_steps": 150, "p_dones": "episode"}) == \
+        "16 envs x 150 steps (dones=episode)"
+    assert case_phrase({"p_n": 3, "case": "n=3"}) == "n=3"
+
+
+# --- plots from hand-made rows ------------------------------------------------------------
+
+
+def test_crossings_are_interpolated_on_log_log_axes():
+    x = np.array([1.0, 10.0, 100.0])
+    a = np.array([1.0, 1.0, 1.0])      # flat
+    b = np.array([0.1, 1.0 * 10, 10.0])  # below a, then above
+    (at, y, a_faster_after), = crossings(x, a, b)
+    assert at == pytest.approx(10 ** 0.5) and y == pytest.approx(1.0) and a_faster_after
+    assert crossings(x, a, a * 2) == []
+
+
+def scaling_rows(times: dict[str, list[float]], envs=(1, 4, 16, 64)) -> pd.DataFrame:
+    rows = []
+    for variant, medians in times.items():
+        for e, m in zip(envs, medians):
+            rows.append({"finding": "X", "case": f"num_envs={e},max_steps=25", "p_num_envs": e,
+                         "p_max_steps": 25, "variant": variant, "median_s": m})
+    return pd.DataFrame(rows)
+
+
+def test_scaling_plot_marks_crossovers_and_needs_two_sizes(tmp_path):
+    rows = scaling_rows({"loop": [1e-4, 4e-4, 1.6e-3, 6.4e-3], "scan": [4e-4, 5e-4, 6e-4, 7e-4]})
+    figure, found = scaling_figure("X", rows, "p_num_envs", ["loop", "scan"], tmp_path)
+    assert (tmp_path / figure.file).stat().st_size > 0
+    assert [(c.faster_below, c.faster_above, c.slice) for c in found] == \
+        [("loop", "scan", "max_steps=25")]
+    assert 4 < found[0].at < 16
+    assert scaling_figure("X", rows, "p_max_steps", ["loop", "scan"], tmp_path) is None
+    one_case = scaling_rows({"loop": [1e-3], "scan": [2e-3]}, envs=(4,))
+    assert scaling_figure("X", one_case, "p_num_envs", ["loop", "scan"], tmp_path) is None
+
+
+def test_end_to_end_prediction_is_amdahl_over_the_phases():
+    phases = {f"phase_{p}_s": s for p, s in zip(PHASES, (4.0, 2.0, 1.0, 2.0, 1.0))}
+    faster_gae = {**phases, "phase_gae_s": 0.5}  # GAE 4x faster, 20% of the time
+    rows = pd.DataFrame([
+        {"case": "num_envs=4", "p_num_envs": 4, "variant": "original", "median_s": 12.0,
+         "gae_share": 0.2, "ratio": None, **phases},
+        {"case": "num_envs=4", "p_num_envs": 4, "variant": "optimized", "median_s": 10.0,
+         "gae_share": 0.5 / 8.5, "ratio": 0.84, "ci_low": 0.8, "ci_high": 0.9, **faster_gae},
+    ])
+    (b,) = phase_breakdowns(rows, "original")
+    assert b.predicted_ratio == pytest.approx(1 - 0.2 + 0.2 / 4)  # Amdahl
+    assert b.predicted_s == pytest.approx(12.0 * 0.85)
+    assert b.measured_ratio == 0.84 and b.measured_ci == (0.8, 0.9)
+    assert [r["gain"] for r in b.phase_rows()] == ["1x", "1x", "1x", "4x", "1x"]
+
+
+def test_end_to_end_section_is_rendered_from_e2e_rows(tmp_path):
+    phases = {f"phase_{p}_s": s for p, s in zip(PHASES, (0.4, 0.2, 0.1, 0.2, 0.1))}
+    base = {"finding": "E2E-iteration", "case": "num_envs=4,max_steps=10", "p_num_envs": 4,
+            "p_max_steps": 10, "status": "ok", "n": 5, "iqr_s": 0.01}
+    summary = pd.DataFrame([
+        {**base, "variant": "original", "baseline": True, "verdict": "baseline",
+         "median_s": 1.0, "gae_share": 0.2, **phases},
+        {**base, "variant": "optimized", "baseline": False, "verdict": "faster",
+         "median_s": 0.8, "ratio": 0.8, "ci_low": 0.75, "ci_high": 0.85, "speedup": 1.25,
+         "gae_share": 0.05 / 0.85, **phases, "phase_gae_s": 0.05},
+    ])
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+              summary=summary, rows=pd.DataFrame())
+    page = render_run(run, tmp_path / "report")
+    update_index(tmp_path)
+    links = assert_self_contained(page)
+    assert finding_png("E2E-iteration", "phases-0") in links.images
+    text = page.read_text()
+    assert "predicted from the phase gains (Amdahl)" in text
+    assert "1.18x" in text  # predicted: 1 / 0.85
+    assert "GAE is 20.0% of the original iteration" in text
+
+
+# --- compare mode -------------------------------------------------------------------------
+
+
+def test_compare_two_runs(runs, tmp_path):
+    assert report_main([str(runs["b"]), "--compare", str(runs["a"]),
+                        "--out", str(tmp_path / "cmp")]) == 0
+    links = assert_self_contained(tmp_path / "cmp" / "index.html")
+    assert "compare.png" in links.images
+    table = compare_runs(load_run(runs["b"]), load_run(runs["a"]))
+    assert len(table) == len(load_run(runs["b"]).summary)
+    timed = table[table["ratio"].notna()]
+    assert len(timed) == 6  # 3 cases x 2 variants, all timed in both runs
+    assert (timed["ci_low"] <= timed["ratio"]).all() and (timed["ratio"] <= timed["ci_high"]).all()
+    assert set(table["change"]) <= {c.value for c in Change}
+    index = parse(tmp_path / "index.html")
+    assert "cmp/index.html" in index.hrefs
+
+
+def test_a_run_compared_with_itself_shows_no_difference(runs):
+    run = load_run(runs["a"])
+    table = compare_runs(run, run)
+    assert (table["ratio"] == 1.0).all()
+    assert set(table["change"]) == {Change.NO_DIFFERENCE.value}
+
+
+def test_compare_refuses_runs_from_different_machines(runs, tmp_path, capsys):
+    other = tmp_path / "other" / runs["a"].name
+    shutil.copytree(runs["a"], other)
+    document = json.loads((other / "run.json").read_text())
+    document["cpu_model"] = "Some Other CPU"
+    (other / "run.json").write_text(json.dumps(document))
+    args = [str(runs["b"]), "--compare", str(other), "--out", str(tmp_path / "cmp")]
+    assert report_main(args) == 2
+    err = capsys.readouterr().err
+    assert "cpu_model: old 'Some Other CPU'" in err and "--force" in err
+    assert not (tmp_path / "cmp").exists()
+    assert report_main([*args, "--force"]) == 0
+    assert "Compared with --force across different machines" in \
+        (tmp_path / "cmp" / "index.html").read_text()
+
+
+# --- attachments, the flamegraph and the index --------------------------------------------
+
+
+def test_large_files_are_linked_where_they_are_not_copied(tmp_path):
+    big, small = tmp_path / "run" / "big.json.gz", tmp_path / "run" / "small.json.gz"
+    big.parent.mkdir()
+    big.write_bytes(b"\0" * (COPY_LIMIT_BYTES + 1))
+    small.write_bytes(b"\0" * 10)
+    out = tmp_path / "report"
+    out.mkdir()
+    linked, copied = attach(big, out, "traces"), attach(small, out, "traces")
+    assert (linked.copied, linked.href) == (False, "../run/big.json.gz")
+    assert (copied.copied, copied.href) == (True, "traces/small.json.gz")
+    assert (out / copied.href).read_bytes() == small.read_bytes()
+    assert not (out / "traces" / "big.json.gz").exists()
+
+
+def test_missing_pyspy_is_reported_plainly(runs, tmp_path):
+    outcome = record_flamegraph(tmp_path, executable="no-such-py-spy")
+    assert outcome["status"] == "missing" and "not installed" in outcome["detail"]
+    run = tmp_path / "run" / runs["a"].name
+    shutil.copytree(runs["a"], run)
+    document = json.loads((run / "run.json").read_text())
+    document["pyspy"] = {"status": "failed", "file": None,
+                         "detail": "py-spy exited with status 1: Operation not permitted"}
+    (run / "run.json").write_text(json.dumps(document))
+    assert report_main([str(run), "--out", str(tmp_path / "r" / "x")]) == 0
+    text = (tmp_path / "r" / "x" / "index.html").read_text()
+    assert "No flamegraph: py-spy could not record one." in text
+    assert "Operation not permitted" in text
+
+
+def test_index_lists_reports_newest_first(tmp_path):
+    for name, created in [("old", "2026-01-01T00:00:00+00:00"), ("new", "2026-03-01T00:00:00+00:00"),
+                          ("mid", "2026-02-01T00:00:00+00:00")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(
+            {"kind": "run", "run_id": name, "created": created, "git_commit": "abc",
+             "git_dirty": False, "device_name": "cpu", "status": "complete"}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "report.json").write_text(json.dumps({"kind": "partial"}))
+    links = parse(update_index(tmp_path))
+    assert [h for h in links.hrefs if h.endswith("index.html")] == \
+        ["new/index.html", "mid/index.html", "old/index.html"]
+
+
+def test_no_missing_number_leaks_into_the_page(runs):
+    body = (runs["base"] / "reports" / runs["a"].name / "index.html").read_text()
+    body = body.split("</style>")[1]
+    assert not re.search(r"\b(nan|none|undefined)\b", body, re.IGNORECASE)
