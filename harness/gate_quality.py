@@ -1,0 +1,252 @@
+"""`python -m harness.gate_quality`: how often the gate cries wolf, and how often it catches a wolf.
+
+Runs each check of `harness.gate` many times on unchanged code (every flagged run is a
+false positive) and with a planted regression from `harness.gate_plant` (every run that
+passes is a miss), then prints one markdown table of rates plus the numbers behind them.
+
+  a. counters, unchanged, and with one extra allocation in the scan GAE: each run a fresh
+     `python -m harness.gate --counters` process against the committed baseline;
+  b. invariants, unchanged, with the scan GAE 1.25x slower, and 5x slower: each run a
+     fresh `--invariants` process; also reports each invariant's measured speedups, from
+     which the thresholds in harness/invariants.json are set (median / 3);
+  c. A/B against HEAD, the current side a worktree of HEAD (unchanged) or a copy of it
+     whose esper/gae.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
+
+Plants live only in throw-away processes or copies; the tree itself is never modified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import gate_ab
+from harness.gate_plant import plant_lines
+from harness.gate_table import rows_document
+from harness.results import atomic_write_text
+
+PLANTED_METHOD = "scan"
+SMALL_SLOWDOWN = 1.25
+LARGE_SLOWDOWN = 5.0
+
+#: a process that installs a plant, then runs the gate's CLI with the remaining arguments
+_PLANTED_GATE = """
+import sys
+from harness import gate, gate_plant
+wrap = {wrap}
+with gate_plant.planted({method!r}, wrap):
+    code = gate.main(sys.argv[1:])
+sys.exit(code)
+"""
+
+
+@dataclass
+class Scenario:
+    """Runs of one check under one condition, and what each run reported."""
+
+    check: str
+    condition: str
+    expect_flag: bool
+    """True for a planted regression (a flagged run is a detection)."""
+    exit_codes: list[int] = field(default_factory=list)
+    rows: list[list[dict]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> int:
+        return sum(code == 1 for code in self.exit_codes)
+
+
+
+def _gate_process(args: list[str], wrap: str | None) -> tuple[int, list[dict], float]:
+    """Run the gate's CLI in a fresh process (with a plant when `wrap` is given)."""
+    with tempfile.TemporaryDirectory(prefix="gate-quality-") as folder:
+        out = Path(folder) / "rows.json"
+        if wrap is None:
+            command = [sys.executable, "-m", "harness.gate", *args, "--json", str(out)]
+        else:
+            source = _PLANTED_GATE.format(wrap=wrap, method=PLANTED_METHOD)
+            command = [sys.executable, "-c", source, *args, "--json", str(out)]
+        started = time.perf_counter()
+        done = subprocess.run(command, cwd=gate_ab.CURRENT_TREE, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if done.returncode not in (0, 1):
+            raise RuntimeError(f"{' '.join(args)} exited with {done.returncode}: "
+                               f"{done.stderr.strip()[-500:]}")
+        rows = json.loads(out.read_text())["rows"]
+    return done.returncode, rows, seconds
+
+
+def run_cli_scenario(check: str, condition: str, args: list[str], wrap: str | None,
+                     runs: int, expect_flag: bool, progress: Callable[[str], None]) -> Scenario:
+    scenario = Scenario(check, condition, expect_flag)
+    for index in range(runs):
+        code, rows, seconds = _gate_process(args, wrap)
+        scenario.exit_codes.append(code)
+        scenario.rows.append(rows)
+        scenario.seconds.append(seconds)
+        progress(f"{check} / {condition}: run {index + 1}/{runs} exit {code} ({seconds:.0f} s)")
+    return scenario
+
+
+def _copy_tree(source: Path, destination: Path) -> None:
+    """Copy the files git tracks (or would track) under `source` to `destination`."""
+    listed = subprocess.run(["git", "-C", str(source), "ls-files", "-co", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in listed:
+        target = destination / name
+        if (source / name).is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target)
+
+
+def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
+    """A copy of `tree` whose esper/gae.py slows PLANTED_METHOD by `factor`.
+
+    harness/gate_plant.py is copied from this tree, so the plant works whatever the
+    copied revision holds.
+    """
+    _copy_tree(tree, destination)
+    shutil.copy2(Path(__file__).with_name("gate_plant.py"), destination / "harness" / "gate_plant.py")
+    with open(destination / "esper" / "gae.py", "a") as handle:
+        handle.write(plant_lines(PLANTED_METHOD, factor))
+    return destination
+
+
+def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
+                     progress: Callable[[str], None]) -> list[Scenario]:
+    """Check c against HEAD: current = a worktree of HEAD, then a planted copy of it."""
+    repo = gate_ab.CURRENT_TREE
+    commit = gate_ab.resolve_revision(repo, "HEAD")
+    scenarios = []
+    with gate_ab.worktree(repo, commit) as unchanged, \
+            tempfile.TemporaryDirectory(prefix="gate-quality-") as folder:
+        planted = planted_copy(unchanged, Path(folder) / "tree", SMALL_SLOWDOWN)
+        for condition, tree, count, expect in (
+            ("unchanged", unchanged, runs, False),
+            (f"{PLANTED_METHOD} {SMALL_SLOWDOWN:g}x slower", planted, planted_runs, True),
+        ):
+            scenario = Scenario("c A/B vs HEAD", condition, expect)
+            for index in range(count):
+                started = time.perf_counter()
+                rows = gate_ab.check_against(commit, options, repo=repo, current=tree)
+                fails = any(row.outcome.fails for row in rows)
+                scenario.exit_codes.append(1 if fails else 0)
+                scenario.rows.append(rows_document(rows)["rows"])
+                scenario.seconds.append(time.perf_counter() - started)
+                progress(f"A/B / {condition}: run {index + 1}/{count} "
+                         f"{'flagged' if fails else 'passed'} ({scenario.seconds[-1]:.0f} s)")
+            scenarios.append(scenario)
+    return scenarios
+
+
+# ---------------------------------------------------------------------------------- report
+
+def _rate(count: int, total: int) -> str:
+    return f"{count}/{total} ({100 * count / total:.0f}%)" if total else "0 runs"
+
+
+def scenario_table(scenarios: list[Scenario]) -> str:
+    lines = ["| check | condition | runs | flagged (exit 1) | false positives | detected | "
+             "seconds per run (median) |", "|---|---|---|---|---|---|---|"]
+    for s in scenarios:
+        runs = len(s.exit_codes)
+        fp = "" if s.expect_flag else _rate(s.flagged, runs)
+        detected = _rate(s.flagged, runs) if s.expect_flag else ""
+        lines.append(f"| {s.check} | {s.condition} | {runs} | {s.flagged} | {fp} | {detected} | "
+                     f"{statistics.median(s.seconds):.1f} |")
+    return "\n".join(lines)
+
+
+def timing_table(scenarios: list[Scenario]) -> str:
+    """Per timing row (invariant or A/B cell) and condition: the ratio's spread over runs."""
+    lines = ["| check | condition | variant | case | runs | ratio median (min - max) | "
+             "lowest CI low | highest CI high | runs failing |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in scenarios:
+        cells: dict[tuple[str, str, str], list[dict]] = {}
+        for rows in s.rows:
+            for row in rows:
+                if row["ci"] is not None:
+                    cells.setdefault((row["check"], row["variant"], row["case"]), []).append(row)
+        for (check, variant, case), rows in cells.items():
+            ci = [r["ci"] for r in rows]
+            ratios = [c["ratio"] for c in ci]
+            lines.append(
+                f"| {check} | {s.condition} | {variant} | {case} | {len(rows)} | "
+                f"{statistics.median(ratios):.3g} ({min(ratios):.3g} - {max(ratios):.3g}) | "
+                f"{min(c['low'] for c in ci):.3g} | {max(c['high'] for c in ci):.3g} | "
+                f"{sum(r['fails'] for r in rows)} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.gate_quality",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--counters-runs", type=int, default=10, metavar="N",
+                   help="runs of check a per condition (default 10)")
+    p.add_argument("--invariant-runs", type=int, default=20, metavar="N",
+                   help="runs of check b per condition (default 20)")
+    p.add_argument("--ab-runs", type=int, default=10, metavar="N",
+                   help="runs of check c on unchanged code (default 10)")
+    p.add_argument("--ab-planted-runs", type=int, default=20, metavar="N",
+                   help="runs of check c with the planted slowdown (default 20)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write every run's rows here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    counts = (args.counters_runs, args.invariant_runs, args.ab_runs, args.ab_planted_runs)
+    if any(n < 0 for n in counts):
+        print(f"error: run counts: expected integers >= 0; got {counts}", file=sys.stderr)
+        return 2
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    allocating = "gate_plant.allocating"
+    slowed = "lambda fn: gate_plant.slowed(fn, {factor!r})"
+    scenarios = []
+    if args.counters_runs:
+        scenarios += [
+            run_cli_scenario("a counters", "unchanged", ["--counters"], None,
+                             args.counters_runs, False, progress),
+            run_cli_scenario("a counters", f"{PLANTED_METHOD} +1 allocation", ["--counters"],
+                             allocating, args.counters_runs, True, progress),
+        ]
+    if args.invariant_runs:
+        scenarios += [
+            run_cli_scenario("b invariants", "unchanged", ["--invariants"], None,
+                             args.invariant_runs, False, progress),
+            run_cli_scenario("b invariants", f"{PLANTED_METHOD} {SMALL_SLOWDOWN:g}x slower",
+                             ["--invariants"], slowed.format(factor=SMALL_SLOWDOWN),
+                             args.invariant_runs, True, progress),
+            run_cli_scenario("b invariants", f"{PLANTED_METHOD} {LARGE_SLOWDOWN:g}x slower",
+                             ["--invariants"], slowed.format(factor=LARGE_SLOWDOWN),
+                             args.invariant_runs, True, progress),
+        ]
+    if args.ab_runs or args.ab_planted_runs:
+        scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, gate_ab.ABOptions(),
+                                      progress)
+    print(scenario_table(scenarios))
+    print()
+    print(timing_table(scenarios))
+    if args.json is not None:
+        document = [{"check": s.check, "condition": s.condition, "expect_flag": s.expect_flag,
+                     "exit_codes": s.exit_codes, "seconds": s.seconds, "rows": s.rows}
+                    for s in scenarios]
+        atomic_write_text(args.json, json.dumps(document, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

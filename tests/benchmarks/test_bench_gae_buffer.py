@@ -1,0 +1,84 @@
+"""pytest-benchmark suite: every GAE method, buffer `add` and `get_batched_sequences`.
+
+Left out of the default test run (`--ignore=tests/benchmarks` in pyproject). Run, save
+and compare it as docs/gate.md shows. Inputs come from the harness's findings, so these
+benchmarks time the same cases the harness reports; torch runs on one thread.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.gae import METHODS, compute_gae
+from harness.findings import Case
+from harness.findings import select as select_findings
+from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs
+
+CPU = torch.device("cpu")
+#: (num_envs, max_steps); the per-env loop takes ~0.5 s a call at the large size, so it
+#: runs at the small one only
+GAE_SIZES = ((16, 25), (64, 150))
+LOOP_MAX_ENV_STEPS = 16 * 25
+BUFFER_CASE = Case.of(num_envs=4, max_steps=25)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _gae_params():
+    for method in METHODS:
+        for num_envs, max_steps in GAE_SIZES:
+            if method == "loop" and num_envs * max_steps > LOOP_MAX_ENV_STEPS:
+                continue
+            yield pytest.param(method, num_envs, max_steps, id=f"{method}-{num_envs}x{max_steps}")
+
+
+@pytest.mark.parametrize("method, num_envs, max_steps", list(_gae_params()))
+def test_gae(benchmark, method, num_envs, max_steps):
+    inputs = build_gae_inputs(Case.of(num_envs=num_envs, max_steps=max_steps, dones="random0.05"),
+                              CPU, seed=0)
+    counts = inputs["step_counts_list" if method == "loop" else "step_counts_tensor"]
+    args = (inputs["rewards"], inputs["values"], inputs["dones"], inputs["truncated"],
+            inputs["bootstrap_values"], counts)
+    benchmark.group = f"gae {num_envs}x{max_steps}"
+    advantages, _ = benchmark(compute_gae, *args, gamma=GAMMA, gae_lambda=LAMBDA, method=method)
+    assert advantages.shape == (num_envs, max_steps)
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    """B4-PT-05's inputs: one buffer per step-counts variant and every step's data."""
+    finding = select_findings(["B4-PT-05"])[0]
+    return finding.build(BUFFER_CASE, CPU, 0)
+
+
+@pytest.mark.parametrize("step_counts", ["list", "tensor"])
+def test_buffer_add(benchmark, rollout, step_counts):
+    buffer, steps = rollout["buffers"][step_counts], rollout["steps"]
+
+    def fill():
+        buffer.reset()
+        for step in steps:
+            buffer.add(**step)
+
+    benchmark.group = f"buffer add x{len(steps)}"
+    benchmark(fill)
+    assert buffer.get_batched_sequences(CPU)["states"].shape[:2] == (
+        BUFFER_CASE["num_envs"], BUFFER_CASE["max_steps"])
+
+
+@pytest.mark.parametrize("step_counts", ["list", "tensor"])
+def test_get_batched_sequences(benchmark, rollout, step_counts):
+    buffer = rollout["buffers"][step_counts]
+    buffer.reset()
+    for step in rollout["steps"]:
+        buffer.add(**step)
+    benchmark.group = "get_batched_sequences"
+    batch = benchmark(buffer.get_batched_sequences, CPU)
+    assert batch["states"].shape[:2] == (BUFFER_CASE["num_envs"], BUFFER_CASE["max_steps"])

@@ -1,0 +1,376 @@
+"""Tests for the CI gate (harness.gate and its checks).
+
+Counters are measured for real and compared with baselines written here; regressions
+are planted by editing a baseline count or by `harness.gate_plant` (an extra allocation
+in the scan GAE). Timing appears only as in-process ratios with wide margins (scan vs
+the per-env loop, ~10x apart, held to 2x) or as thresholds no machine can meet.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from esper.gae import METHODS
+from harness import gate, gate_ab, gate_counters, gate_invariants
+from harness.counters import profile_call
+from harness.gate_plant import allocating, planted, slowed
+from harness.gate_table import GateRow, Outcome, UsageError, render_markdown, summary_line
+from harness.stats import RatioCI
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gae_cells() -> list[gate_counters.CellCounts]:
+    """Counters of every quick B4-CR-03 cell on the code as it is."""
+    return gate_counters.measure(["B4-CR-03"])
+
+
+@pytest.fixture
+def gae_baseline(tmp_path, gae_cells) -> Path:
+    path = tmp_path / "counters.json"
+    gate_counters.write_baseline(path, gae_cells)
+    return path
+
+
+def _compare(cells: list[gate_counters.CellCounts], baseline: Path) -> list[GateRow]:
+    """The counters check on cells already measured (the gate measures, then compares)."""
+    return gate_counters.compare(cells, gate_counters.load_baseline(baseline), ["B4-CR-03"])
+
+
+def _edit_first(path: Path, variant: str, counter: str, delta: int) -> dict:
+    """Add `delta` to one counter of the first baseline entry of `variant`; return the entry."""
+    document = json.loads(path.read_text())
+    entry = next(e for e in document["counters"] if e["variant"] == variant)
+    entry[counter] += delta
+    path.write_text(json.dumps(document))
+    return entry
+
+
+# --- a. counters --------------------------------------------------------------------------
+
+
+def test_counters_are_identical_when_measured_again(gae_baseline):
+    rows = gate_counters.check_counters(gae_baseline, ["B4-CR-03"])
+    assert len(rows) == 4 * len(METHODS)
+    assert {row.outcome for row in rows} == {Outcome.PASS}
+    assert all(row.change == "=" for row in rows)
+
+
+def test_counters_flag_a_count_above_the_baseline(gae_baseline, gae_cells):
+    entry = _edit_first(gae_baseline, "scan", "allocations", -1)  # the code now allocates 1 more
+    rows = _compare(gae_cells, gae_baseline)
+    flagged = [row for row in rows if row.outcome is Outcome.REGRESSION]
+    assert [(r.variant, r.case) for r in flagged] == [("scan", entry["case"])]
+    assert flagged[0].change == "allocations +1"
+    assert sum(row.outcome is Outcome.PASS for row in rows) == len(rows) - 1
+
+
+def test_counters_report_fewer_ops_as_an_improvement(gae_baseline, gae_cells):
+    _edit_first(gae_baseline, "batched", "op_calls", +5)
+    rows = _compare(gae_cells, gae_baseline)
+    improved = [row for row in rows if row.outcome is Outcome.IMPROVED]
+    assert len(improved) == 1 and improved[0].change == "op_calls -5"
+    assert not any(row.outcome.fails for row in rows)
+
+
+def test_counters_catch_a_planted_allocation(gae_baseline):
+    with planted("scan", allocating):
+        rows = gate_counters.check_counters(gae_baseline, ["B4-CR-03"])
+    flagged = {(row.variant, row.change) for row in rows if row.outcome is Outcome.REGRESSION}
+    # torch.empty(16): one op, one allocation, 16 float32 values, in every quick case
+    assert flagged == {("scan", "op_calls +1, allocations +1, allocated_bytes +64")}
+    assert sum(row.outcome is Outcome.REGRESSION for row in rows) == 4
+
+
+def test_a_stated_tolerance_absorbs_a_difference_and_survives_an_update(gae_baseline, gae_cells):
+    document = json.loads(gae_baseline.read_text())
+    entry = document["counters"][0]
+    entry["allocations"] -= 2
+    entry["tolerance"] = {"allocations": 2}
+    gae_baseline.write_text(json.dumps(document))
+    rows = _compare(gae_cells, gae_baseline)
+    assert rows[0].outcome is Outcome.PASS and rows[0].change == "allocations +2 (tolerance 2)"
+
+    gate_counters.write_baseline(gae_baseline, gae_cells)
+    rewritten = json.loads(gae_baseline.read_text())["counters"][0]
+    assert rewritten["tolerance"] == {"allocations": 2}
+    assert rewritten["allocations"] == entry["allocations"] + 2
+
+
+def test_new_and_missing_cells_are_reported_without_failing(gae_baseline, gae_cells):
+    document = json.loads(gae_baseline.read_text())
+    dropped = document["counters"].pop(0)
+    document["counters"].append({**dropped, "variant": "retired-method"})
+    gae_baseline.write_text(json.dumps(document))
+    rows = _compare(gae_cells, gae_baseline)
+    by_variant = {(row.variant, row.case): row.outcome for row in rows}
+    assert by_variant[(dropped["variant"], dropped["case"])] is Outcome.NEW
+    assert by_variant[("retired-method", dropped["case"])] is Outcome.MISSING
+    assert not any(row.outcome.fails for row in rows)
+
+
+def test_baseline_problems_name_the_command_that_fixes_them(tmp_path):
+    missing = tmp_path / "nowhere.json"
+    with pytest.raises(UsageError, match=r"--update-baseline --baseline .*nowhere\.json"):
+        gate_counters.load_baseline(missing)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema_version": 0, "counters": []}))
+    with pytest.raises(UsageError, match="schema_version: expected 1; got 0"):
+        gate_counters.load_baseline(old)
+    other_torch = tmp_path / "other.json"
+    other_torch.write_text(json.dumps({"schema_version": 1, "counters": [],
+                                       "fingerprint": {"torch": "1.0", "device": "cpu",
+                                                       "threads": 1}}))
+    with pytest.raises(UsageError, match="fingerprint: expected .* got .*'1.0'"):
+        gate_counters.load_baseline(other_torch)
+    bad_count = tmp_path / "bad.json"
+    bad_count.write_text(json.dumps({
+        "schema_version": 1, "fingerprint": gate_counters.fingerprint(),
+        "counters": [{"finding": "F", "case": "c", "variant": "v", "op_calls": "many",
+                      "host_syncs": 0, "allocations": 0, "allocated_bytes": 0}]}))
+    with pytest.raises(UsageError, match=r"counters\[0\].*integers >= 0.*'op_calls': 'many'"):
+        gate_counters.load_baseline(bad_count)
+
+
+# --- the CLI ------------------------------------------------------------------------------
+
+
+def test_cli_missing_baseline_exits_2_with_the_command(tmp_path):
+    """Subprocess smoke test: the real entry point, its stderr and exit status."""
+    missing = tmp_path / "counters.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.gate", "--counters", "--baseline", str(missing)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"create it with `python -m harness.gate --update-baseline --baseline {missing}`" \
+        in done.stderr
+    assert done.stdout == ""
+
+
+def test_cli_update_then_check_then_flag(tmp_path, capsys):
+    baseline = tmp_path / "counters.json"
+    args = ["--baseline", str(baseline), "--findings", "B4-DRL-03"]
+    assert gate.main(["--update-baseline", *args]) == 0
+    assert "4 cells of B4-DRL-03" in capsys.readouterr().out
+
+    assert gate.main(["--counters", *args, "--json", str(tmp_path / "rows.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ("| check | finding | variant | case | baseline | current | "
+                                   "change | verdict |")
+    assert out.rstrip().endswith("PASS: 4 pass")
+    saved = json.loads((tmp_path / "rows.json").read_text())
+    assert saved["schema_version"] == 1 and len(saved["rows"]) == 4
+
+    _edit_first(baseline, "clone", "host_syncs", -3)
+    assert gate.main(["--counters", *args]) == 1
+    out = capsys.readouterr().out
+    assert "host_syncs +3 | regression |" in out
+    assert out.rstrip().endswith("FAIL: 1 regression, 3 pass")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--findings", "NOPE-1"], "unknown id(s) NOPE-1"),
+    (["--update-baseline", "--counters"], "--update-baseline: expected on its own"),
+    (["--invariants", "--config", "missing.json"], "no invariants config at missing.json"),
+    (["--against", "no-such-revision-xyz"], "--against: expected a commit, branch or tag"),
+    (["--against", "HEAD", "--pairs", "1"], "--pairs: expected an integer >= 3; got 1"),
+])
+def test_cli_usage_errors_exit_2(argv, message, capsys):
+    assert gate.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+# --- b. invariants ------------------------------------------------------------------------
+
+
+def _config(tmp_path, **invariant) -> gate_invariants.InvariantConfig:
+    entry = {"id": "scan-vs-loop", "finding": "B4-CR-03",
+             "case": {"num_envs": 4, "max_steps": 25, "dones": "episode"},
+             "fast": "scan", "slow": "loop", "min_speedup": 2, "measured_speedup": 10}
+    entry.update(invariant)
+    document = {"schema_version": 1,
+                "sampling": {"threads": 1, "min_samples": 10, "max_samples": 40,
+                             "time_budget_s": 0.5, "min_sample_time": 0.001},
+                "invariants": [entry]}
+    path = tmp_path / "invariants.json"
+    path.write_text(json.dumps(document))
+    return gate_invariants.load_config(path)
+
+
+def test_invariant_holds_with_a_wide_margin(tmp_path):
+    # scan is ~10x faster than the loop here; 2x leaves a wide margin for noise
+    [row] = gate_invariants.check_invariants(_config(tmp_path))
+    assert row.outcome is Outcome.PASS, row
+    assert row.ci.low >= 2 and row.threshold == 2
+
+
+def test_invariant_fails_when_the_interval_lies_below_an_impossible_threshold(tmp_path):
+    [row] = gate_invariants.check_invariants(_config(tmp_path, min_speedup=1e6))
+    assert row.outcome is Outcome.REGRESSION
+    assert row.ci.high < 1e6
+
+
+def test_cli_invariants_exit_1_on_an_impossible_threshold(tmp_path, capsys):
+    _config(tmp_path, min_speedup=1e6)
+    assert gate.main(["--invariants", "--config", str(tmp_path / "invariants.json")]) == 1
+    assert "| invariant scan-vs-loop | B4-CR-03 | scan vs loop |" in capsys.readouterr().out
+
+
+def test_invariant_on_a_method_missing_here_is_skipped_with_the_methods_listed(tmp_path):
+    [row] = gate_invariants.check_invariants(_config(tmp_path, fast="not-a-method"))
+    assert row.outcome is Outcome.SKIPPED
+    assert "'not-a-method' is not available on this machine" in row.note
+    assert ", ".join(METHODS) in row.note
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"min_speedup": "3"}, r"invariants\[0\].min_speedup: expected a number; got '3'"),
+    ({"min_speedup": -1}, r"invariants\[0\].min_speedup: expected a finite number > 0; got -1"),
+    ({"case": {"num_envs": 5}}, r"case: expected one of the quick cases of B4-CR-03 .* got"),
+    ({"finding": "NOPE"}, r"invariant scan-vs-loop: finding: .*unknown id\(s\) NOPE"),
+])
+def test_bad_invariant_config_names_the_field(tmp_path, change, message):
+    with pytest.raises(UsageError, match=message):
+        gate_invariants.check_invariants(_config(tmp_path, **change))
+
+
+def test_invariant_missing_field_is_named(tmp_path):
+    with pytest.raises(UsageError, match=r"invariants\[0\].slow: .*the field is missing"):
+        gate_invariants.parse_config(
+            {"schema_version": 1,
+             "sampling": {"threads": 1, "min_samples": 5, "max_samples": 5,
+                          "time_budget_s": 1, "min_sample_time": 0.001},
+             "invariants": [{"id": "x", "finding": "B4-CR-03", "case": {}, "fast": "scan",
+                             "min_speedup": 2, "measured_speedup": 6}]}, "cfg")
+
+
+def test_committed_invariants_name_quick_cases_and_keep_wide_margins():
+    config = gate_invariants.load_config(gate_invariants.DEFAULT_CONFIG)
+    assert config.invariants
+    for invariant in config.invariants:
+        assert invariant.margin >= 2.5, invariant
+        finding = gate_invariants.registry.select([invariant.finding])[0]
+        assert invariant.case in [dict(c.params) for c in finding.cases(True)]
+        assert {invariant.fast, invariant.slow} <= set(finding.variants), invariant
+
+
+# --- c. paired A/B ------------------------------------------------------------------------
+
+
+def test_floor_ratio_compares_the_fastest_process_of_each_side():
+    ci = gate_ab.floor_ratio_ci([2.6, 1.3, 3.9, 1.3, 1.3, 1.3], [1.0, 1.0, 1.0, 1.0, 2.0, 1.0])
+    assert ci.ratio == pytest.approx(1.3)
+    # resamples that drop every fastest process are rare: the interval is the floor ratio
+    assert ci.low == pytest.approx(1.3) and ci.high == pytest.approx(1.3)
+
+
+def test_floor_ratio_ignores_processes_slowed_by_other_jobs():
+    # half of the processes ran while another job held the core (1.5-2x slower)
+    current = [1.0, 1.9, 1.01, 1.6, 1.0, 1.8, 1.02, 1.5, 1.0, 2.0]
+    against = [1.7, 1.0, 1.9, 1.01, 1.5, 1.0, 2.0, 1.02, 1.8, 1.0]
+    ci = gate_ab.floor_ratio_ci(current, against)
+    assert ci.ratio == 1.0 and 0.98 < ci.low <= 1.0 <= ci.high < 1.05
+
+
+@pytest.mark.parametrize("low, high, outcome", [
+    (1.12, 1.4, Outcome.REGRESSION),
+    (1.05, 1.4, Outcome.WITHIN_THRESHOLD),
+    (0.95, 1.4, Outcome.PASS),
+    (0.80, 0.95, Outcome.WITHIN_THRESHOLD),
+    (0.70, 0.90, Outcome.IMPROVED),
+])
+def test_ab_outcome_needs_the_whole_interval_past_the_threshold(low, high, outcome):
+    ci = RatioCI(ratio=(low + high) / 2, low=low, high=high)
+    assert gate_ab.classify_ab(ci, threshold=0.10) is outcome
+
+
+def _run(cells: list[tuple[str, float | str]]) -> dict:
+    """A worker's output: (variant, its fastest sample in seconds, or an error) per cell."""
+    out = []
+    for variant, value in cells:
+        cell = {"finding": "F", "case": "c", "variant": variant}
+        cell.update({"error": value} if isinstance(value, str) else {"samples": [value, 2 * value]})
+        out.append(cell)
+    return {"esper": "tree/esper", "cells": out}
+
+
+def test_ab_compare_flags_slower_and_reports_faster_and_incomparable_cells():
+    current = [_run([("slow", 1.3e-3 * k), ("fast", 0.5e-3), ("new", 1e-3), ("broken", "boom")])
+               for k in (1.0, 1.01, 0.99, 1.02)]
+    against = [_run([("slow", 1e-3 * k), ("fast", 1e-3), ("broken", 1e-3), ("old", 1e-3)])
+               for k in (1.0, 1.01, 0.99, 1.02)]
+    rows = gate_ab.compare(current, against, gate_ab.ABOptions(pairs=4), "main (abc)")
+    outcome = {row.variant: row.outcome for row in rows}
+    assert outcome == {"slow": Outcome.REGRESSION, "fast": Outcome.IMPROVED,
+                       "new": Outcome.NOT_COMPARABLE, "broken": Outcome.ERROR,
+                       "old": Outcome.NOT_COMPARABLE}
+    slow = rows[0]
+    assert slow.ci.ratio == pytest.approx(1.3) and slow.change.startswith("+30.0%")
+    assert slow.check == "A/B vs main (abc)"
+
+
+def test_worktree_checks_out_a_revision_and_removes_it():
+    commit = gate_ab.resolve_revision(REPO, "HEAD")
+    with gate_ab.worktree(REPO, commit) as tree:
+        assert (tree / "esper" / "gae.py").is_file()
+        listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list"],
+                                capture_output=True, text=True).stdout
+        assert str(tree) in listed
+    assert not tree.exists()
+    listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list"],
+                            capture_output=True, text=True).stdout
+    assert str(tree) not in listed
+
+
+def test_worker_times_the_tree_it_is_pointed_at():
+    out = gate_ab.run_worker(REPO, gate_ab.ABOptions(findings=("B4-DRL-03",), min_samples=3,
+                                                     variant_budget_s=0.01))
+    assert out["esper"] == str(REPO / "esper")
+    cells = {(c["case"], c["variant"]): c for c in out["cells"]}
+    assert {variant for _, variant in cells} == {"clone", "mask"} and len(cells) == 4
+    assert all(len(c["samples"]) >= 3 and min(c["samples"]) > 0 for c in cells.values())
+
+
+# --- plants and the table -----------------------------------------------------------------
+
+
+def test_slowed_repeats_a_quarter_of_the_calls_for_1_25():
+    calls = []
+    fn = slowed(lambda: calls.append(1), 1.25)
+    for _ in range(8):
+        fn()
+    assert len(calls) == 10
+
+
+def test_allocating_adds_one_allocation_per_call():
+    import torch
+
+    def work():
+        return torch.ones(8) * 2
+
+    plain, planted_counts = profile_call(work), profile_call(allocating(work))
+    assert planted_counts.allocations == plain.allocations + 1
+    assert planted_counts.allocated_bytes == plain.allocated_bytes + 64
+
+
+def test_planted_restores_the_method():
+    original = METHODS["scan"]
+    with planted("scan", allocating):
+        assert METHODS["scan"] is not original
+    assert METHODS["scan"] is original
+
+
+def test_markdown_escapes_pipes_and_summary_counts_outcomes():
+    rows = [GateRow("counters", "F", "a|b", "c", "1", "2", "+1", Outcome.REGRESSION),
+            GateRow("counters", "F", "v", "c", "1", "same", "=", Outcome.PASS, note="ok")]
+    table = render_markdown(rows).splitlines()
+    assert table[2] == "| counters | F | a\\|b | c | 1 | 2 | +1 | regression |"
+    assert table[3].endswith("| pass: ok |")
+    assert summary_line(rows) == "FAIL: 1 regression, 1 pass"
