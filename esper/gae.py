@@ -24,6 +24,8 @@ truncation before a row's last step both agree.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import os
 import shutil
@@ -338,7 +340,25 @@ def compute_gae(
 
 
 # ------------------------------------------------------ methods in their own modules
-# Imported after the helpers they reuse, and listed only where they run.
+# Listed only where they run, and imported on first call: `import esper.gae` stays light
+# (numba, triton and inductor take seconds to import) and their modules, which reuse the
+# helpers above, can be imported first without a cycle.
+
+@functools.cache
+def _load(module: str, name: str) -> GaeFn:
+    return getattr(importlib.import_module(module), name)
+
+
+def _lazy(module: str, name: str) -> GaeFn:
+    """A method that imports `module` on its first call and then calls `module.name`."""
+
+    def method(*args, **kwargs):
+        return _load(module, name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"`{module}.{name}`, imported on first call."
+    return method
+
 
 def _compiled_device_types() -> tuple[str, ...]:
     """Where inductor can build kernels: a C++ compiler for the CPU (found as inductor
@@ -357,27 +377,19 @@ def _triton_device_types() -> tuple[str, ...]:
     return ("cuda",) if torch.cuda.is_available() else ()
 
 
-_compiled_on = _compiled_device_types()
-if _compiled_on:
-    from esper.gae_compiled import gae_compiled  # noqa: E402
+def _register_extra_methods() -> None:
+    optional = {
+        "compiled": _compiled_device_types(),
+        "numba": ("cpu",) if importlib.util.find_spec("numba") is not None else (),
+        "triton": _triton_device_types(),
+        "auto": ("cpu", "cuda"),
+    }
+    for name, device_types in optional.items():
+        if device_types:
+            METHODS[name] = _lazy(f"esper.gae_{name}", f"gae_{name}")
+            DEVICE_TYPES[name] = device_types
+    for name in METHODS:
+        register_gae_method(name)
 
-    METHODS["compiled"] = gae_compiled
-    DEVICE_TYPES["compiled"] = _compiled_on
-if importlib.util.find_spec("numba") is not None:
-    from esper.gae_numba import gae_numba  # noqa: E402
 
-    METHODS["numba"] = gae_numba
-    DEVICE_TYPES["numba"] = ("cpu",)
-_triton_on = _triton_device_types()
-if _triton_on:
-    from esper.gae_triton import gae_triton  # noqa: E402
-
-    METHODS["triton"] = gae_triton
-    DEVICE_TYPES["triton"] = _triton_on
-
-from esper.gae_auto import gae_auto  # noqa: E402
-
-METHODS["auto"] = gae_auto
-DEVICE_TYPES["auto"] = ("cpu", "cuda")
-for _name in METHODS:
-    register_gae_method(_name)
+_register_extra_methods()
