@@ -42,6 +42,11 @@ class Variants:
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
             value = getattr(self, axis)
+            if value not in allowed and axis == "gae":
+                # optional methods register when esper.gae is imported (late: it imports this)
+                import esper.gae  # noqa: F401
+
+                allowed = AXES[axis]
             if value not in allowed:
                 raise ValueError(
                     f"Variants.{axis}: expected one of {', '.join(allowed)}; got {value!r}"

@@ -1,6 +1,8 @@
 """Variants: presets, parsing and the errors that list the valid choices."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -20,3 +22,13 @@ def test_variants_parse_and_errors():
         Variants.parse("scan")
     with pytest.raises(dataclasses.FrozenInstanceError):
         Variants().gae = "scan"  # type: ignore[misc]
+
+
+def test_optional_gae_methods_parse_without_importing_gae_first():
+    """`gae=auto` is registered by esper.gae; Variants imports it when it meets an unknown
+    method, so a fresh process can parse it straight away."""
+    code = ("from esper.variants import Variants; "
+            "print(Variants.parse('gae=auto').gae)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "auto"
