@@ -21,13 +21,7 @@ from esper.env import (
 )
 from esper.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny GEMMs gain nothing from intra-op threads and stall on a busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SMALL = EnvConfig(num_envs=2, max_steps=6, train_batches=2, batch_size=32, val_size=64)

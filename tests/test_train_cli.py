@@ -22,13 +22,7 @@ METRICS_LINE = re.compile(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The in-process runs: tiny GEMMs gain nothing from threads and stall on a busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train(*args: str) -> subprocess.CompletedProcess:

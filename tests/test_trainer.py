@@ -36,13 +36,7 @@ SMALL_ENV = EnvConfig(input_dim=8, num_classes=4, host_hidden=16, train_batches=
 ALL_VARIANTS = [Variants(**dict(zip(AXES, values))) for values in itertools.product(*AXES.values())]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny GEMMs gain nothing from intra-op threads and stall on a busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small_config(variants: Variants = Variants.original(), **changes) -> TrainConfig:

@@ -23,12 +23,7 @@ LOOP_MAX_ENV_STEPS = 16 * 25
 BUFFER_CASE = Case.of(num_envs=4, max_steps=25)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gae_params():
