@@ -39,9 +39,14 @@ from numba import uint64
 
 from esper.gae import StepCounts, Tensor
 
-#: Below this many elements (num_envs * max_steps) one thread beats two: waking numba's
-#: OpenMP pool costs more than the serial kernel spends on the whole batch. Measured
-#: with `python -m harness.gae_crossovers` (table in esper.gae_auto).
+#: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
+#: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
+#: small batch. `python -m harness.gae_crossovers` times one thread against two at each
+#: shape and proposes this value. Its run behind the table in esper.gae_auto was under
+#: load (both cores busy with another benchmark): the second thread waited for a core,
+#: about 6 ms a call, so one thread won at every shape up to 1024 x 1024 and the run could
+#: not place the crossover. 16_384, the value the kernel shipped with, stays until an idle
+#: machine measures it.
 PARALLEL_MIN_ELEMENTS = 16_384
 
 #: Rows whose recurrences are walked together (see the module docstring).
@@ -198,6 +203,17 @@ def _gae_parallel(rewards, values, dones, truncated, bootstrap, step_counts,
     return bad
 
 
+def _run_parallel(*args) -> int:
+    """`_gae_parallel(*args)`, keeping torch's thread count: the first parallel call
+    launches numba's OpenMP pool, which sets the calling thread's OpenMP thread count
+    (the count torch reads and uses) to numba's own, e.g. from 1 back to all cores."""
+    torch_threads = torch.get_num_threads()
+    bad = _gae_parallel(*args)
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
+    return bad
+
+
 def _counts_array(step_counts: StepCounts) -> np.ndarray:
     """`step_counts` as an int64 array [num_envs]; a CPU int64 tensor is viewed, not copied."""
     if isinstance(step_counts, Tensor):
@@ -225,6 +241,7 @@ def gae_numba(
     gamma: float,
     gae_lambda: float,
     reset: str = "mask",
+    threads: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE by the numba kernel; arguments and results as `esper.gae.compute_gae`.
 
@@ -234,7 +251,8 @@ def gae_numba(
     host sync). Returns (advantages, returns), new contiguous [num_envs, max_steps]
     tensors of the inputs' dtype. Runs on `min(torch.get_num_threads(), num_envs)`
     threads when the batch has at least `PARALLEL_MIN_ELEMENTS` elements, else on the
-    calling thread. `reset` is accepted for a uniform signature and has no effect.
+    calling thread; `threads` (1: the serial kernel) overrides that choice, to measure
+    it. `reset` is accepted for a uniform signature and has no effect.
     """
     if rewards.device.type != "cpu":
         raise ValueError(
@@ -250,9 +268,11 @@ def gae_numba(
     scalar = floats[0].dtype.type  # gamma and the trace in the inputs' dtype
     args = (floats[0], floats[1], _flags(dones), _flags(truncated), floats[2], counts,
             scalar(gamma), scalar(gamma * gae_lambda), advantages.numpy(), returns.numpy())
-    threads = min(torch.get_num_threads(), rewards.shape[0])
-    if threads > 1 and rewards.numel() >= PARALLEL_MIN_ELEMENTS:
-        bad = _gae_parallel(*args, threads)
+    if threads is None:
+        threads = min(torch.get_num_threads(), rewards.shape[0])
+        threads = threads if rewards.numel() >= PARALLEL_MIN_ELEMENTS else 1
+    if threads > 1:
+        bad = _run_parallel(*args, threads)
     else:
         bad = _gae_serial(*args)
     if bad >= 0:
@@ -276,5 +296,5 @@ def warm_up() -> float:
         flags = np.zeros((2, 1), dtype=np.uint8)
         inputs = (floats, floats, flags, flags, floats, counts, dtype(0.99), dtype(0.95))
         _gae_serial(*inputs, np.empty_like(floats), np.empty_like(floats))
-        _gae_parallel(*inputs, np.empty_like(floats), np.empty_like(floats), 2)
+        _run_parallel(*inputs, np.empty_like(floats), np.empty_like(floats), 2)
     return time.perf_counter() - start

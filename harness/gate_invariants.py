@@ -168,6 +168,8 @@ def _skip_reason(finding: Finding, case: Case, variant: str) -> str | None:
     if variant not in finding.variants:
         return (f"{variant!r} is not available on this machine "
                 f"({finding.id} variants: {', '.join(finding.variants)})")
+    if variant in finding.peers:
+        return f"{variant!r} is a peer (another library's code): the gate times only ours"
     return finding.skip(variant, case, torch.device("cpu"))
 
 

@@ -4,7 +4,7 @@
 `PYTHONPATH` set to the tree under test, so `esper` and `harness.findings` come from that
 tree while the timing loop below is the same for both sides. It therefore imports nothing
 else from `harness` and only the long-stable parts of the findings API (`select`,
-`cases`, `build`, `make_call`, `skip`, `variants`).
+`cases`, `build`, `make_call`, `skip`, `variants`; `peers` where the tree has it).
 
 Input: one JSON argument (see `WorkerConfig`). Output: one JSON object on stdout,
 `{"esper": <path of the esper package imported>, "cells": [...]}`, a cell per finding x
@@ -95,7 +95,11 @@ def measure_tree(config: WorkerConfig) -> dict:
     for finding in registry.select(list(config.findings)):
         for case in finding.cases(True):
             base = {"finding": finding.id, "case": case.label}
-            variants = [v for v in finding.variants if finding.skip(v, case, device) is None]
+            # peers (other libraries' code) are comparators, not ours to gate; getattr:
+            # a tree older than the `peers` field has none
+            peers = getattr(finding, "peers", ())
+            variants = [v for v in finding.variants
+                        if v not in peers and finding.skip(v, case, device) is None]
             try:
                 inputs = finding.build(case, device, config.seed)
             except Exception as err:  # the tree cannot run this case: rows, not a crash

@@ -87,12 +87,54 @@ def _correctness(row: dict) -> str:
     return "-"
 
 
+def _decimal(value: float, unit: str) -> str:
+    """5.8e9, 'B/s' -> '5.8 GB/s' (decimal prefixes, 3 significant digits)."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def format_bandwidth(bytes_per_s: float | None) -> str:
+    """5.8e9 -> '5.8 GB/s'; None/NaN -> '-'."""
+    return _decimal(bytes_per_s, "B/s") if present(bytes_per_s) else "-"
+
+
+def has_bandwidth(rows: pd.DataFrame) -> bool:
+    """Whether these rows carry achieved bandwidths (a finding with `min_bytes`)."""
+    return "achieved_bytes_per_s" in rows.columns and rows["achieved_bytes_per_s"].notna().any()
+
+
+def bandwidth_cell(row: dict) -> str:
+    """`3.1 GB/s (16% of copy)`: the bytes a call must move over its median time, and
+    that as a share of the run's copy bandwidth (= floor time / median); '-' if untimed."""
+    achieved = row.get("achieved_bytes_per_s")
+    if not present(achieved):
+        return "-"
+    if present(row.get("floor_s")) and present(row.get("median_s")):
+        share = 100 * row["floor_s"] / row["median_s"]  # percent of the copy bandwidth
+        digits = f"{share:.0f}" if share >= 10 else f"{share:.2g}"
+        return f"{format_bandwidth(achieved)} ({digits}% of copy)"
+    return format_bandwidth(achieved)
+
+
+def case_bandwidth(row: dict) -> str:
+    """A case's floor and label: `floor 312 us (5.78 MB at copy bandwidth): bandwidth-bound`;
+    '' for rows without a floor."""
+    if not present(row.get("floor_s")):
+        return ""
+    text = (f"floor {format_seconds(row['floor_s'])} ({_decimal(row['min_bytes'], 'B')} at "
+            "copy bandwidth)")
+    return f"{text}: {row['bound']}" if present(row.get("bound")) else text
+
+
 def table_rows(rows: pd.DataFrame) -> list[dict]:
     """One display row per case x variant, grouped by case in run order; cells are strings.
 
-    Each dict: case, variant, baseline, median, iqr, ratio (with its 95% CI), speedup,
-    one entry per COUNTERS key, correctness, verdict (a word), css (the verdict value,
-    for colour) and note (reason or error of a row that was not timed).
+    Each dict: case, case_note (its bandwidth floor and label, or ''), variant, baseline,
+    median, iqr, ratio (with its 95% CI), speedup, bandwidth (achieved, and its share of
+    the copy bandwidth), one entry per COUNTERS key, correctness, verdict (a word), css
+    (the verdict value, for colour) and note (reason or error of a row that was not timed).
     """
     out = []
     for row in records(rows):
@@ -102,12 +144,14 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
         note = row.get("error") if present(row.get("error")) else row.get("reason")
         out.append({
             "case": case_phrase(row),
+            "case_note": case_bandwidth(row),
             "variant": row["variant"],
             "baseline": bool(row.get("baseline")),
             "median": format_seconds(row.get("median_s")),
             "iqr": format_seconds(row.get("iqr_s")),
             "ratio": ratio,
             "speedup": _number(row, "speedup", "{:.3g}x"),
+            "bandwidth": bandwidth_cell(row),
             **{key: _number(row, key, "{:.0f}") for key in COUNTERS},
             "correctness": _correctness(row),
             "verdict": verdict_word(row),
@@ -228,6 +272,7 @@ def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
 
 def metadata_panel(metadata: dict) -> list[tuple[str, str]]:
     """(label, value) pairs describing where and how a run was measured."""
+    copy = metadata.get("copy_bandwidth_bytes_per_s")
     commit = metadata.get("git_commit") or "unknown"
     dirty = metadata.get("git_dirty")
     commit += " (uncommitted changes)" if dirty else "" if dirty is False else " (state unknown)"
@@ -238,6 +283,8 @@ def metadata_panel(metadata: dict) -> list[tuple[str, str]]:
         ("device", f"{metadata.get('device')}: {metadata.get('device_name')}"),
         ("CPU", metadata.get("cpu_model")),
         ("torch threads", metadata.get("threads")),
+        ("copy bandwidth", f"{format_bandwidth(copy)} (large tensor copy, read + write)"
+         if present(copy) else None),
         ("torch", metadata.get("torch")),
         ("CUDA", metadata.get("cuda") or "not used"),
         ("Python", metadata.get("python")),

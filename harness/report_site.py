@@ -20,8 +20,8 @@ import jinja2
 from harness import plots
 from harness.report_compare import DEFAULT_FACTOR, Change, check_comparable, compare_runs
 from harness.report_data import (
-    E2E_ID, ReportError, finding_text, metadata_panel, param_columns, phase_breakdowns,
-    sentences, table_rows,
+    E2E_ID, ReportError, finding_text, has_bandwidth, metadata_panel, param_columns,
+    phase_breakdowns, sentences, table_rows,
 )
 from harness.results import Run, atomic_write_text
 from harness.summary import format_seconds
@@ -102,6 +102,7 @@ def _finding_section(run: Run, finding_id: str, out: Path) -> dict:
     return {
         "text": text, "headlines": headlines, "sentences": every, "figures": figures,
         "crossovers": crossovers, "table": table_rows(rows), "e2e": e2e,
+        "bandwidth": has_bandwidth(rows),
         "trace": attach(trace, out, "traces") if trace.is_file() else None,
     }
 

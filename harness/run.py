@@ -10,6 +10,7 @@ its correctness check or raised; 2 usage error; 130 interrupted (what was measur
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from harness import findings as registry
+from harness.bandwidth import measure_copy_bandwidth
 from harness.flamegraph import record_flamegraph
 from harness.machine import describe
 from harness.report import render
@@ -117,6 +119,11 @@ def _run(selected, options: RunOptions, out: Path, pyspy: bool) -> tuple[int, Pa
                 "seed": options.seed, "time_budget_s": options.time_budget_s,
                 "profile": options.profile, "findings": [f.id for f in selected],
                 **describe(options.device)}
+    if any(f.min_bytes is not None for f in selected):
+        # once per run, before any finding, with the run's threads: the bandwidth floor
+        bandwidth = measure_copy_bandwidth(options.device)
+        options = dataclasses.replace(options, copy_bandwidth_bytes_per_s=bandwidth)
+        metadata["copy_bandwidth_bytes_per_s"] = bandwidth
     writer = RunWriter(out, run_id, metadata)
     total = sum(len(f.cases(options.quick)) for f in selected)
     status = "complete"

@@ -6,7 +6,9 @@ Per case, in order (DESIGN.md, data flow):
      `mismatch` row carrying the max error and that variant is not timed there;
   3. the variants that agree are timed together, interleaved, on the device's clock;
   4. a separate profiling pass counts ops, syncs, allocations and kernel launches;
-  5. each variant's time ratio to the baseline gets a bootstrap 95% interval and a verdict.
+  5. each variant's time ratio to the baseline gets a bootstrap 95% interval and a verdict;
+  6. for a finding that counts its bytes (`Finding.min_bytes`), the achieved bandwidth per
+     variant and the case's bandwidth floor and label (`harness.bandwidth`).
 A variant that raises is recorded as a `failed` row with its error; the run goes on.
 """
 
@@ -22,6 +24,7 @@ from typing import Callable
 import torch
 from torch.profiler import record_function
 
+from harness.bandwidth import bound_label
 from harness.counters import profile_call, profiling
 from harness.findings import Case, Finding
 from harness.stats import Verdict, bootstrap_ratio_ci, classify
@@ -40,6 +43,9 @@ class RunOptions:
     min_samples: int = 10
     max_samples: int = 200
     profile: bool = True
+    copy_bandwidth_bytes_per_s: float | None = None
+    """The device's large-copy bandwidth (`harness.bandwidth`), measured once per run;
+    None: no bandwidth floor in the rows."""
 
 
 def describe_error(err: BaseException) -> str:
@@ -80,6 +86,7 @@ class CaseRun:
             self._profile(trace_path)
         self._extra_metrics()
         self._compare()
+        self._bandwidth()
         return self
 
     def _active(self) -> list[str]:
@@ -216,6 +223,29 @@ class CaseRun:
             ci = bootstrap_ratio_ci(m.samples, base.samples, seed=self.options.seed)
             cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
                         verdict=classify(ci))
+
+    def _bandwidth(self) -> None:
+        """Bytes moved per second and the floor, for a finding with `min_bytes`.
+
+        Timed rows get `achieved_bytes_per_s` = min bytes / median. With the run's copy
+        bandwidth, every row of the case gets `min_bytes`, `floor_s` (min bytes / copy
+        bandwidth) and `bound`: `bound_label` of the fastest of our own variants (peers
+        excluded) against the floor.
+        """
+        f, copy = self.finding, self.options.copy_bandwidth_bytes_per_s
+        if f.min_bytes is None:
+            return
+        nbytes = f.min_bytes(self.case)
+        for variant, m in self.measurements.items():
+            self.cells[variant]["achieved_bytes_per_s"] = nbytes / m.median
+        if copy is None:
+            return
+        case_cells = {"min_bytes": nbytes, "floor_s": nbytes / copy}
+        own = [m.median for v, m in self.measurements.items() if v not in f.peers]
+        if own:
+            case_cells["bound"] = bound_label(min(own), case_cells["floor_s"])
+        for cell in self.cells.values():
+            cell.update(case_cells)
 
     # ------------------------------------------------------------------ rows
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -183,3 +186,15 @@ def test_unknown_method_and_bad_hyperparameters():
         compute_gae(*case.args(), gamma=1.5, gae_lambda=0.9)
     with pytest.raises(ValueError, match="reset"):
         compute_gae(*case.args(), gamma=0.9, gae_lambda=0.9, reset="zero")
+
+
+@pytest.mark.skipif("numba" not in METHODS, reason="numba is not installed")
+def test_numba_parallel_kernel_keeps_torchs_thread_count():
+    """The first parallel call launches numba's OpenMP pool, which set the caller's OpenMP
+    thread count, and so torch's, to numba's (1 -> all cores). A fresh process: the pool
+    launches once per process."""
+    code = ("import torch; torch.get_num_threads(); torch.set_num_threads(1); "
+            "from esper.gae_numba import warm_up; warm_up(); print(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1"

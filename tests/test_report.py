@@ -414,3 +414,33 @@ def test_no_missing_number_leaks_into_the_page(runs):
     body = (runs["base"] / "reports" / runs["a"].name / "index.html").read_text()
     body = body.split("</style>")[1]
     assert not re.search(r"\b(nan|none|undefined)\b", body, re.IGNORECASE)
+
+
+def test_bandwidth_column_and_each_cases_floor_and_label(tmp_path):
+    base = {"finding": "B4-CR-03", "p_num_envs": 1024, "p_max_steps": 256, "p_dones": "episode",
+            "status": "ok", "n": 5, "iqr_s": 1e-5, "min_bytes": 5_775_360, "floor_s": 3e-4,
+            "bound": "bandwidth-bound"}
+    case = {"case": "num_envs=1024,max_steps=256,dones=episode"}
+    summary = pd.DataFrame([
+        {**base, **case, "variant": "scan", "baseline": True, "verdict": "baseline",
+         "median_s": 3e-3, "achieved_bytes_per_s": 5_775_360 / 3e-3},
+        {**base, **case, "variant": "numba", "baseline": False, "verdict": "faster",
+         "median_s": 6e-4, "ratio": 0.2, "ci_low": 0.19, "ci_high": 0.21, "speedup": 5.0,
+         "achieved_bytes_per_s": 5_775_360 / 6e-4},
+        {**base, **case, "variant": "loop", "baseline": False, "status": "not_timed",
+         "verdict": "not_timed", "reason": "skipped: too slow"},
+    ])
+    run = Run(folder=tmp_path / "run", summary=summary, rows=pd.DataFrame(),
+              metadata={"run_id": "hand-made", "status": "complete",
+                        "copy_bandwidth_bytes_per_s": 1.925e10})
+    page = render_run(run, tmp_path / "report")
+    update_index(tmp_path)
+    assert_self_contained(page)
+    text = page.read_text()
+    assert "<th>bandwidth</th>" in text
+    assert "9.63 GB/s (50% of copy)" in text  # numba: 5.78 MB in 0.6 ms; floor 0.3 ms
+    assert "1.93 GB/s (10% of copy)" in text  # scan
+    assert "floor 300 us (5.78 MB at copy bandwidth): bandwidth-bound" in text
+    assert "19.2 GB/s (large tensor copy, read + write)" in text  # the run's metadata
+    header = text.split("<th>variant</th>")[1].split("</tr>")[0]
+    assert header.count("<th>") == 11  # one more column than findings without bandwidth

@@ -66,6 +66,12 @@ class Finding:
     """(variant, case, device) -> why this cell is not run, or None."""
     extra_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
     """(variant, inputs) -> extra per-variant numbers (phase seconds, host-blocked time)."""
+    peers: tuple[str, ...] = ()
+    """Variants that are other libraries' code, timed as comparators: reported like the
+    others, but neither gated (`harness.gate`) nor counted as our best method."""
+    min_bytes: Callable[[Case], int] | None = None
+    """case -> bytes one call must read and write at least; with the run's copy bandwidth,
+    rows get the achieved bandwidth and the cell its bandwidth floor (`harness.bandwidth`)."""
     ticket: str = ""
     """Where the claim comes from (a review ticket file name)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -76,6 +82,11 @@ class Finding:
             raise ValueError(
                 f"Finding {self.id}: baseline: expected one of {', '.join(self.variants)}; "
                 f"got {self.baseline!r}"
+            )
+        stray = [p for p in self.peers if p not in self.variants]
+        if stray:
+            raise ValueError(
+                f"Finding {self.id}: peers: expected variants of the finding; got {stray}"
             )
 
 

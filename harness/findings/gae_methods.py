@@ -1,11 +1,14 @@
-"""B4-CR-03: "GAE ... could be ~4x faster with tensor operations"; every GAE method timed."""
+"""B4-CR-03: "GAE ... could be ~4x faster with tensor operations"; every GAE method timed,
+next to other libraries' GAE as comparators (`harness.peers`)."""
 
 from __future__ import annotations
 
 import torch
 
-from esper.gae import METHODS, compute_gae
+from esper.gae import DEVICE_TYPES, METHODS, compute_gae
 from esper.gae_reference import reference_gae
+from harness import peers
+from harness.bandwidth import gae_min_bytes
 from harness.findings import Case, Finding, register
 
 GAMMA, LAMBDA = 0.995, 0.98
@@ -13,6 +16,9 @@ GAMMA, LAMBDA = 0.995, 0.98
 LOOP_MAX_STEPS = 10_000
 ENVS = (1, 4, 16, 64, 256, 1024)
 STEPS = (25, 150, 1024)
+#: the shapes a PPO rollout buffer typically has, on top of the ENVS x STEPS grid
+TARGET_ENVS = (4, 64, 1024)
+TARGET_STEPS = (128, 256)
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -21,6 +27,7 @@ def _cases(quick: bool) -> list[Case]:
         random = [(4, 25)]
     else:
         grid = [(e, t) for t in STEPS for e in ENVS]
+        grid += [(e, t) for t in TARGET_STEPS for e in TARGET_ENVS]
         random = [(4, 25), (64, 150), (1024, 1024)]
     return [Case.of(num_envs=e, max_steps=t, dones="episode") for e, t in grid] + [
         Case.of(num_envs=e, max_steps=t, dones="random0.05") for e, t in random
@@ -28,8 +35,10 @@ def _cases(quick: bool) -> list[Case]:
 
 
 def build_gae_inputs(case: Case, device: torch.device, seed: int) -> dict:
-    """float32 inputs on `device`: one episode per row ending truncated ("episode"), or
-    random true terminals with p=0.05 and a truncated last step ("random0.05")."""
+    """float32 inputs [num_envs, max_steps] on `device`: one episode per row ending
+    truncated ("episode"), or random true terminals with p=0.05 and a truncated last step
+    ("random0.05"). Full rows (step counts = max_steps). `peers` holds each peer's inputs
+    in its own layout, for the peers that run on `device` and are installed."""
     num_envs, max_steps = case["num_envs"], case["max_steps"]
     g = torch.Generator().manual_seed(seed)
     shape = (num_envs, max_steps)
@@ -46,9 +55,15 @@ def build_gae_inputs(case: Case, device: torch.device, seed: int) -> dict:
         truncated=truncated,
         bootstrap_values=torch.randn(shape, generator=g),
     )
-    inputs = {k: v.to(device) for k, v in tensors.items()}
+    tensors = {k: v.to(device) for k, v in tensors.items()}
+    inputs = dict(tensors)
     inputs["step_counts_list"] = [max_steps] * num_envs
     inputs["step_counts_tensor"] = torch.full((num_envs,), max_steps, device=device)
+    inputs["peers"] = {
+        name: peer.prepare(*tensors.values(), GAMMA)  # rewards ... bootstrap_values, in order
+        for name, peer in peers.PEERS.items()
+        if device.type in peer.device_types and peers.installed(name)
+    }
     return inputs
 
 
@@ -58,6 +73,9 @@ def _args(inputs: dict, counts_key: str) -> tuple:
 
 
 def _make_call(variant: str, inputs: dict):
+    if variant in peers.PEERS:  # the library's own computation on inputs in its layout
+        native, compute = inputs["peers"][variant], peers.PEERS[variant].compute
+        return lambda: compute(native, GAMMA, LAMBDA)
     # the loop is the original: it takes the Python list; the others a resident tensor
     counts = "step_counts_list" if variant == "loop" else "step_counts_tensor"
     args = _args(inputs, counts)
@@ -75,7 +93,20 @@ def relative_max_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return err / max(1.0, ref.abs().max().item())
 
 
-def _skip(variant: str, case: Case, device: torch.device) -> str | None:
+def _skip(variant: str, case: Case, device: torch.device,
+          torchrl_installed: bool | None = None) -> str | None:
+    """Why `variant` is not run at `case` on `device`, or None. `torchrl_installed`
+    (None: look whether it imports) decides the TorchRL peers' rows."""
+    peer = peers.PEERS.get(variant)
+    device_types = peer.device_types if peer else DEVICE_TYPES[variant]
+    if device.type not in device_types:
+        return (f"skipped: {variant} does not run on {device.type} tensors "
+                f"(it runs on {', '.join(device_types)})")
+    if peer is not None and peer.module == "torchrl":
+        if torchrl_installed is None:
+            torchrl_installed = peers.installed(variant)
+        if not torchrl_installed:
+            return f"skipped: TorchRL is not installed; {peers.INSTALL_HINT}"
     steps = case["num_envs"] * case["max_steps"]
     if variant == "loop" and steps > LOOP_MAX_STEPS:
         return (f"skipped: the per-env loop would take about {steps * 45e-6:.0f} s a call "
@@ -89,8 +120,9 @@ register(Finding(
     claim="GAE computation uses O(envs * steps) Python loop - could be ~4x faster with "
           "tensor operations",
     ticket="B4-CR-03-gae-vectorization.md",
-    variants=tuple(METHODS),
+    variants=(*METHODS, *peers.PEERS),
     baseline="loop",
+    peers=tuple(peers.PEERS),
     cases=_cases,
     build=build_gae_inputs,
     make_call=_make_call,
@@ -98,11 +130,21 @@ register(Finding(
     check=relative_max_error,
     tolerance=lambda case: 2e-5,
     skip=_skip,
+    min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
     notes=(
         f"gamma {GAMMA}, lambda {LAMBDA}, float32; checked against the float64 pure-Python "
         "reference (max error relative to max(1, |A|)).",
         "The loop gets step counts as a Python list (as the original); the other methods a "
         "resident integer tensor.",
         f"The loop is skipped past {LOOP_MAX_STEPS} env-steps per call (minutes per sample).",
+        "Peers (other libraries' GAE, as comparators): torchrl and torchrl_vec are TorchRL's "
+        "generalized_advantage_estimate and vec_generalized_advantage_estimate on "
+        "[envs, steps, 1] tensors; sb3_numpy is Stable-Baselines3's algorithm (our code) on "
+        "time-major float32 numpy arrays, truncation bootstrap folded into the reward. Their "
+        "inputs are laid out when the case is built, outside the timing.",
+        "Bandwidth floor: the bytes a call must move (rewards, values, bootstrap values, "
+        "advantages, returns as floats; dones, truncated as bytes; int64 step counts) over "
+        "the run's large-copy bandwidth. A case is bandwidth-bound when our best method is "
+        "within 3x of that floor, else launch-bound (per-call overhead dominates).",
     ),
 ))

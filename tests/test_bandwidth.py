@@ -1,0 +1,70 @@
+"""harness.bandwidth: the bytes GAE must move, the copy bandwidth, the label, and the rows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from harness.bandwidth import (
+    BANDWIDTH_BOUND, LAUNCH_BOUND, bound_label, gae_min_bytes, measure_copy_bandwidth,
+)
+from harness.findings import Case, Finding
+from harness.runner import CaseRun, RunOptions
+
+
+def test_gae_min_bytes_counts_inputs_and_outputs():
+    # 4 x 128 = 512 elements: 3 float inputs + 2 float outputs, 2 bool flags, int64 counts
+    assert gae_min_bytes(4, 128) == 5 * 512 * 4 + 2 * 512 + 8 * 4 == 11_296
+    assert gae_min_bytes(4, 128, torch.float64) == 5 * 512 * 8 + 2 * 512 + 8 * 4
+    assert gae_min_bytes(1024, 256) == 22 * 1024 * 256 + 8 * 1024
+    assert gae_min_bytes(0, 10) == 0
+
+
+def test_copy_bandwidth_is_positive_and_plausible():
+    bandwidth = measure_copy_bandwidth("cpu", nbytes=64 * 1024 * 1024, repeats=3)
+    assert 1e8 < bandwidth < 1e13
+    with pytest.raises(ValueError, match="nbytes >= 1"):
+        measure_copy_bandwidth("cpu", nbytes=0)
+
+
+def test_bound_label_is_bandwidth_bound_within_3x_of_the_floor():
+    assert bound_label(1e-3, 1e-3) == BANDWIDTH_BOUND
+    assert bound_label(3e-3, 1e-3) == BANDWIDTH_BOUND
+    assert bound_label(3.01e-3, 1e-3) == LAUNCH_BOUND
+    assert bound_label(1e-5, 1e-7) == LAUNCH_BOUND
+    assert bound_label(2e-3, 1e-3, factor=1.5) == LAUNCH_BOUND
+
+
+def _sleepy_finding() -> Finding:
+    """`ours` sleeps 2 ms a call; `peer`, a comparator, returns at once."""
+    calls = {"ours": lambda: time.sleep(2e-3), "peer": lambda: None}
+    return Finding(
+        id="TEST-bandwidth", title="t", claim="c", variants=("ours", "peer"), baseline="ours",
+        peers=("peer",), cases=lambda quick: [Case.of(n=1)],
+        build=lambda case, device, seed: None, make_call=lambda variant, inputs: calls[variant],
+        min_bytes=lambda case: 1000,
+    )
+
+
+def test_rows_carry_achieved_bandwidth_and_the_floor_judged_on_our_variants_only():
+    # floor = 1000 B / 1e7 B/s = 100 us: ours (>= 2 ms) is far above it; the peer, which
+    # returns at once, would be within 3x, but peers do not count as our best method
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3,
+                         profile=False, copy_bandwidth_bytes_per_s=1e7)
+    summary = CaseRun(_sleepy_finding(), Case.of(n=1), options).run().summary
+    rows = {r["variant"]: r for r in summary}
+    for row in rows.values():
+        assert row["min_bytes"] == 1000
+        assert row["floor_s"] == pytest.approx(1e-4)
+        assert row["bound"] == LAUNCH_BOUND
+        assert row["achieved_bytes_per_s"] == pytest.approx(1000 / row["median_s"])
+    assert rows["ours"]["achieved_bytes_per_s"] < 1000 / 2e-3
+
+
+def test_without_a_copy_bandwidth_rows_have_no_floor():
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3,
+                         profile=False)
+    (row, _) = CaseRun(_sleepy_finding(), Case.of(n=1), options).run().summary
+    assert "achieved_bytes_per_s" in row and "floor_s" not in row and "bound" not in row
