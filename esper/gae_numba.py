@@ -41,13 +41,10 @@ from esper.gae import StepCounts, Tensor
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
-#: small batch. `python -m harness.gae_crossovers` times one thread against two at each
-#: shape and proposes this value. Its run behind the table in esper.gae_auto was under
-#: load (both cores busy with another benchmark): the second thread waited for a core,
-#: about 6 ms a call, so one thread won at every shape up to 1024 x 1024 and the run could
-#: not place the crossover. 16_384, the value the kernel shipped with, stays until an idle
-#: machine measures it.
-PARALLEL_MIN_ELEMENTS = 16_384
+#: small batch. Measured with `python -m harness.gae_crossovers` (one thread against two at
+#: each shape) on the idle 2-core CPU of esper.gae_auto's table, twice: one thread wins up
+#: to 4,096 elements (by ~10%), two from 6,400 up (1.1x at 6,400, 1.8x at 1024 x 1024).
+PARALLEL_MIN_ELEMENTS = 6_400
 
 #: Rows whose recurrences are walked together (see the module docstring).
 _LANES = 4
