@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch._inductor import config as inductor_config
 
 from harness import stats
 
@@ -130,18 +131,23 @@ def make_clock(device: torch.device) -> Clock:
 
 @contextlib.contextmanager
 def pinned_threads(n: int) -> Iterator[int]:
-    """Run the body with `torch.set_num_threads(n)`; restore the previous count after.
+    """Run the body with `torch.set_num_threads(n)` and torch.compile compiling in this
+    process; restore both after.
 
-    Yields the thread count in effect, to record with the measurements.
+    Inductor otherwise compiles in a pool of worker processes that start (and import
+    torch) in the background, taking a core from the timings of the next cases on a
+    small machine. Yields the thread count in effect, to record with the measurements.
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n: expected an integer >= 1 threads; got {n!r}")
-    previous = torch.get_num_threads()
+    previous, previous_compile = torch.get_num_threads(), inductor_config.compile_threads
     torch.set_num_threads(n)
+    inductor_config.compile_threads = 1
     try:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(previous)
+        inductor_config.compile_threads = previous_compile
 
 
 def _check_min_sample_time(min_sample_time: float) -> None:
