@@ -145,6 +145,8 @@ register(Finding(
         "Bandwidth floor: the bytes a call must move (rewards, values, bootstrap values, "
         "advantages, returns as floats; dones, truncated as bytes; int64 step counts) over "
         "the run's large-copy bandwidth. A case is bandwidth-bound when our best method is "
-        "within 3x of that floor, else launch-bound (per-call overhead dominates).",
+        "within 3x of that floor, else launch-bound (per-call overhead dominates). The "
+        "copy is larger than any cache; a case whose inputs fit in the last-level cache "
+        "(the same inputs every call) can run below this floor.",
     ),
 ))
