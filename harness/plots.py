@@ -109,8 +109,10 @@ def _case_ticks(ax, labels: list[str]) -> None:
 
 
 def _colours(variants: list[str]) -> dict[str, str]:
+    # matplotlib's tab10, then tab20's light shades: distinct colours for up to 20 lines
     cycle = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-             "#17becf"]
+             "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+             "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7"]
     return {v: cycle[i % len(cycle)] for i, v in enumerate(variants)}
 
 
@@ -210,7 +212,11 @@ def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: li
         return None
     cases = list(dict.fromkeys(compared["case"]))
     others = [v for v in variants if v in set(compared["variant"])]
-    phrases = {r["case"]: case_phrase(r) for r in compared.to_dict("records")}
+    # where the baseline was not timed (skipped), the runner compared to another variant
+    phrases = {r["case"]: case_phrase(r) + (
+        f" [vs {r['compared_to']}]" if r.get("compared_to") not in (None, baseline)
+        and isinstance(r.get("compared_to"), str) else "")
+        for r in compared.to_dict("records")}
     colours = _colours(variants)
     width = 0.8 / len(others)
     fig = _new_figure(min(18.0, 3.0 + 0.45 * len(cases) * len(others) + 1.2 * len(cases)), 4.4)
@@ -241,11 +247,12 @@ def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: li
     ax.set_ylabel(f"speed-up over {baseline} (x, log scale)")
     ax.set_title(f"{finding}: speed-up over {baseline}, with 95% bootstrap CI")
     ax.grid(True, axis="y", which="major", alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     file = _save(fig, folder, f"{finding}-speedup.png")
     return Figure(file, f"Speed-up over {baseline}",
                   "Bars: median baseline time / median variant time. Whiskers: 95% bootstrap "
-                  "interval. Above the solid line the variant is faster.")
+                  "interval. Above the solid line the variant is faster. A case marked "
+                  "[vs X] did not time the baseline: its bars are over X.")
 
 
 def counters_figure(finding: str, rows: pd.DataFrame, variants: list[str],
