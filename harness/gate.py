@@ -5,7 +5,7 @@ change, verdict) on stdout:
 
   --counters     a. op calls, host syncs, allocations and allocated bytes of every quick
                     case, exactly against results/baselines/counters.json
-  --invariants   b. speed ratios within one process (e.g. scan >= 25x faster than loop at
+  --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
                     16 x 25), against harness/invariants.json
   --against REV  c. paired A/B timing of this tree against a git revision, in alternating
                     processes; fails a cell whose 95% interval lies above 1 + threshold

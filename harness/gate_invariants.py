@@ -7,7 +7,7 @@ check fails only when the whole bootstrap 95% interval of the speedup lies below
 threshold; an interval that straddles it is reported as inconclusive, not failed.
 
 Thresholds are set far below the measured speedup (`measured_speedup / min_speedup`, the
-margin, is about 3), so noise does not trip them while a variant that loses most of its
+margin, is 2.5-3.2), so noise does not trip them while a variant that loses most of its
 advantage does. The config (`harness/invariants.json`) names variants by name; one not
 available on this machine (say a GAE method missing from `esper.gae.METHODS`) is skipped
 with a message.
