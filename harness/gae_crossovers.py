@@ -29,7 +29,7 @@ import torch
 from esper import gae
 from esper.gae_auto import UNBOUNDED, Crossover
 from harness.findings import Case
-from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs
+from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
 from harness.timing import make_clock, measure_interleaved, pinned_threads
 
 ENVS = (1, 4, 16, 64, 256, 1024)
@@ -64,10 +64,8 @@ def timed_methods(device: torch.device) -> list[str]:
 def _inputs(shape: Shape, device: torch.device) -> tuple:
     """The B4-CR-03 inputs [num_envs, max_steps] (random terminals), as compute_gae args."""
     num_envs, max_steps = shape
-    x = build_gae_inputs(Case.of(num_envs=num_envs, max_steps=max_steps, dones="random0.05"),
-                         device, seed=0)
-    return (x["rewards"], x["values"], x["dones"], x["truncated"], x["bootstrap_values"],
-            x["step_counts_tensor"])
+    return gae_args(build_gae_inputs(
+        Case.of(num_envs=num_envs, max_steps=max_steps, dones="random0.05"), device, seed=0))
 
 
 def _medians(calls: dict, device: torch.device, shape: Shape, budget_s: float) -> dict[str, float]:

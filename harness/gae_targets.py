@@ -21,13 +21,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.findings import gae_methods
 from harness.peers import PEERS
 from harness.results import DEFAULT_RESULTS_DIR, load_run
 from harness.summary import format_seconds
 
 FINDING = "B4-CR-03"
-TARGET_ENVS = (4, 64, 1024)
-TARGET_STEPS = (25, 128, 256, 1024)
+#: the grid B4-CR-03's default cases cover: its target cells and their T=25, 1024 neighbours
+TARGET_ENVS = gae_methods.TARGET_ENVS
+TARGET_STEPS = (min(gae_methods.STEPS), *gae_methods.TARGET_STEPS, max(gae_methods.STEPS))
 FLOOR_CELL, FLOOR_FACTOR = (1024, 256), 3.0
 LATENCY_CELL, LATENCY_LIMIT_S = (4, 25), 40e-6
 

@@ -67,7 +67,9 @@ def build_gae_inputs(case: Case, device: torch.device, seed: int) -> dict:
     return inputs
 
 
-def _args(inputs: dict, counts_key: str) -> tuple:
+def gae_args(inputs: dict, counts_key: str = "step_counts_tensor") -> tuple:
+    """`build_gae_inputs` output as `compute_gae`'s positional arguments (rewards, values,
+    dones, truncated, bootstrap_values, step counts under `counts_key`)."""
     return (inputs["rewards"], inputs["values"], inputs["dones"], inputs["truncated"],
             inputs["bootstrap_values"], inputs[counts_key])
 
@@ -78,12 +80,12 @@ def _make_call(variant: str, inputs: dict):
         return lambda: compute(native, GAMMA, LAMBDA)
     # the loop is the original: it takes the Python list; the others a resident tensor
     counts = "step_counts_list" if variant == "loop" else "step_counts_tensor"
-    args = _args(inputs, counts)
+    args = gae_args(inputs, counts)
     return lambda: compute_gae(*args, gamma=GAMMA, gae_lambda=LAMBDA, method=variant)[0]
 
 
 def _reference(inputs: dict) -> torch.Tensor:
-    return reference_gae(*_args(inputs, "step_counts_list"), gamma=GAMMA, gae_lambda=LAMBDA)[0]
+    return reference_gae(*gae_args(inputs, "step_counts_list"), gamma=GAMMA, gae_lambda=LAMBDA)[0]
 
 
 def relative_max_error(output: torch.Tensor, reference: torch.Tensor) -> float:

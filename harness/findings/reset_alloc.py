@@ -6,7 +6,9 @@ import torch
 
 from esper.gae import compute_gae
 from harness.findings import Case, Finding, register
-from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, relative_max_error
+from harness.findings.gae_methods import (
+    GAMMA, LAMBDA, build_gae_inputs, gae_args, relative_max_error,
+)
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -16,8 +18,7 @@ def _cases(quick: bool) -> list[Case]:
 
 
 def _make_call(variant: str, inputs: dict):
-    args = (inputs["rewards"], inputs["values"], inputs["dones"], inputs["truncated"],
-            inputs["bootstrap_values"], inputs["step_counts_list"])
+    args = gae_args(inputs, "step_counts_list")
     return lambda: compute_gae(*args, gamma=GAMMA, gae_lambda=LAMBDA, method="loop",
                                reset=variant)[0]
 

@@ -13,7 +13,7 @@ import torch
 from esper.gae import METHODS, compute_gae
 from harness.findings import Case
 from harness.findings import select as select_findings
-from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs
+from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
 
 CPU = torch.device("cpu")
 #: (num_envs, max_steps); the per-env loop takes ~0.5 s a call at the large size, so it
@@ -38,9 +38,7 @@ def _gae_params():
 def test_gae(benchmark, method, num_envs, max_steps):
     inputs = build_gae_inputs(Case.of(num_envs=num_envs, max_steps=max_steps, dones="random0.05"),
                               CPU, seed=0)
-    counts = inputs["step_counts_list" if method == "loop" else "step_counts_tensor"]
-    args = (inputs["rewards"], inputs["values"], inputs["dones"], inputs["truncated"],
-            inputs["bootstrap_values"], counts)
+    args = gae_args(inputs, "step_counts_list" if method == "loop" else "step_counts_tensor")
     benchmark.group = f"gae {num_envs}x{max_steps}"
     advantages, _ = benchmark(compute_gae, *args, gamma=GAMMA, gae_lambda=LAMBDA, method=method)
     assert advantages.shape == (num_envs, max_steps)
