@@ -7,8 +7,9 @@ change, verdict) on stdout:
                     case, exactly against results/baselines/counters.json
   --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
                     16 x 25), against harness/invariants.json
-  --against REV  c. paired A/B timing of this tree against a git revision, in alternating
-                    processes; fails a cell whose 95% interval lies above 1 + threshold
+  --against REV  c. paired A/B timing of this tree against a git revision, both timed in
+                    alternation in each of several processes; fails a cell whose 95%
+                    interval lies above 1 + threshold
 
 With none of them: --counters --invariants. `--update-baseline` rewrites the counters file.
 
@@ -53,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"A/B {' '.join(gate_ab.ABOptions.findings)})")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the rows, with their numbers, as JSON to FILE")
-    p.add_argument("--pairs", type=int, default=gate_ab.ABOptions.pairs, metavar="N",
-                   help=f"A/B: processes per side (default {gate_ab.ABOptions.pairs})")
+    p.add_argument("--sessions", type=int, default=gate_ab.ABOptions.sessions, metavar="N",
+                   help="A/B: worker processes, each timing both trees side by side "
+                        f"(default {gate_ab.ABOptions.sessions}, at least 6)")
     p.add_argument("--threshold", type=float, default=gate_ab.ABOptions.threshold,
                    metavar="FRACTION",
                    help=f"A/B: slow-down that fails, as a fraction (default "
@@ -104,7 +106,7 @@ def run_checks(args: argparse.Namespace) -> list[GateRow]:
         started = time.perf_counter()
         options = gate_ab.ABOptions(
             findings=_findings(args, gate_ab.ABOptions.findings),
-            pairs=args.pairs, threshold=args.threshold,
+            sessions=args.sessions, threshold=args.threshold,
         )
         rows += gate_ab.check_against(args.against, options, progress=_progress)
         _progress(f"A/B: {time.perf_counter() - started:.1f} s")

@@ -1,18 +1,22 @@
 """Gate check c: paired A/B timing of the current tree against a git revision.
 
-`--against REV` checks REV out into a temporary worktree, then runs short worker
-processes (`harness/gate_worker.py`) alternately on the current tree and on REV:
-A B A B ... Each process imports `esper` and `harness.findings` from its own tree (its
-working directory and `PYTHONPATH`), both from the same interpreter and packages.
+`--against REV` checks REV out into a temporary worktree, then runs `sessions` short
+worker processes (`harness/gate_worker.py`), each of which imports both trees side by
+side and times every cell (finding x quick case x variant) of the two in alternation,
+round after round. A session's ratio for a cell is the median, over its rounds, of
+current/REV of neighbouring samples: both sides ran on the same machine state, in the
+same process, moments apart.
 
-Per cell (finding x quick case x variant) each process reports its fastest sample,
-and the time ratio current/REV is the ratio of the fastest of those on each side: on a
-shared machine noise only ever adds time, whole processes can run 1.5-2x slow while
-another job holds the core, and the floor over many alternating processes is what stays
-put. Its 95% interval comes from a percentile bootstrap that resamples each side's
-processes. A cell is a regression when the whole interval lies above 1 + threshold, an
-improvement when it lies below 1 / (1 + threshold). (Ratios of per-pair medians, tried
-first, let a few disturbed pairs swing the interval by +-50% on a busy 2-core machine.)
+The verdict then rests on the sessions, independent processes: the cell's ratio is the
+median of the session ratios, with a distribution-free (sign-test) 95% interval for it,
+[min, max] of 6 sessions. A cell is a regression when the whole interval lies above
+1 + threshold, an improvement when it lies below 1 / (1 + threshold).
+
+Why so: on a shared 2-vCPU machine the speed changes at sub-second scales and each
+process also keeps a speed of its own, so comparing separate processes of each tree,
+even their fastest samples, cannot resolve 25% (tried first: 3 of 6 planted 1.25x
+slowdowns caught). In one process, neighbour ratios of an unchanged tree stay within a
+few percent (docs/gate.md).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 
 from harness.gate_table import GateRow, Outcome, UsageError
 from harness.gate_worker import WorkerConfig
-from harness.stats import RatioCI, as_samples
+from harness.stats import RatioCI, as_samples, median_ratio_interval, min_units_for
 
 WORKER_SOURCE = Path(__file__).with_name("gate_worker.py")
 #: the root of the tree this module was imported from: "the current tree"
@@ -46,24 +50,28 @@ class ABOptions:
 
     findings: tuple[str, ...] = ("B4-CR-03",)
     """Findings whose quick cases are timed."""
-    pairs: int = 10
-    """Processes per side, run alternately: current, REV, current, REV, ..."""
+    sessions: int = 6
+    """Worker processes, each timing both trees; the interval is over sessions."""
     threshold: float = 0.10
     """A cell regresses when its interval lies wholly above 1 + threshold."""
-    min_samples: int = 5
-    """Samples per variant and case in each process, at least."""
+    confidence: float = 0.95
+    """Coverage of each cell's interval."""
+    min_rounds: int = 5
+    """Rounds (a sample of each tree) per variant and case in each session, at least."""
     variant_budget_s: float = 0.1
-    """Seconds of sampling per variant and case in each process."""
+    """Seconds of sampling per variant and case in each session."""
     min_sample_time: float = 1e-3
     """Seconds one sample lasts at least."""
     threads: int = 1
     """torch threads in each worker process."""
     seed: int = 0
-    """Input seed, and the bootstrap's."""
+    """Input seed."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.pairs, int) or self.pairs < 3:
-            raise UsageError(f"--pairs: expected an integer >= 3; got {self.pairs!r}")
+        fewest = min_units_for(self.confidence)
+        if not isinstance(self.sessions, int) or self.sessions < fewest:
+            raise UsageError(f"--sessions: expected an integer >= {fewest} (the fewest for a "
+                             f"{self.confidence:.0%} interval); got {self.sessions!r}")
         if not (math.isfinite(self.threshold) and 0.0 <= self.threshold < 10.0):
             raise UsageError(f"--threshold: expected a fraction in [0, 10), e.g. 0.1; "
                              f"got {self.threshold!r}")
@@ -104,61 +112,66 @@ def worktree(repo: Path, commit: str) -> Iterator[Path]:
 # ------------------------------------------------------------------------------- workers
 
 class WorkerFailed(RuntimeError):
-    """A worker process exited with an error: the tree cannot be measured at all."""
+    """A worker process exited with an error: the trees cannot be measured at all."""
 
 
-def run_worker(tree: Path, options: ABOptions) -> dict:
-    """One worker process on `tree`: its JSON output (see harness/gate_worker.py)."""
+def run_session(trees: Sequence[Path], options: ABOptions) -> dict:
+    """One worker process timing `trees` side by side: its JSON output (harness/gate_worker.py)."""
     config = WorkerConfig(
-        tree=str(tree), findings=options.findings, min_samples=options.min_samples,
-        variant_budget_s=options.variant_budget_s, min_sample_time=options.min_sample_time,
-        threads=options.threads, seed=options.seed,
+        trees=tuple(str(t) for t in trees), findings=options.findings,
+        min_rounds=options.min_rounds, variant_budget_s=options.variant_budget_s,
+        min_sample_time=options.min_sample_time, threads=options.threads, seed=options.seed,
     )
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER_SOURCE.read_text(), json.dumps(asdict(config))],
-        cwd=tree, env=env, capture_output=True, text=True,
-    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory(prefix="gate-ab-session-") as neutral:
+        done = subprocess.run(
+            [sys.executable, "-c", WORKER_SOURCE.read_text(), json.dumps(asdict(config))],
+            cwd=neutral, env=env, capture_output=True, text=True,
+        )
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise WorkerFailed(f"the worker on {tree} exited with {done.returncode}: {tail[0]}")
+        raise WorkerFailed(f"the worker on {', '.join(config.trees)} exited with "
+                           f"{done.returncode}: {tail[0]}")
     return json.loads(done.stdout)
 
 
-def alternate(current: Path, against: Path, options: ABOptions,
-              progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
-    """`options.pairs` worker runs per side, alternating current, against, current, ..."""
-    runs: tuple[list[dict], list[dict]] = ([], [])
-    for index in range(options.pairs):
-        for side, tree in enumerate((current, against)):
-            try:
-                runs[side].append(run_worker(tree, options))
-            except WorkerFailed as err:
-                if side == 0:
-                    raise
-                raise UsageError(f"--against: the revision cannot be measured: {err}") from err
+def run_sessions(current: Path, against: Path, options: ABOptions,
+                 progress: Callable[[str], None] | None = None) -> list[dict]:
+    """`options.sessions` worker runs, current tree first in every other one.
+
+    Each returned session lists every cell's samples and errors current first.
+    """
+    sessions = []
+    for index in range(options.sessions):
+        flipped = index % 2 == 1  # which tree is imported and sampled first alternates
+        trees = (against, current) if flipped else (current, against)
+        try:
+            session = run_session(trees, options)
+        except WorkerFailed as err:
+            raise UsageError(f"--against: the trees cannot be measured: {err}") from err
+        if flipped:
+            session = {"esper": session["esper"][::-1],
+                       "cells": [{k: v[::-1] if k in _PER_TREE else v for k, v in c.items()}
+                                 for c in session["cells"]]}
+        sessions.append(session)
         if progress is not None:
-            progress(f"A/B pair {index + 1}/{options.pairs}")
-    return runs
+            progress(f"A/B session {index + 1}/{options.sessions}")
+    return sessions
+
+
+#: the fields of a worker's cell that hold one entry per tree
+_PER_TREE = ("samples", "errors", "absent")
 
 
 # ----------------------------------------------------------------------------- statistics
 
-def floor_ratio_ci(current: Sequence[float], against: Sequence[float], *,
-                   n_boot: int = 4000, confidence: float = 0.95, seed: int = 0) -> RatioCI:
-    """min(current) / min(against), with a percentile-bootstrap interval over processes.
-
-    `current`, `against`: each process's fastest sample (seconds). Each side's
-    processes are resampled with replacement, independently, `n_boot` times.
-    """
+def session_ratio(current: Sequence[float], against: Sequence[float]) -> float:
+    """Median over rounds of current/against of one session's paired samples (seconds)."""
     a = as_samples(current, "current")
     b = as_samples(against, "against")
-    rng = np.random.default_rng(seed)
-    floors_a = a[rng.integers(0, a.size, size=(n_boot, a.size))].min(axis=1)  # [n_boot]
-    floors_b = b[rng.integers(0, b.size, size=(n_boot, b.size))].min(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(floors_a / floors_b, [tail, 1.0 - tail])
-    return RatioCI(ratio=float(a.min() / b.min()), low=float(low), high=float(high))
+    if a.size != b.size:
+        raise ValueError(f"against: expected {a.size} samples, one per round; got {b.size}")
+    return float(np.exp(np.median(np.log(a / b))))
 
 
 def classify_ab(ci: RatioCI, threshold: float) -> Outcome:
@@ -172,45 +185,48 @@ def classify_ab(ci: RatioCI, threshold: float) -> Outcome:
     return Outcome.PASS
 
 
-def _by_cell(runs: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
-    cells: dict[tuple[str, str, str], list[dict]] = {}
-    for run in runs:
-        for cell in run["cells"]:
-            cells.setdefault((cell["finding"], cell["case"], cell["variant"]), []).append(cell)
-    return cells
-
-
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.4g} us"
 
 
-def compare(current_runs: list[dict], against_runs: list[dict], options: ABOptions,
-            label: str) -> list[GateRow]:
-    """One row per cell seen on either side, in the order the current tree ran them."""
-    current, against = _by_cell(current_runs), _by_cell(against_runs)
-    keys = list(current) + [k for k in against if k not in current]
+def _incomparable(cells: list[dict], label: str) -> tuple[Outcome, str] | None:
+    """Why a cell has no ratio (ERROR: the current tree fails it), or None when it has one."""
+    for cell in cells:
+        absent = cell.get("absent", [False, False])
+        if absent[0] or absent[1]:
+            return Outcome.NOT_COMPARABLE, f"only on {label}" if absent[0] else f"not on {label}"
+        errors = cell.get("errors", [None, None])
+        if errors[0]:
+            return Outcome.ERROR, errors[0]
+        if errors[1]:
+            return Outcome.NOT_COMPARABLE, f"fails on {label}: {errors[1]}"
+    return None
+
+
+def _pooled_median(cells: list[dict], side: int) -> float:
+    """Median of one side's samples over every session (shown; the verdict uses the ratios)."""
+    return float(np.median(np.concatenate([c["samples"][side] for c in cells])))
+
+
+def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRow]:
+    """One row per cell, in the order the sessions ran them."""
+    by_cell: dict[tuple[str, str, str], list[dict]] = {}
+    for session in sessions:
+        for cell in session["cells"]:
+            by_cell.setdefault((cell["finding"], cell["case"], cell["variant"]), []).append(cell)
     rows = []
-    for key in keys:
-        finding, case, variant = key
+    for (finding, case, variant), cells in by_cell.items():
         base = dict(check=f"A/B vs {label}", finding=finding, variant=variant, case=case)
-        mine, theirs = current.get(key, []), against.get(key, [])
-        errors = [c["error"] for c in mine if "error" in c]
-        if errors:
+        why = _incomparable(cells, label)
+        if why is not None:
             rows.append(GateRow(**base, baseline="", current="", change="",
-                                outcome=Outcome.ERROR, note=errors[0]))
+                                outcome=why[0], note=why[1]))
             continue
-        their_errors = [c["error"] for c in theirs if "error" in c]
-        if not theirs or their_errors or not mine:
-            why = (f"fails on {label}: {their_errors[0]}" if their_errors
-                   else f"only on {label}" if not mine else f"not on {label}")
-            rows.append(GateRow(**base, baseline="", current="", change="",
-                                outcome=Outcome.NOT_COMPARABLE, note=why))
-            continue
-        a = [min(c["samples"]) for c in mine]
-        b = [min(c["samples"]) for c in theirs]
-        ci = floor_ratio_ci(a, b, seed=options.seed)
+        ratios = [session_ratio(*cell["samples"]) for cell in cells]
+        ci = median_ratio_interval(ratios, confidence=options.confidence)
         rows.append(GateRow(
-            **base, baseline=_us(min(b)), current=_us(min(a)),
+            **base,
+            baseline=_us(_pooled_median(cells, 1)), current=_us(_pooled_median(cells, 0)),
             change=f"{ci.ratio - 1:+.1%} [{ci.low - 1:+.1%}, {ci.high - 1:+.1%}]",
             outcome=classify_ab(ci, options.threshold), ci=ci,
             threshold=1.0 + options.threshold,
@@ -225,5 +241,5 @@ def check_against(rev: str, options: ABOptions, *, repo: Path = CURRENT_TREE,
     commit = resolve_revision(repo, rev)
     label = f"{rev} ({commit[:8]})" if not commit.startswith(rev) else commit[:8]
     with worktree(repo, commit) as tree:
-        current_runs, against_runs = alternate(current, tree, options, progress)
-    return compare(current_runs, against_runs, options, label)
+        sessions = run_sessions(current, tree, options, progress)
+    return compare(sessions, options, label)

@@ -1,37 +1,50 @@
-"""One process of the gate's paired A/B check: time the quick cases of some findings on one tree.
+"""One session of the gate's paired A/B check: two trees timed side by side in one process.
 
-`harness.gate_ab` runs this file's source with `python -c`, the working directory and
-`PYTHONPATH` set to the tree under test, so `esper` and `harness.findings` come from that
-tree while the timing loop below is the same for both sides. It therefore imports nothing
-else from `harness` and only the long-stable parts of the findings API (`select`,
+`harness.gate_ab` runs this file's source with `python -c` from a neutral working
+directory. The process imports `esper` and `harness` from each tree in turn, keeping each
+tree's modules apart (`TreeModules`): whenever tree X's code runs, `sys.modules` and
+`sys.path` hold X's modules and only those. Per finding x quick case x variant, it then
+times the two trees' calls in alternation, round after round (A B, B A, A B, ...), so
+that both sides see the same machine at the same moment, the same process, the same
+torch and the same allocator: the ratio of neighbouring samples cancels the drifts of a
+shared machine that separate processes cannot.
+
+From each tree only the long-stable parts of the findings API are used (`select`,
 `cases`, `build`, `make_call`, `skip`, `variants`; `peers` where the tree has it).
 
 Input: one JSON argument (see `WorkerConfig`). Output: one JSON object on stdout,
-`{"esper": <path of the esper package imported>, "cells": [...]}`, a cell per finding x
-case x variant with its raw samples (seconds per call) or the error it raised.
+`{"esper": [<path of each tree's esper package>], "cells": [...]}`, a cell per finding x
+case x variant with `samples`, one list per tree (seconds per call; entry i of each list
+comes from round i), or `errors`, one entry per tree (null where that tree ran), or
+`absent`, one flag per tree (true where the tree has no such cell).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+#: top-level packages that come from the trees under test; everything else is shared
+TREE_PACKAGES = ("esper", "harness")
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     """What one worker process measures."""
 
-    tree: str
-    """Root of the tree under test; `esper` must be imported from here."""
+    trees: tuple[str, ...]
+    """Roots of the trees under test (two for the gate); each one's `esper` comes from it."""
     findings: tuple[str, ...]
     """Finding ids whose quick cases are timed."""
-    min_samples: int
-    """Samples per variant and case, at least."""
+    min_rounds: int
+    """Rounds (one sample of every tree) per variant and case, at least."""
     variant_budget_s: float
-    """Seconds of sampling per variant and case, after `min_samples` are taken."""
+    """Seconds of sampling per variant and case, after `min_rounds` are taken."""
     min_sample_time: float
     """Seconds one sample should last at least; calls per sample are doubled until it does."""
     threads: int
@@ -40,7 +53,46 @@ class WorkerConfig:
     """Input seed passed to each finding's `build`."""
 
 
-def _calls_per_sample(fn, min_sample_time: float) -> int:
+def _from_trees(name: str) -> bool:
+    return name.split(".", 1)[0] in TREE_PACKAGES
+
+
+class TreeModules:
+    """The modules of `TREE_PACKAGES` imported from one tree, swapped into `sys.modules` on demand."""
+
+    def __init__(self, tree: Path) -> None:
+        self.tree = tree
+        self.modules: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """While inside, imports of esper/harness (eager or lazy) resolve to this tree."""
+        for name in [n for n in sys.modules if _from_trees(n)]:
+            del sys.modules[name]
+        sys.modules.update(self.modules)
+        sys.path.insert(0, str(self.tree))
+        try:
+            yield
+        finally:
+            sys.path.remove(str(self.tree))
+            self.modules = {n: sys.modules.pop(n) for n in list(sys.modules) if _from_trees(n)}
+
+    def load(self) -> tuple[object, object]:
+        """`esper` and `harness.findings` of this tree; RuntimeError if they come from elsewhere."""
+        import importlib
+
+        with self.active():
+            esper = importlib.import_module("esper")
+            registry = importlib.import_module("harness.findings")
+        for module in (esper, registry):
+            where = Path(module.__file__).resolve()
+            if self.tree not in where.parents:
+                raise RuntimeError(f"{module.__name__} was imported from {where}, "
+                                   f"not from the tree under test {self.tree}")
+        return esper, registry
+
+
+def _calls_per_sample(fn: Callable[[], object], min_sample_time: float) -> int:
     """Double the number of back-to-back calls from 1 until they take `min_sample_time`."""
     number = 1
     while True:
@@ -52,21 +104,36 @@ def _calls_per_sample(fn, min_sample_time: float) -> int:
         number *= 2
 
 
-def _time_variant(fn, config: WorkerConfig) -> list[float]:
-    """Seconds per call, one entry per sample, after a first call and calibration.
+def _sample(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
 
-    Variants are timed one after another: each is compared with itself on the other
-    tree, in another process, so interleaving them here would buy nothing.
+
+def time_paired(calls: list[tuple[TreeModules, Callable[[], object]]],
+                config: WorkerConfig) -> list[list[float]]:
+    """Seconds per call of each tree's `fn`, sampled in rounds that alternate the order.
+
+    Round i takes one sample of every tree, in order on even rounds and reversed on odd
+    ones (A B, B A, ...), so a drift within a round falls on both sides equally often.
+    Every tree's sample makes the same number of calls (the most any tree needs).
     """
-    fn()  # first call: lazy initialisation and compilation stay out of the samples
-    number = _calls_per_sample(fn, config.min_sample_time)
-    samples: list[float] = []
+    number = 1
+    for modules, fn in calls:
+        with modules.active():
+            fn()  # first call: lazy initialisation and compilation stay out of the samples
+            number = max(number, _calls_per_sample(fn, config.min_sample_time))
+    samples: list[list[float]] = [[] for _ in calls]
     started = time.perf_counter()
-    while len(samples) < config.min_samples or time.perf_counter() - started < config.variant_budget_s:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
+    rounds = 0
+    while rounds < config.min_rounds or time.perf_counter() - started < config.variant_budget_s:
+        order = range(len(calls)) if rounds % 2 == 0 else reversed(range(len(calls)))
+        for index in order:
+            modules, fn = calls[index]
+            with modules.active():
+                samples[index].append(_sample(fn, number))
+        rounds += 1
     return samples
 
 
@@ -74,45 +141,71 @@ def _error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def measure_tree(config: WorkerConfig) -> dict:
-    """Cells of raw samples for every quick case and variant of `config.findings`."""
-    import torch
-
-    import esper
-    from harness import findings as registry
-
-    tree = Path(config.tree).resolve()
-    for module in (esper, registry):
-        where = Path(module.__file__).resolve()
-        if tree not in where.parents:
-            raise RuntimeError(
-                f"{module.__name__} was imported from {where}, not from the tree under test "
-                f"{tree}; run with PYTHONPATH={tree}"
-            )
-    torch.set_num_threads(config.threads)
-    device = torch.device("cpu")
-    cells = []
-    for finding in registry.select(list(config.findings)):
-        for case in finding.cases(True):
-            base = {"finding": finding.id, "case": case.label}
+def _tree_cells(modules: TreeModules, registry, config: WorkerConfig, device) -> dict:
+    """{(finding, case, variant): a zero-argument call, or the error building it raised}."""
+    cells: dict[tuple[str, str, str], object] = {}
+    with modules.active():
+        for finding in registry.select(list(config.findings)):
             # peers (other libraries' code) are comparators, not ours to gate; getattr:
             # a tree older than the `peers` field has none
             peers = getattr(finding, "peers", ())
-            variants = [v for v in finding.variants
-                        if v not in peers and finding.skip(v, case, device) is None]
-            try:
-                inputs = finding.build(case, device, config.seed)
-            except Exception as err:  # the tree cannot run this case: rows, not a crash
-                cells += [{**base, "variant": v, "error": _error(err)} for v in variants]
-                continue
-            for variant in variants:
+            for case in finding.cases(True):
+                variants = [v for v in finding.variants
+                            if v not in peers and finding.skip(v, case, device) is None]
                 try:
-                    samples = _time_variant(finding.make_call(variant, inputs), config)
-                except Exception as err:  # this variant fails on this tree: a row
-                    cells.append({**base, "variant": variant, "error": _error(err)})
+                    inputs = finding.build(case, device, config.seed)
+                except Exception as err:  # this tree cannot run this case: rows, not a crash
+                    cells.update({(finding.id, case.label, v): err for v in variants})
                     continue
-                cells.append({**base, "variant": variant, "samples": samples})
-    return {"esper": str(Path(esper.__file__).resolve().parent), "cells": cells}
+                for variant in variants:
+                    try:
+                        cells[finding.id, case.label, variant] = finding.make_call(variant, inputs)
+                    except Exception as err:  # this variant fails on this tree: a row
+                        cells[finding.id, case.label, variant] = err
+    return cells
+
+
+def measure_trees(config: WorkerConfig) -> dict:
+    """Cells of paired samples for every quick case and variant of `config.findings`."""
+    import torch
+
+    torch.set_num_threads(config.threads)
+    device = torch.device("cpu")
+    trees = [TreeModules(Path(tree).resolve()) for tree in config.trees]
+    loaded = [modules.load() for modules in trees]
+    per_tree = [_tree_cells(modules, registry, config, device)
+                for modules, (_, registry) in zip(trees, loaded)]
+    keys = list(dict.fromkeys(key for cells in per_tree for key in cells))
+    out = []
+    for key in keys:
+        finding, case, variant = key
+        base = {"finding": finding, "case": case, "variant": variant}
+        absent = [key not in cells for cells in per_tree]
+        if any(absent):  # a cell one tree does not have: nothing to compare
+            out.append({**base, "absent": absent})
+            continue
+        calls = [cells[key] for cells in per_tree]
+        errors = [_error(c) if isinstance(c, BaseException) else None for c in calls]
+        if not any(errors):
+            try:
+                out.append({**base, "samples": time_paired(list(zip(trees, calls)), config)})
+                continue
+            except Exception as err:  # find out which tree raised: call each alone
+                errors = [_first_call_error(modules, fn) for modules, fn in zip(trees, calls)]
+                if not any(errors):  # it did not raise again: blame the pair
+                    errors = [_error(err)] * len(calls)
+        out.append({**base, "errors": errors})
+    return {"esper": [str(Path(esper.__file__).resolve().parent) for esper, _ in loaded],
+            "cells": out}
+
+
+def _first_call_error(modules: TreeModules, fn: Callable[[], object]) -> str | None:
+    try:
+        with modules.active():
+            fn()
+    except Exception as err:  # recorded as that tree's error for this cell
+        return _error(err)
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -120,8 +213,11 @@ def main(argv: list[str]) -> int:
         print("usage: gate_worker.py CONFIG_JSON", file=sys.stderr)
         return 2
     raw = json.loads(argv[0])
+    raw["trees"] = tuple(raw["trees"])
     raw["findings"] = tuple(raw["findings"])
-    print(json.dumps(measure_tree(WorkerConfig(**raw))))
+    # nothing may come from the working directory: each tree is put on sys.path in turn
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+    print(json.dumps(measure_trees(WorkerConfig(**raw))))
     return 0
 
 

@@ -9,6 +9,7 @@ less time) with a percentile-bootstrap interval, and `classify` turns it into a
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ __all__ = [
     "classify",
     "iqr",
     "median",
+    "median_ratio_interval",
+    "min_units_for",
 ]
 
 
@@ -124,6 +127,43 @@ def bootstrap_ratio_ci(
     return RatioCI(
         ratio=float(np.median(variant) / np.median(baseline)), low=float(low), high=float(high)
     )
+
+
+def median_ratio_interval(ratios: Sequence[float] | np.ndarray, *,
+                          confidence: float = 0.95) -> RatioCI:
+    """Median of independent ratios with a distribution-free interval for the true median.
+
+    `ratios [n]`: one ratio per independent unit (e.g. per process). The interval is
+    [k-th smallest, k-th largest] with the largest k whose coverage, 1 - 2 P(Bin(n, 1/2) < k),
+    is still at least `confidence` (sign-test interval): no assumption about the shape
+    of the ratios' distribution. For 95% it needs n >= 6 (k = 1: [min, max]).
+    """
+    values = np.sort(as_samples(ratios, "ratios"))
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
+    n = values.size
+    k = 0
+    while k < n // 2 and _sign_test_coverage(n, k + 1) >= confidence:
+        k += 1
+    if k == 0:
+        raise ValueError(f"ratios: expected at least {min_units_for(confidence)} values for a "
+                         f"{confidence:.0%} interval; got {n}")
+    return RatioCI(ratio=float(np.median(values)), low=float(values[k - 1]),
+                   high=float(values[n - k]))
+
+
+def _sign_test_coverage(n: int, k: int) -> float:
+    """P(k-th smallest <= true median <= k-th largest) of n independent draws."""
+    below = sum(math.comb(n, i) for i in range(k)) / 2.0**n  # P(Bin(n, 1/2) < k)
+    return 1.0 - 2.0 * below
+
+
+def min_units_for(confidence: float) -> int:
+    """The fewest independent ratios whose [min, max] covers the median with `confidence`."""
+    n = 2
+    while _sign_test_coverage(n, 1) < confidence:
+        n += 1
+    return n
 
 
 class Verdict(str, enum.Enum):

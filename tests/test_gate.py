@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from esper.gae import METHODS
-from harness import gate, gate_ab, gate_counters, gate_invariants
+from harness import gate, gate_ab, gate_counters, gate_invariants, gate_quality
 from harness.counters import profile_call
 from harness.gate_plant import allocating, planted, slowed
 from harness.gate_table import GateRow, Outcome, UsageError, render_markdown, summary_line
@@ -180,7 +180,7 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     (["--update-baseline", "--counters"], "--update-baseline: expected on its own"),
     (["--invariants", "--config", "missing.json"], "no invariants config at missing.json"),
     (["--against", "no-such-revision-xyz"], "--against: expected a commit, branch or tag"),
-    (["--against", "HEAD", "--pairs", "1"], "--pairs: expected an integer >= 3; got 1"),
+    (["--against", "HEAD", "--sessions", "1"], "--sessions: expected an integer >= 6"),
 ])
 def test_cli_usage_errors_exit_2(argv, message, capsys):
     assert gate.main(argv) == 2
@@ -264,19 +264,13 @@ def test_committed_invariants_name_quick_cases_and_keep_wide_margins():
 # --- c. paired A/B ------------------------------------------------------------------------
 
 
-def test_floor_ratio_compares_the_fastest_process_of_each_side():
-    ci = gate_ab.floor_ratio_ci([2.6, 1.3, 3.9, 1.3, 1.3, 1.3], [1.0, 1.0, 1.0, 1.0, 2.0, 1.0])
-    assert ci.ratio == pytest.approx(1.3)
-    # resamples that drop every fastest process are rare: the interval is the floor ratio
-    assert ci.low == pytest.approx(1.3) and ci.high == pytest.approx(1.3)
-
-
-def test_floor_ratio_ignores_processes_slowed_by_other_jobs():
-    # half of the processes ran while another job held the core (1.5-2x slower)
-    current = [1.0, 1.9, 1.01, 1.6, 1.0, 1.8, 1.02, 1.5, 1.0, 2.0]
-    against = [1.7, 1.0, 1.9, 1.01, 1.5, 1.0, 2.0, 1.02, 1.8, 1.0]
-    ci = gate_ab.floor_ratio_ci(current, against)
-    assert ci.ratio == 1.0 and 0.98 < ci.low <= 1.0 <= ci.high < 1.05
+def test_session_ratio_cancels_a_drift_both_trees_see():
+    # the machine's speed swings 2x between rounds; current does 1.25x the work throughout
+    against = [1.0, 2.0, 1.1, 1.9, 1.0, 2.1, 1.2]
+    current = [1.25 * t for t in against]
+    assert gate_ab.session_ratio(current, against) == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="against: expected 7 samples, one per round; got 6"):
+        gate_ab.session_ratio(current, against[:-1])
 
 
 @pytest.mark.parametrize("low, high, outcome", [
@@ -291,29 +285,50 @@ def test_ab_outcome_needs_the_whole_interval_past_the_threshold(low, high, outco
     assert gate_ab.classify_ab(ci, threshold=0.10) is outcome
 
 
-def _run(cells: list[tuple[str, float | str]]) -> dict:
-    """A worker's output: (variant, its fastest sample in seconds, or an error) per cell."""
+def _session(cells: list[tuple[str, float | dict]], jitter: float) -> dict:
+    """A worker's output: per variant, the current/against time ratio (3 rounds at a
+    1 ms baseline, every sample scaled by `jitter`) or the cell's fields as given."""
     out = []
     for variant, value in cells:
         cell = {"finding": "F", "case": "c", "variant": variant}
-        cell.update({"error": value} if isinstance(value, str) else {"samples": [value, 2 * value]})
+        if isinstance(value, dict):
+            cell.update(value)
+        else:
+            against = [1e-3 * jitter * k for k in (1.0, 1.5, 1.1)]
+            cell["samples"] = [[value * t for t in against], against]
         out.append(cell)
-    return {"esper": "tree/esper", "cells": out}
+    return {"esper": ["current/esper", "against/esper"], "cells": out}
 
 
 def test_ab_compare_flags_slower_and_reports_faster_and_incomparable_cells():
-    current = [_run([("slow", 1.3e-3 * k), ("fast", 0.5e-3), ("new", 1e-3), ("broken", "boom")])
-               for k in (1.0, 1.01, 0.99, 1.02)]
-    against = [_run([("slow", 1e-3 * k), ("fast", 1e-3), ("broken", 1e-3), ("old", 1e-3)])
-               for k in (1.0, 1.01, 0.99, 1.02)]
-    rows = gate_ab.compare(current, against, gate_ab.ABOptions(pairs=4), "main (abc)")
+    sessions = [_session([("slow", 1.3 * r), ("fast", 0.5), ("steady", r),
+                          ("broken", {"errors": ["RuntimeError: boom", None]}),
+                          ("theirs-broken", {"errors": [None, "RuntimeError: old"]}),
+                          ("new", {"absent": [False, True]}), ("old", {"absent": [True, False]})],
+                         jitter=r)
+                for r in (1.0, 1.01, 0.99, 1.02, 0.98, 1.03)]
+    rows = gate_ab.compare(sessions, gate_ab.ABOptions(), "main (abc)")
     outcome = {row.variant: row.outcome for row in rows}
     assert outcome == {"slow": Outcome.REGRESSION, "fast": Outcome.IMPROVED,
-                       "new": Outcome.NOT_COMPARABLE, "broken": Outcome.ERROR,
-                       "old": Outcome.NOT_COMPARABLE}
+                       "steady": Outcome.PASS, "broken": Outcome.ERROR,
+                       "theirs-broken": Outcome.NOT_COMPARABLE,
+                       "new": Outcome.NOT_COMPARABLE, "old": Outcome.NOT_COMPARABLE}
     slow = rows[0]
-    assert slow.ci.ratio == pytest.approx(1.3) and slow.change.startswith("+30.0%")
-    assert slow.check == "A/B vs main (abc)"
+    # the interval over 6 sessions is [min, max] of their ratios, the ratio their median
+    assert (slow.ci.low, slow.ci.high) == pytest.approx((1.3 * 0.98, 1.3 * 1.03))
+    assert slow.ci.ratio == pytest.approx(1.3 * 1.005) and slow.change.startswith("+30.7% [+27.4%, +33.9%]")
+    assert slow.check == "A/B vs main (abc)" and slow.threshold == pytest.approx(1.1)
+    notes = {row.variant: row.note for row in rows}
+    assert notes["broken"] == "RuntimeError: boom"
+    assert notes["theirs-broken"] == "fails on main (abc): RuntimeError: old"
+    assert notes["new"] == "not on main (abc)" and notes["old"] == "only on main (abc)"
+
+
+def test_ab_options_need_enough_sessions_for_the_interval():
+    with pytest.raises(UsageError, match="--sessions: expected an integer >= 6"):
+        gate_ab.ABOptions(sessions=5)
+    with pytest.raises(UsageError, match="--threshold: expected a fraction in"):
+        gate_ab.ABOptions(threshold=-0.1)
 
 
 def test_worktree_checks_out_a_revision_and_removes_it():
@@ -329,13 +344,41 @@ def test_worktree_checks_out_a_revision_and_removes_it():
     assert str(tree) not in listed
 
 
-def test_worker_times_the_tree_it_is_pointed_at():
-    out = gate_ab.run_worker(REPO, gate_ab.ABOptions(findings=("B4-DRL-03",), min_samples=3,
-                                                     variant_budget_s=0.01))
-    assert out["esper"] == str(REPO / "esper")
-    cells = {(c["case"], c["variant"]): c for c in out["cells"]}
-    assert {variant for _, variant in cells} == {"clone", "mask"} and len(cells) == 4
-    assert all(len(c["samples"]) >= 3 and min(c["samples"]) > 0 for c in cells.values())
+@pytest.fixture(scope="module")
+def tree_failing_clone(tmp_path_factory) -> Path:
+    """A copy of this tree whose per-env loop GAE raises when asked for clone resets."""
+    tree = tmp_path_factory.mktemp("ab") / "tree"
+    gate_quality._copy_tree(REPO, tree)
+    with open(tree / "esper" / "gae.py", "a") as handle:
+        handle.write(
+            "\n_loop = METHODS['loop']\n\n"
+            "def _planted_failure(*args, reset, **kwargs):\n"
+            "    if reset == 'clone':\n"
+            "        raise RuntimeError('planted failure')\n"
+            "    return _loop(*args, reset=reset, **kwargs)\n\n"
+            "METHODS['loop'] = _planted_failure\n"
+        )
+    return tree
+
+
+def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tree_failing_clone):
+    options = gate_ab.ABOptions(findings=("B4-DRL-03",), min_rounds=3, variant_budget_s=0.0)
+    sessions = gate_ab.run_sessions(REPO, tree_failing_clone, options)
+    assert len(sessions) == 6
+    for session in sessions:  # every other session ran the trees in the other order
+        assert session["esper"] == [str(REPO / "esper"), str(tree_failing_clone / "esper")]
+        cells = {(c["case"], c["variant"]): c for c in session["cells"]}
+        assert {variant for _, variant in cells} == {"clone", "mask"} and len(cells) == 4
+        for (_, variant), cell in cells.items():
+            if variant == "clone":  # only the copy raises, and only there
+                assert cell["errors"] == [None, "RuntimeError: planted failure"]
+            else:
+                current, against = cell["samples"]
+                assert len(current) == len(against) >= 3 and min(current + against) > 0
+    rows = gate_ab.compare(sessions, options, "copy")
+    assert {r.variant: r.outcome for r in rows if r.variant == "clone"} == {
+        "clone": Outcome.NOT_COMPARABLE}
+    assert all(r.ci is not None for r in rows if r.variant == "mask")
 
 
 # --- plants and the table -----------------------------------------------------------------

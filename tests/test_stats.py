@@ -7,7 +7,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness.stats import RatioCI, Verdict, bootstrap_ratio_ci, classify, iqr, median
+from harness.stats import (
+    RatioCI,
+    Verdict,
+    bootstrap_ratio_ci,
+    classify,
+    iqr,
+    median,
+    median_ratio_interval,
+    min_units_for,
+)
 
 
 def lognormal_samples(median_s: float, sigma: float, n: int, seed: int) -> np.ndarray:
@@ -199,3 +208,29 @@ def test_verdicts_serialize_as_their_values():
     assert Verdict("faster") is Verdict.FASTER
     assert Verdict.NEEDS_CUDA.value == "needs_cuda"
     assert {v.value for v in Verdict} >= {"failed", "not_timed", "no_difference", "slower"}
+
+
+# --- median_ratio_interval ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, low, high", [(6, 1, 6), (8, 1, 8), (9, 2, 8), (10, 2, 9), (20, 6, 15)])
+def test_median_ratio_interval_takes_the_widest_order_statistics_that_cover_95(n, low, high):
+    ci = median_ratio_interval([float(v) for v in range(n, 0, -1)])  # unsorted on purpose
+    assert (ci.low, ci.high) == (low, high) and ci.ratio == pytest.approx((n + 1) / 2)
+
+
+def test_median_ratio_interval_covers_the_median_of_a_skewed_distribution():
+    rng = np.random.default_rng(0)
+    true_median = 1.25  # lognormal: median exp(mu)
+    trials = rng.lognormal(np.log(true_median), 0.3, size=(4000, 6))
+    covered = [median_ratio_interval(row).low <= true_median <= median_ratio_interval(row).high
+               for row in trials]
+    assert np.mean(covered) >= 0.95  # 1 - 2 / 2**6 = 0.969 in theory
+
+
+def test_median_ratio_interval_names_how_many_values_it_needs():
+    assert min_units_for(0.95) == 6 and min_units_for(0.99) == 8
+    with pytest.raises(ValueError, match="ratios: expected at least 6 values for a 95% interval; got 5"):
+        median_ratio_interval([1.0] * 5)
+    with pytest.raises(ValueError, match="ratios: expected finite positive seconds"):
+        median_ratio_interval([1.0] * 5 + [0.0])
