@@ -68,6 +68,8 @@ class ABOptions:
     """Input seed."""
 
     def __post_init__(self) -> None:
+        if not 0.5 <= self.confidence < 1.0:
+            raise UsageError(f"confidence: expected a fraction in [0.5, 1); got {self.confidence!r}")
         fewest = min_units_for(self.confidence)
         if not isinstance(self.sessions, int) or self.sessions < fewest:
             raise UsageError(f"--sessions: expected an integer >= {fewest} (the fewest for a "

@@ -160,6 +160,8 @@ def _sign_test_coverage(n: int, k: int) -> float:
 
 def min_units_for(confidence: float) -> int:
     """The fewest independent ratios whose [min, max] covers the median with `confidence`."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
     n = 2
     while _sign_test_coverage(n, 1) < confidence:
         n += 1

@@ -329,6 +329,8 @@ def test_ab_options_need_enough_sessions_for_the_interval():
         gate_ab.ABOptions(sessions=5)
     with pytest.raises(UsageError, match="--threshold: expected a fraction in"):
         gate_ab.ABOptions(threshold=-0.1)
+    with pytest.raises(UsageError, match="confidence: expected a fraction in"):
+        gate_ab.ABOptions(confidence=1.0)
 
 
 def test_worktree_checks_out_a_revision_and_removes_it():
