@@ -13,11 +13,14 @@ passes is a miss), then prints one markdown table of rates plus the numbers behi
      whose esper/gae.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
+`--busy N` keeps N CPU-bound processes running beside every measurement, as another
+job on a shared CI machine would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +152,19 @@ def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
     return scenarios
 
 
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
+    """`count` processes spinning a CPU core each while inside; killed on the way out."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(count)]
+    try:
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 # ---------------------------------------------------------------------------------- report
 
 def _rate(count: int, total: int) -> str:
@@ -199,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs of check c on unchanged code (default 10)")
     p.add_argument("--ab-planted-runs", type=int, default=20, metavar="N",
                    help="runs of check c with the planted slowdown (default 20)")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="CPU-bound processes kept running beside the measurements (default 0)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write every run's rows here")
     return p
 
@@ -209,6 +227,24 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 0 for n in counts):
         print(f"error: run counts: expected integers >= 0; got {counts}", file=sys.stderr)
         return 2
+    if args.busy < 0:
+        print(f"error: --busy: expected an integer >= 0; got {args.busy}", file=sys.stderr)
+        return 2
+    with busy_processes(args.busy):
+        scenarios = run_scenarios(args)
+    print(scenario_table(scenarios))
+    print()
+    print(timing_table(scenarios))
+    if args.json is not None:
+        document = [{"check": s.check, "condition": s.condition, "expect_flag": s.expect_flag,
+                     "exit_codes": s.exit_codes, "seconds": s.seconds, "rows": s.rows}
+                    for s in scenarios]
+        atomic_write_text(args.json, json.dumps(document, indent=1) + "\n")
+    return 0
+
+
+def run_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """Every scenario the run counts in `args` ask for, in order: a, b, c."""
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -237,15 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_runs or args.ab_planted_runs:
         scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, gate_ab.ABOptions(),
                                       progress)
-    print(scenario_table(scenarios))
-    print()
-    print(timing_table(scenarios))
-    if args.json is not None:
-        document = [{"check": s.check, "condition": s.condition, "expect_flag": s.expect_flag,
-                     "exit_codes": s.exit_codes, "seconds": s.seconds, "rows": s.rows}
-                    for s in scenarios]
-        atomic_write_text(args.json, json.dumps(document, indent=1) + "\n")
-    return 0
+    return scenarios
 
 
 if __name__ == "__main__":

@@ -419,3 +419,21 @@ def test_markdown_escapes_pipes_and_summary_counts_outcomes():
     assert table[2] == "| counters | F | a\\|b | c | 1 | 2 | +1 | regression |"
     assert table[3].endswith("| pass: ok |")
     assert summary_line(rows) == "FAIL: 1 regression, 1 pass"
+
+
+# --- gate_quality -------------------------------------------------------------------------
+
+
+def test_busy_processes_spin_while_inside_and_are_gone_after():
+    with gate_quality.busy_processes(2) as spinners:
+        assert len(spinners) == 2 and all(s.poll() is None for s in spinners)
+    assert all(s.poll() is not None for s in spinners)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--busy", "-1"], "--busy: expected an integer >= 0; got -1"),
+    (["--ab-runs", "-2"], "run counts: expected integers >= 0"),
+])
+def test_gate_quality_usage_errors_exit_2(argv, message, capsys):
+    assert gate_quality.main(argv) == 2
+    assert message in capsys.readouterr().err
