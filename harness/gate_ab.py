@@ -137,6 +137,10 @@ def run_session(trees: Sequence[Path], options: ABOptions) -> dict:
     return json.loads(done.stdout)
 
 
+#: the fields of a worker's cell that hold one entry per tree
+_PER_TREE = ("samples", "errors", "absent")
+
+
 def run_sessions(current: Path, against: Path, options: ABOptions,
                  progress: Callable[[str], None] | None = None) -> list[dict]:
     """`options.sessions` worker runs, current tree first in every other one.
@@ -159,10 +163,6 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
         if progress is not None:
             progress(f"A/B session {index + 1}/{options.sessions}")
     return sessions
-
-
-#: the fields of a worker's cell that hold one entry per tree
-_PER_TREE = ("samples", "errors", "absent")
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -22,6 +22,7 @@ comes from round i), or `errors`, one entry per tree (null where that tree ran),
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import sys
 import time
@@ -79,8 +80,6 @@ class TreeModules:
 
     def load(self) -> tuple[object, object]:
         """`esper` and `harness.findings` of this tree; RuntimeError if they come from elsewhere."""
-        import importlib
-
         with self.active():
             esper = importlib.import_module("esper")
             registry = importlib.import_module("harness.findings")
@@ -92,23 +91,20 @@ class TreeModules:
         return esper, registry
 
 
-def _calls_per_sample(fn: Callable[[], object], min_sample_time: float) -> int:
-    """Double the number of back-to-back calls from 1 until they take `min_sample_time`."""
-    number = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        if time.perf_counter() - start >= min_sample_time or number >= 1 << 16:
-            return number
-        number *= 2
-
-
 def _sample(fn: Callable[[], object], number: int) -> float:
+    """Seconds per call of `number` back-to-back calls of `fn`."""
     start = time.perf_counter()
     for _ in range(number):
         fn()
     return (time.perf_counter() - start) / number
+
+
+def _calls_per_sample(fn: Callable[[], object], min_sample_time: float) -> int:
+    """Double the number of back-to-back calls from 1 until they take `min_sample_time`."""
+    number = 1
+    while _sample(fn, number) * number < min_sample_time and number < 1 << 16:
+        number *= 2
+    return number
 
 
 def time_paired(calls: list[tuple[TreeModules, Callable[[], object]]],
