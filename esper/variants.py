@@ -10,19 +10,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from esper.gae import METHODS as GAE_METHODS
+
 #: axis name -> allowed values; the first value is the original system's choice.
+#: The GAE methods are those `esper.gae` can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {
     "reset": ("clone", "mask"),
     "step_counts": ("list", "tensor"),
-    "gae": ("loop", "batched", "scan"),
+    "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
 }
-
-
-def register_gae_method(name: str) -> None:
-    """Allow `name` as a value of the `gae` axis (for methods added by later modules)."""
-    if name not in AXES["gae"]:
-        AXES["gae"] = AXES["gae"] + (name,)
 
 
 @dataclass(frozen=True)
@@ -42,11 +39,6 @@ class Variants:
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
             value = getattr(self, axis)
-            if value not in allowed and axis == "gae":
-                # optional methods register when esper.gae is imported (late: it imports this)
-                import esper.gae  # noqa: F401
-
-                allowed = AXES[axis]
             if value not in allowed:
                 raise ValueError(
                     f"Variants.{axis}: expected one of {', '.join(allowed)}; got {value!r}"

@@ -20,15 +20,15 @@ import torch
 from tqdm import tqdm
 
 from harness import findings as registry
-from harness.bandwidth import measure_copy_bandwidth
-from harness.flamegraph import record_flamegraph
-from harness.machine import describe
-from harness.report import render
-from harness.report_data import ReportError
+from harness.measure.bandwidth import measure_copy_bandwidth
+from harness.measure.flamegraph import record_flamegraph
+from harness.measure.machine import describe
+from harness.measure.timing import pinned_threads
+from harness.report.cli import render
+from harness.report.data import ReportError
+from harness.report.summary import summary_table
 from harness.results import DEFAULT_RESULTS_DIR, RunWriter
 from harness.runner import RunOptions, run_finding
-from harness.summary import summary_table
-from harness.timing import pinned_threads
 
 
 class UsageError(Exception):

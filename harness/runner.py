@@ -8,7 +8,7 @@ Per case, in order (DESIGN.md, data flow):
   4. a separate profiling pass counts ops, syncs, allocations and kernel launches;
   5. each variant's time ratio to the baseline gets a bootstrap 95% interval and a verdict;
   6. for a finding that counts its bytes (`Finding.min_bytes`), the achieved bandwidth per
-     variant and the case's bandwidth floor and label (`harness.bandwidth`).
+     variant and the case's bandwidth floor and label (`harness.measure.bandwidth`).
 A variant that raises is recorded as a `failed` row with its error; the run goes on.
 """
 
@@ -24,11 +24,11 @@ from typing import Callable
 import torch
 from torch.profiler import record_function
 
-from harness.bandwidth import bound_label
-from harness.counters import profile_call, profiling
+from harness.measure.bandwidth import bound_label
+from harness.measure.counters import profile_call, profiling
 from harness.findings import Case, Finding
-from harness.stats import Verdict, bootstrap_ratio_ci, classify
-from harness.timing import Measurement, VariantError, make_clock, measure_interleaved
+from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
+from harness.measure.timing import Measurement, VariantError, make_clock, measure_interleaved
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class RunOptions:
     max_samples: int = 200
     profile: bool = True
     copy_bandwidth_bytes_per_s: float | None = None
-    """The device's large-copy bandwidth (`harness.bandwidth`), measured once per run;
+    """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
     None: no bandwidth floor in the rows."""
 
 

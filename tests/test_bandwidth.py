@@ -1,4 +1,4 @@
-"""harness.bandwidth: the bytes GAE must move, the copy bandwidth, the label, and the rows."""
+"""harness.measure.bandwidth: the bytes GAE must move, the copy bandwidth, the label, and the rows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from harness.bandwidth import (
+from harness.measure.bandwidth import (
     BANDWIDTH_BOUND, LAUNCH_BOUND, bound_label, gae_min_bytes, measure_copy_bandwidth,
 )
 from harness.findings import Case, Finding

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from esper.buffer import RolloutBuffer
-from esper.gae_reference import reference_gae
+from esper.gae.reference import reference_gae
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 

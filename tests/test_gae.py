@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esper.gae import METHODS, compute_gae
-from esper.gae_reference import reference_gae
-from harness.counters import profile_call
+from esper.gae.reference import reference_gae
+from harness.measure.counters import profile_call
 from tests.gae_inputs import make_case
 
 FAST_METHODS = [m for m in METHODS if m != "loop"]
@@ -194,7 +194,7 @@ def test_numba_parallel_kernel_keeps_torchs_thread_count():
     thread count, and so torch's, to numba's (1 -> all cores). A fresh process: the pool
     launches once per process."""
     code = ("import torch; torch.get_num_threads(); torch.set_num_threads(1); "
-            "from esper.gae_numba import warm_up; warm_up(); print(torch.get_num_threads())")
+            "from esper.gae.numba_kernel import warm_up; warm_up(); print(torch.get_num_threads())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from esper import gae
-from esper.gae_auto import CROSSOVERS, UNBOUNDED, choose
+from esper.gae.auto import CROSSOVERS, UNBOUNDED, choose
 from tests.gae_inputs import make_case
 
 SHAPES = [(1, 25), (4, 128), (16, 256), (64, 128), (256, 1024), (1024, 256), (4096, 8192)]

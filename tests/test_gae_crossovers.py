@@ -1,9 +1,9 @@
-"""harness.gae_crossovers: proposals from hand-made timings (nothing is timed here)."""
+"""harness.gae_tools.crossovers: proposals from hand-made timings (nothing is timed here)."""
 
 from __future__ import annotations
 
-from esper.gae_auto import UNBOUNDED
-from harness.gae_crossovers import Grid, main, propose_parallel_min, propose_rows, rows_source
+from esper.gae.auto import UNBOUNDED
+from harness.gae_tools.crossovers import Grid, main, propose_parallel_min, propose_rows, rows_source
 
 
 def _grid(fast: dict) -> Grid:

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import torch
 from esper.gae import DEVICE_TYPES, compute_gae
-from esper.gae_reference import reference_gae
+from esper.gae.reference import reference_gae
 from tests.gae_inputs import make_case
 
 assert DEVICE_TYPES["triton"] == ("cpu",), DEVICE_TYPES.get("triton")

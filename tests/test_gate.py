@@ -1,7 +1,7 @@
 """Tests for the CI gate (harness.gate and its checks).
 
 Counters are measured for real and compared with baselines written here; regressions
-are planted by editing a baseline count or by `harness.gate_plant` (an extra allocation
+are planted by editing a baseline count or by `harness.gate.plant` (an extra allocation
 in the scan GAE). Timing appears only as in-process ratios with wide margins (scan vs
 the per-env loop, ~10x apart, held to 2x) or as thresholds no machine can meet.
 """
@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from esper.gae import METHODS
-from harness import gate, gate_ab, gate_counters, gate_invariants, gate_quality
-from harness.counters import profile_call
-from harness.gate_plant import allocating, planted, slowed
-from harness.gate_table import GateRow, Outcome, UsageError, render_markdown, summary_line
-from harness.stats import RatioCI
+from harness.gate import ab as gate_ab, cli as gate, counters as gate_counters
+from harness.gate import invariants as gate_invariants, quality as gate_quality
+from harness.measure.counters import profile_call
+from harness.gate.plant import allocating, planted, slowed
+from harness.gate.table import GateRow, Outcome, UsageError, render_markdown, summary_line
+from harness.measure.stats import RatioCI
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -336,7 +337,7 @@ def test_ab_options_need_enough_sessions_for_the_interval():
 def test_worktree_checks_out_a_revision_and_removes_it():
     commit = gate_ab.resolve_revision(REPO, "HEAD")
     with gate_ab.worktree(REPO, commit) as tree:
-        assert (tree / "esper" / "gae.py").is_file()
+        assert (tree / "esper" / "gae" / "api.py").is_file()
         listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list"],
                                 capture_output=True, text=True).stdout
         assert str(tree) in listed
@@ -351,7 +352,7 @@ def tree_failing_clone(tmp_path_factory) -> Path:
     """A copy of this tree whose per-env loop GAE raises when asked for clone resets."""
     tree = tmp_path_factory.mktemp("ab") / "tree"
     gate_quality._copy_tree(REPO, tree)
-    with open(tree / "esper" / "gae.py", "a") as handle:
+    with open(tree / "esper" / "gae" / "api.py", "a") as handle:
         handle.write(
             "\n_loop = METHODS['loop']\n\n"
             "def _planted_failure(*args, reset, **kwargs):\n"

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from esper.gae import METHODS
-from esper.gae_reference import reference_gae
-from harness import peers
+from esper.gae.reference import reference_gae
+from harness.findings import peers
 from harness.findings import select
-from harness.gate_counters import own_variants
+from harness.gate.counters import own_variants
 from tests.gae_inputs import make_case
 
 GAMMA, LAMBDA = 0.995, 0.98

@@ -17,15 +17,15 @@ import torch
 
 from harness import findings as registry
 from harness.findings import Case, Finding
-from harness.flamegraph import record_flamegraph
-from harness.plots import crossings, scaling_figure
-from harness.report import main as report_main
-from harness.report_compare import Change, compare_runs
-from harness.report_data import PHASES, ReportError, phase_breakdowns
-from harness.report_site import COPY_LIMIT_BYTES, attach, prepare_folder, render_run, update_index
+from harness.measure.flamegraph import record_flamegraph
+from harness.report.plots import crossings, scaling_figure
+from harness.report.cli import main as report_main
+from harness.report.compare import Change, compare_runs
+from harness.report.data import PHASES, ReportError, phase_breakdowns
+from harness.report.site import COPY_LIMIT_BYTES, attach, prepare_folder, render_run, update_index
 from harness.results import Run, load_run
 from harness.run import main as run_main
-from harness.verdicts import case_phrase, claim_factor, verdict_sentence
+from harness.report.verdicts import case_phrase, claim_factor, verdict_sentence
 
 FINDINGS = ["B4-DRL-03", "B4-PT-05"]
 RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--time-budget", "0.05", "--device", "cpu",

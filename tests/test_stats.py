@@ -1,4 +1,4 @@
-"""Tests for harness.stats: known answers, seeded synthetic samples, a verdict table."""
+"""Tests for harness.measure.stats: known answers, seeded synthetic samples, a verdict table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness.stats import (
+from harness.measure.stats import (
     RatioCI,
     Verdict,
     bootstrap_ratio_ci,

@@ -1,4 +1,4 @@
-"""Tests for harness.timing, driven by a fake clock with known per-call costs.
+"""Tests for harness.measure.timing, driven by a fake clock with known per-call costs.
 
 Costs are powers of two so sums of them are exact in floating point and expected
 samples can be compared with `==`.
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness import stats
-from harness.timing import (
+from harness.measure import stats
+from harness.measure.timing import (
     CpuClock,
     CudaEventClock,
     CudaUnavailableError,

@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import esper.gae  # noqa: F401  (imported for its side effect: gae methods register on AXES)
 from esper.checkpoint import load_checkpoint, save_checkpoint
 from esper.env import EnvConfig, MorphoEnv, VectorizedMorphoEnv
 from esper.evaluate import evaluate_policy, evaluate_random

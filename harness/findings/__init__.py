@@ -71,7 +71,7 @@ class Finding:
     others, but neither gated (`harness.gate`) nor counted as our best method."""
     min_bytes: Callable[[Case], int] | None = None
     """case -> bytes one call must read and write at least; with the run's copy bandwidth,
-    rows get the achieved bandwidth and the cell its bandwidth floor (`harness.bandwidth`)."""
+    rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
     ticket: str = ""
     """Where the claim comes from (a review ticket file name)."""
     notes: tuple[str, ...] = field(default_factory=tuple)

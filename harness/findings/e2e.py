@@ -6,7 +6,7 @@ import torch
 
 from esper.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants
-from harness.counters import profiling
+from harness.measure.counters import profiling
 from harness.findings import Case, Finding, max_abs_difference, register
 
 PRESETS = {"original": Variants.original, "optimized": Variants.optimized}

@@ -1,14 +1,14 @@
 """B4-CR-03: "GAE ... could be ~4x faster with tensor operations"; every GAE method timed,
-next to other libraries' GAE as comparators (`harness.peers`)."""
+next to other libraries' GAE as comparators (`harness.findings.peers`)."""
 
 from __future__ import annotations
 
 import torch
 
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
-from esper.gae_reference import reference_gae
-from harness import peers
-from harness.bandwidth import gae_min_bytes
+from esper.gae.reference import reference_gae
+from harness.findings import peers
+from harness.measure.bandwidth import gae_min_bytes
 from harness.findings import Case, Finding, register
 
 GAMMA, LAMBDA = 0.995, 0.98

@@ -1,6 +1,6 @@
 """`auto`: the fastest GAE method for the device and shape, from a measured crossover table.
 
-CPU rows: measured with `python -m harness.gae_crossovers` (its default: 1 torch thread)
+CPU rows: measured with `python -m harness.gae_tools.crossovers` (its default: 1 torch thread)
 on a 2-core CPU (AMD EPYC, 2 vCPUs, 32 MiB L3), torch 2.13, numba 0.68, idle (an
 earlier run under load gave the same rankings with times up to 2x higher). Median
 microseconds per call, float32, random terminals, gamma 0.995, lambda 0.98 (numba's JIT
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from esper import gae
-from esper.gae import StepCounts, Tensor
+from esper.gae import api
+from esper.gae.api import StepCounts, Tensor
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ UNBOUNDED = 1 << 62
 
 #: Rows in order; the first row whose bounds hold is used. See the module docstring.
 CROSSOVERS: tuple[Crossover, ...] = (
-    # proposed by `python -m harness.gae_crossovers` from the table above
+    # proposed by `python -m harness.gae_tools.crossovers` from the table above
     Crossover("cpu", 16, 1024, ("numba", "compiled", "scan", "batched"), True),
     Crossover("cpu", 64, 256, ("numba", "compiled", "scan", "batched"), True),
     Crossover("cpu", 256, 25, ("numba", "compiled", "scan", "batched"), True),
@@ -88,7 +88,7 @@ def choose(device_type: str, num_envs: int, max_steps: int) -> str:
     for row in CROSSOVERS:
         if row.device_type == device_type and num_envs <= row.max_envs and max_steps <= row.max_steps:
             for method in row.ranking:
-                if method in gae.METHODS and device_type in gae.DEVICE_TYPES[method]:
+                if method in api.METHODS and device_type in api.DEVICE_TYPES[method]:
                     return method
     return "scan"  # runs on every device
 
@@ -109,7 +109,7 @@ def gae_auto(
     `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
     dtype and device). No host sync beyond the chosen method's (none for any fast one)."""
     method = choose(rewards.device.type, *rewards.shape)
-    return gae.METHODS[method](
+    return api.METHODS[method](
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,
     )

@@ -15,9 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.report_compare import DEFAULT_FACTOR
-from harness.report_data import ReportError, open_run
-from harness.report_site import render_compare, render_run, update_index
+from harness.report.compare import DEFAULT_FACTOR
+from harness.report.data import ReportError, open_run
+from harness.report.site import render_compare, render_run, update_index
 from harness.results import DEFAULT_RESULTS_DIR
 
 DEFAULT_REPORTS_DIR = Path("reports")

@@ -18,9 +18,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from harness.report_data import COUNTERS, PhaseBreakdown, param_columns
-from harness.summary import format_seconds
-from harness.verdicts import case_phrase, format_param, present
+from harness.report.data import COUNTERS, PhaseBreakdown, param_columns
+from harness.report.summary import format_seconds
+from harness.report.verdicts import case_phrase, format_param, present
 
 #: how a scaling axis is labelled: param -> axis label with its unit
 AXIS_LABELS = {"num_envs": "environments (num_envs)",

@@ -1,10 +1,10 @@
-"""Planted regressions for measuring the gate itself (`harness.gate_quality`, tests/test_gate.py).
+"""Planted regressions for measuring the gate itself (`harness.gate.quality`, tests/test_gate.py).
 
 Nothing in esper or in the gate imports this module. A plant wraps one GAE method of
 `esper.gae.METHODS`: `slowed` repeats whole calls so the method does `factor` times its
 work on average (1.25: every fourth call runs twice), `allocating` adds one small
 allocation per call. `planted` installs a wrapper in this process and restores the
-original after; `plant_lines` gives lines that append the same wrapper to the `esper/gae.py` of a
+original after; `plant_lines` gives lines that append the same wrapper to the `esper/gae/api.py` of a
 throw-away copy of a tree, for the A/B check, whose worker processes import that copy.
 """
 
@@ -62,9 +62,9 @@ def planted(method: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]
 
 
 def plant_lines(method: str, factor: float) -> str:
-    """Python lines that, appended to a tree's esper/gae.py, slow `method` by `factor`."""
+    """Python lines that, appended to a tree's esper/gae/api.py, slow `method` by `factor`."""
     return (
-        "\n\n# planted by harness.gate_quality in a throw-away copy of the tree\n"
-        "from harness.gate_plant import slowed as _planted_slowed\n"
+        "\n\n# planted by harness.gate.quality in a throw-away copy of the tree\n"
+        "from harness.gate.plant import slowed as _planted_slowed\n"
         f"METHODS[{method!r}] = _planted_slowed(METHODS[{method!r}], {factor!r})\n"
     )

@@ -37,12 +37,12 @@ import numpy as np
 import torch
 from numba import uint64
 
-from esper.gae import StepCounts, Tensor
+from esper.gae.api import StepCounts, Tensor
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
-#: small batch. Measured with `python -m harness.gae_crossovers` (one thread against two at
-#: each shape) on the idle 2-core CPU of esper.gae_auto's table, twice: one thread wins up
+#: small batch. Measured with `python -m harness.gae_tools.crossovers` (one thread against two at
+#: each shape) on the idle 2-core CPU of esper.gae.auto's table, twice: one thread wins up
 #: to 4,096 elements (by ~10%), two from 6,400 up (1.1x at 6,400, 1.8x at 1024 x 1024).
 PARALLEL_MIN_ELEMENTS = 6_400
 

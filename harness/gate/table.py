@@ -14,7 +14,7 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 
-from harness.stats import RatioCI
+from harness.measure.stats import RatioCI
 
 
 class UsageError(Exception):

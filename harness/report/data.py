@@ -13,9 +13,9 @@ import pandas as pd
 
 from harness import findings as registry
 from harness.results import Run, load_run
-from harness.stats import Verdict
-from harness.summary import format_seconds, verdict_word
-from harness.verdicts import case_phrase, claim_factor, present, verdict_sentence
+from harness.measure.stats import Verdict
+from harness.report.summary import format_seconds, verdict_word
+from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
 #: per-call counters shown in tables and the counters chart: column -> label
 COUNTERS = {"allocations": "allocations", "host_syncs": "host syncs",

@@ -1,4 +1,4 @@
-"""`python -m harness.gae_targets [RUN]`: our best GAE method against the peers, per target cell.
+"""`python -m harness.gae_tools.targets [RUN]`: our best GAE method against the peers, per target cell.
 
 Reads the `B4-CR-03` rows of a run (default `latest`) and prints, for each cell of
 num_envs x max_steps in the target grid (episode dones), our fastest method, the fastest
@@ -6,7 +6,7 @@ peer, how many times faster ours is, and the time over the bandwidth floor, then
 the targets:
 
 - our best method is faster than every peer in every cell of the grid;
-- at 1024 x 256 it is within 3x of the memory-bandwidth floor (`harness.bandwidth`);
+- at 1024 x 256 it is within 3x of the memory-bandwidth floor (`harness.measure.bandwidth`);
 - at 4 x 25 it takes under 40 microseconds per call.
 
 Exit status: 0 all targets met, 1 some target missed or a cell is missing, 2 usage error.
@@ -22,9 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.findings import gae_methods
-from harness.peers import PEERS
+from harness.findings.peers import PEERS
 from harness.results import DEFAULT_RESULTS_DIR, load_run
-from harness.summary import format_seconds
+from harness.report.summary import format_seconds
 
 FINDING = "B4-CR-03"
 #: the grid B4-CR-03's default cases cover: its target cells and their T=25, 1024 neighbours
@@ -125,7 +125,7 @@ def markdown(cells: list[Cell]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.gae_targets",
+    p = argparse.ArgumentParser(prog="python -m harness.gae_tools.targets",
                                 description=__doc__.split("\n")[0])
     p.add_argument("run", nargs="?", default="latest", help="run folder, run id, or latest")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS_DIR, metavar="DIR",

@@ -31,7 +31,7 @@ def device_name(device: torch.device) -> str:
 
 def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the checkout holding this package; (None, None) outside git."""
-    repo = repo or Path(__file__).resolve().parent.parent
+    repo = repo or Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,

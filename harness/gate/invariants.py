@@ -8,7 +8,7 @@ threshold; an interval that straddles it is reported as inconclusive, not failed
 
 Thresholds are set far below the measured speedup (`measured_speedup / min_speedup`, the
 margin, is 2.5-3.2), so noise does not trip them while a variant that loses most of its
-advantage does. The config (`harness/invariants.json`) names variants by name; one not
+advantage does. The config (`harness/gate/invariants.json`) names variants by name; one not
 available on this machine (say a GAE method missing from `esper.gae.METHODS`) is skipped
 with a message.
 """
@@ -24,9 +24,9 @@ import torch
 
 from harness import findings as registry
 from harness.findings import Case, Finding
-from harness.gate_table import GateRow, Outcome, UsageError
-from harness.stats import RatioCI, bootstrap_ratio_ci
-from harness.timing import CpuClock, Measurement, measure_interleaved, pinned_threads
+from harness.gate.table import GateRow, Outcome, UsageError
+from harness.measure.stats import RatioCI, bootstrap_ratio_ci
+from harness.measure.timing import CpuClock, Measurement, measure_interleaved, pinned_threads
 
 SCHEMA_VERSION = 1
 DEFAULT_CONFIG = Path(__file__).with_name("invariants.json")

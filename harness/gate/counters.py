@@ -2,7 +2,7 @@
 
 Op calls, host syncs, allocations and allocated bytes of one call of every finding x
 variant x quick case (not the peers: other libraries' code is not gated), counted by
-`harness.counters.profile_call` on the CPU with one torch thread. They do not depend on
+`harness.measure.counters.profile_call` on the CPU with one torch thread. They do not depend on
 the machine's speed or load, so they are compared exactly: any count above its baseline
 value (plus the entry's stated tolerance, 0 unless the file says otherwise) is a
 regression; a count below it is an improvement that `--update-baseline` locks in.
@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 
 from harness import findings as registry
-from harness.counters import profile_call
-from harness.gate_table import GateRow, Outcome, UsageError
+from harness.measure.counters import profile_call
+from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
-from harness.timing import pinned_threads
+from harness.measure.timing import pinned_threads
 
 SCHEMA_VERSION = 1
-DEFAULT_BASELINE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "counters.json"
+DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "counters.json"
 #: the findings whose quick cases run on a CPU and count the same on every run. E2E-iteration
 #: is left out: its work depends on the trainer's state (86,499 then 89,310 op calls in
 #: iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float

@@ -1,16 +1,16 @@
-"""`python -m harness.gate_quality`: how often the gate cries wolf, and how often it catches a wolf.
+"""`python -m harness.gate.quality`: how often the gate cries wolf, and how often it catches a wolf.
 
 Runs each check of `harness.gate` many times on unchanged code (every flagged run is a
-false positive) and with a planted regression from `harness.gate_plant` (every run that
+false positive) and with a planted regression from `harness.gate.plant` (every run that
 passes is a miss), then prints one markdown table of rates plus the numbers behind them.
 
   a. counters, unchanged, and with one extra allocation in the scan GAE: each run a fresh
      `python -m harness.gate --counters` process against the committed baseline;
   b. invariants, unchanged, with the scan GAE 1.25x slower, and 5x slower: each run a
      fresh `--invariants` process; also reports each invariant's measured speedups, from
-     which the thresholds in harness/invariants.json are set (median / 3);
+     which the thresholds in harness/gate/invariants.json are set (median / 3);
   c. A/B against HEAD, the current side a worktree of HEAD (unchanged) or a copy of it
-     whose esper/gae.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
+     whose esper/gae/api.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
 `--busy N` keeps N CPU-bound processes running beside every measurement, as another
@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import gate_ab
-from harness.gate_plant import plant_lines
-from harness.gate_table import rows_document
+from harness.gate import ab as gate_ab
+from harness.gate.plant import plant_lines
+from harness.gate.table import rows_document
 from harness.results import atomic_write_text
 
 PLANTED_METHOD = "scan"
@@ -44,7 +44,7 @@ LARGE_SLOWDOWN = 5.0
 #: a process that installs a plant, then runs the gate's CLI with the remaining arguments
 _PLANTED_GATE = """
 import sys
-from harness import gate, gate_plant
+from harness.gate import cli as gate, plant as gate_plant
 wrap = {wrap}
 with gate_plant.planted({method!r}, wrap):
     code = gate.main(sys.argv[1:])
@@ -113,14 +113,14 @@ def _copy_tree(source: Path, destination: Path) -> None:
 
 
 def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
-    """A copy of `tree` whose esper/gae.py slows PLANTED_METHOD by `factor`.
+    """A copy of `tree` whose esper/gae/api.py slows PLANTED_METHOD by `factor`.
 
-    harness/gate_plant.py is copied from this tree, so the plant works whatever the
+    harness/gate/plant.py is copied from this tree, so the plant works whatever the
     copied revision holds.
     """
     _copy_tree(tree, destination)
-    shutil.copy2(Path(__file__).with_name("gate_plant.py"), destination / "harness" / "gate_plant.py")
-    with open(destination / "esper" / "gae.py", "a") as handle:
+    shutil.copy2(Path(__file__).with_name("plant.py"), destination / "harness" / "gate" / "plant.py")
+    with open(destination / "esper" / "gae" / "api.py", "a") as handle:
         handle.write(plant_lines(PLANTED_METHOD, factor))
     return destination
 
@@ -205,7 +205,7 @@ def timing_table(scenarios: list[Scenario]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.gate_quality",
+    p = argparse.ArgumentParser(prog="python -m harness.gate.quality",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--counters-runs", type=int, default=10, metavar="N",
                    help="runs of check a per condition (default 10)")

@@ -1,7 +1,7 @@
 """Verdict sentences: one summary row (plus the ticket's claimed factor) -> plain English.
 
 Pure functions of the numbers already in a run's summary rows; nothing here measures.
-A row's `verdict` is one of `harness.stats.Verdict`; `ratio` is variant / baseline time,
+A row's `verdict` is one of `harness.measure.stats.Verdict`; `ratio` is variant / baseline time,
 so the speed-up is `1 / ratio` and its interval `[1 / ci_high, 1 / ci_low]`.
 """
 
@@ -11,8 +11,8 @@ import math
 import re
 from collections.abc import Mapping
 
-from harness.stats import Verdict
-from harness.summary import format_seconds
+from harness.measure.stats import Verdict
+from harness.report.summary import format_seconds
 
 #: how a case parameter reads in a sentence: `num_envs=4` -> "4 envs"
 PARAM_WORDS = {"num_envs": "envs", "max_steps": "steps"}

@@ -33,8 +33,6 @@ from typing import Callable, Sequence
 
 import torch
 
-from esper.variants import register_gae_method
-
 Tensor = torch.Tensor
 StepCounts = Sequence[int] | Tensor
 GaeFn = Callable[..., tuple[Tensor, Tensor]]
@@ -377,6 +375,10 @@ def _triton_device_types() -> tuple[str, ...]:
     return ("cuda",) if torch.cuda.is_available() else ()
 
 
+#: optional method -> its module in this package
+_MODULES = {"compiled": "compiled", "numba": "numba_kernel", "triton": "triton_kernel", "auto": "auto"}
+
+
 def _register_extra_methods() -> None:
     optional = {
         "compiled": _compiled_device_types(),
@@ -386,10 +388,8 @@ def _register_extra_methods() -> None:
     }
     for name, device_types in optional.items():
         if device_types:
-            METHODS[name] = _lazy(f"esper.gae_{name}", f"gae_{name}")
+            METHODS[name] = _lazy(f"esper.gae.{_MODULES[name]}", f"gae_{name}")
             DEVICE_TYPES[name] = device_types
-    for name in METHODS:
-        register_gae_method(name)
 
 
 _register_extra_methods()

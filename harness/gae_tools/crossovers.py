@@ -1,17 +1,17 @@
-"""`python -m harness.gae_crossovers`: which GAE method is fastest at which shape, here.
+"""`python -m harness.gae_tools.crossovers`: which GAE method is fastest at which shape, here.
 
-    python -m harness.gae_crossovers [--threads N] [--quick] [--device cpu|cuda]
+    python -m harness.gae_tools.crossovers [--threads N] [--quick] [--device cpu|cuda]
 
 Times every GAE method this machine runs on the device (not `auto`, which picks one of
 them, nor `loop`, orders of magnitude slower) on a grid of [num_envs, max_steps] shapes
 (the B4-CR-03 inputs with random terminals), interleaved by the harness's timing
-(`harness.timing.measure_interleaved`), on `--threads` torch threads (default 1).
+(`harness.measure.timing.measure_interleaved`), on `--threads` torch threads (default 1).
 Prints, in markdown:
 
 1. median microseconds per method and shape, and the fastest method per shape;
-2. the proposed `esper.gae_auto.CROSSOVERS` rows for the device (first match wins);
+2. the proposed `esper.gae.auto.CROSSOVERS` rows for the device (first match wins);
 3. on the CPU, numba's kernel on one thread vs two per shape, and the proposed
-   `esper.gae_numba.PARALLEL_MIN_ELEMENTS`.
+   `esper.gae.numba_kernel.PARALLEL_MIN_ELEMENTS`.
 
 One-off costs (numba's JIT, torch.compile's first call) are paid before the grid.
 """
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from esper import gae
-from esper.gae_auto import UNBOUNDED, Crossover
+from esper.gae.auto import UNBOUNDED, Crossover
 from harness.findings import Case
 from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
-from harness.timing import make_clock, measure_interleaved, pinned_threads
+from harness.measure.timing import make_clock, measure_interleaved, pinned_threads
 
 ENVS = (1, 4, 16, 64, 256, 1024)
 STEPS = (25, 128, 256, 1024)
@@ -130,7 +130,7 @@ def markdown_table(grid: Grid, methods: list[str]) -> str:
 
 
 def rows_source(rows: list[Crossover]) -> str:
-    """The rows as the Python source of `esper.gae_auto.CROSSOVERS` entries."""
+    """The rows as the Python source of `esper.gae.auto.CROSSOVERS` entries."""
     def bound(n: int) -> str:
         return "UNBOUNDED" if n == UNBOUNDED else str(n)
     return "\n".join(f"    Crossover({r.device_type!r}, {bound(r.max_envs)}, {bound(r.max_steps)}, "
@@ -139,7 +139,7 @@ def rows_source(rows: list[Crossover]) -> str:
 
 def measure_numba_threads(shapes: list[Shape], budget_s: float) -> dict[Shape, tuple[float, float]]:
     """shape -> (median s on one thread, on PARALLEL_THREADS threads) of numba's kernel."""
-    from esper.gae_numba import gae_numba
+    from esper.gae.numba_kernel import gae_numba
 
     out = {}
     for shape in shapes:
@@ -180,17 +180,17 @@ def _warm_up(methods: list[str], device: torch.device) -> list[str]:
     """Pay the one-off JIT/compile costs before timing; lines saying what they took."""
     lines = []
     if "numba" in methods:
-        from esper.gae_numba import warm_up
+        from esper.gae.numba_kernel import warm_up
         lines.append(f"numba JIT (or disk-cache load): {warm_up():.1f} s")
     if "compiled" in methods:
-        from esper.gae_compiled import compile_seconds
+        from esper.gae.compiled import compile_seconds
         lines.append(f"compiled first call (torch.compile): "
                      f"{compile_seconds(torch.float32, device):.1f} s")
     return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.gae_crossovers",
+    p = argparse.ArgumentParser(prog="python -m harness.gae_tools.crossovers",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, shorter budgets")
@@ -221,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {line}")
     print(f"\nMedian us per call (gamma {GAMMA}, lambda {LAMBDA}, float32, random terminals):\n")
     print(markdown_table(grid, methods))
-    print("\nProposed CROSSOVERS rows (esper/gae_auto.py; first match wins):\n")
+    print("\nProposed CROSSOVERS rows (esper/gae/auto.py; first match wins):\n")
     print("```python\n" + rows_source(propose_rows(device.type, grid)) + "\n```")
     if device.type == "cpu" and "numba" in methods and (os.cpu_count() or 1) >= PARALLEL_THREADS:
         results = measure_numba_threads(shapes, budget)
         print(f"\nnumba: the serial kernel vs the parallel one on {PARALLEL_THREADS} threads:\n")
         print(numba_table(results))
         proposal = propose_parallel_min(results)
-        print(f"\nProposed PARALLEL_MIN_ELEMENTS (esper/gae_numba.py): "
+        print(f"\nProposed PARALLEL_MIN_ELEMENTS (esper/gae/numba_kernel.py): "
               f"{'none: one thread won everywhere' if proposal is None else f'{proposal:_}'}")
     print(f"\n({time.perf_counter() - started:.0f} s)")
     return 0

@@ -34,7 +34,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from esper.gae import (
+from esper.gae.api import (
     StepCounts,
     Tensor,
     gae_recurrence_terms,

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch._inductor import config as inductor_config
 
-from harness import stats
+from harness.measure import stats
 
 __all__ = [
     "Clock",

@@ -17,20 +17,20 @@ from pathlib import Path
 
 import jinja2
 
-from harness import plots
-from harness.report_compare import DEFAULT_FACTOR, Change, check_comparable, compare_runs
-from harness.report_data import (
+from harness.report import plots
+from harness.report.compare import DEFAULT_FACTOR, Change, check_comparable, compare_runs
+from harness.report.data import (
     E2E_ID, ReportError, finding_text, has_bandwidth, metadata_panel, param_columns,
     phase_breakdowns, sentences, table_rows,
 )
 from harness.results import Run, atomic_write_text
-from harness.summary import format_seconds
+from harness.report.summary import format_seconds
 
 MARKER = "report.json"
 #: files up to this size are copied into the report; larger ones are linked where they are
 COPY_LIMIT_BYTES = 2 * 1024 * 1024
 _TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("harness", "templates"),
+    loader=jinja2.PackageLoader("harness.report", "templates"),
     autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
 )
 

@@ -6,7 +6,7 @@ change, verdict) on stdout:
   --counters     a. op calls, host syncs, allocations and allocated bytes of every quick
                     case, exactly against results/baselines/counters.json
   --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
-                    16 x 25), against harness/invariants.json
+                    16 x 25), against harness/gate/invariants.json
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell whose 95%
                     interval lies above 1 + threshold
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from harness import findings as registry
-from harness import gate_ab, gate_counters, gate_invariants
-from harness.gate_table import GateRow, UsageError, render_markdown, rows_document, summary_line
+from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
+from harness.gate.table import GateRow, UsageError, render_markdown, rows_document, summary_line
 from harness.results import atomic_write_text
 
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, default=gate_counters.DEFAULT_BASELINE, metavar="FILE",
                    help="counters baseline (default results/baselines/counters.json)")
     p.add_argument("--config", type=Path, default=gate_invariants.DEFAULT_CONFIG, metavar="FILE",
-                   help="invariants config (default harness/invariants.json)")
+                   help="invariants config (default harness/gate/invariants.json)")
     p.add_argument("--findings", nargs="+", metavar="ID",
                    help="findings for the counters and A/B checks (default: counters "
                         f"{' '.join(gate_counters.GATED_FINDINGS)}; "

@@ -1,7 +1,7 @@
 """Gate check c: paired A/B timing of the current tree against a git revision.
 
 `--against REV` checks REV out into a temporary worktree, then runs `sessions` short
-worker processes (`harness/gate_worker.py`), each of which imports both trees side by
+worker processes (`harness/gate/worker.py`), each of which imports both trees side by
 side and times every cell (finding x quick case x variant) of the two in alternation,
 round after round. A session's ratio for a cell is the median, over its rounds, of
 current/REV of neighbouring samples: both sides ran on the same machine state, in the
@@ -35,13 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.gate_table import GateRow, Outcome, UsageError
-from harness.gate_worker import WorkerConfig
-from harness.stats import RatioCI, as_samples, median_ratio_interval, min_units_for
+from harness.gate.table import GateRow, Outcome, UsageError
+from harness.gate.worker import WorkerConfig
+from harness.measure.stats import RatioCI, as_samples, median_ratio_interval, min_units_for
 
-WORKER_SOURCE = Path(__file__).with_name("gate_worker.py")
+WORKER_SOURCE = Path(__file__).with_name("worker.py")
 #: the root of the tree this module was imported from: "the current tree"
-CURRENT_TREE = Path(__file__).resolve().parents[1]
+CURRENT_TREE = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class WorkerFailed(RuntimeError):
 
 
 def run_session(trees: Sequence[Path], options: ABOptions) -> dict:
-    """One worker process timing `trees` side by side: its JSON output (harness/gate_worker.py)."""
+    """One worker process timing `trees` side by side: its JSON output (harness/gate/worker.py)."""
     config = WorkerConfig(
         trees=tuple(str(t) for t in trees), findings=options.findings,
         min_rounds=options.min_rounds, variant_budget_s=options.variant_budget_s,

@@ -1,6 +1,6 @@
 """One session of the gate's paired A/B check: two trees timed side by side in one process.
 
-`harness.gate_ab` runs this file's source with `python -c` from a neutral working
+`harness.gate.ab` runs this file's source with `python -c` from a neutral working
 directory. The process imports `esper` and `harness` from each tree in turn, keeping each
 tree's modules apart (`TreeModules`): whenever tree X's code runs, `sys.modules` and
 `sys.path` hold X's modules and only those. Per finding x quick case x variant, it then
@@ -206,7 +206,7 @@ def _first_call_error(modules: TreeModules, fn: Callable[[], object]) -> str | N
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: gate_worker.py CONFIG_JSON", file=sys.stderr)
+        print("usage: worker.py CONFIG_JSON", file=sys.stderr)
         return 2
     raw = json.loads(argv[0])
     raw["trees"] = tuple(raw["trees"])

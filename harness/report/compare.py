@@ -1,7 +1,7 @@
 """Run vs run: per finding x case x variant, the ratio new / old of medians with a CI.
 
 Both runs' timing samples come from their `rows`; the interval is
-`harness.stats.bootstrap_ratio_ci(new, old)` and the change is `harness.stats.classify`
+`harness.measure.stats.bootstrap_ratio_ci(new, old)` and the change is `harness.measure.stats.classify`
 with a factor, mapped to a `Change`. Runs measured on machines whose fingerprints differ
 are refused unless forced: their times say more about the machines than the code.
 """
@@ -12,11 +12,11 @@ import enum
 
 import pandas as pd
 
-from harness.machine import fingerprint
-from harness.report_data import ReportError
+from harness.measure.machine import fingerprint
+from harness.report.data import ReportError
 from harness.results import Run
-from harness.stats import Verdict, bootstrap_ratio_ci, classify
-from harness.verdicts import case_phrase
+from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
+from harness.report.verdicts import case_phrase
 
 DEFAULT_FACTOR = 1.05
 KEY = ["finding", "case", "variant"]

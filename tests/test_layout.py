@@ -1,0 +1,84 @@
+"""The package layout: every module imports, and no import goes the wrong way.
+
+Read from the import statements themselves (ast), so a lazy import inside a function
+counts too: `esper` never imports `harness`, and `harness.measure` imports no other
+part of `harness`.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import esper
+import harness
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules(package) -> list[str]:
+    names = [package.__name__]
+    for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+        if not info.name.endswith("__main__"):  # running it would run the command
+            names.append(info.name)
+    return names
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module named by an import statement in `path` (absolute names)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import; use absolute imports")
+    return names
+
+
+def _sources(package_dir: Path) -> list[Path]:
+    return sorted(package_dir.rglob("*.py"))
+
+
+@pytest.mark.parametrize("name", _modules(esper) + _modules(harness))
+def test_every_module_imports(name):
+    importlib.import_module(name)
+
+
+def test_esper_never_imports_harness():
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in _imported_names(p)
+                                                  if n.split(".")[0] == "harness")
+                 for p in _sources(ROOT / "esper")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_measure_imports_no_other_part_of_harness():
+    offenders = {}
+    for path in _sources(ROOT / "harness" / "measure"):
+        bad = sorted(n for n in _imported_names(path)
+                     if n.startswith("harness") and not n.startswith("harness.measure")
+                     and n != "harness")
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}
+
+
+def test_gae_package_does_not_import_variants():
+    """The former cycle: esper.gae named its methods to esper.variants, which imported it back."""
+    offenders = [str(p.relative_to(ROOT)) for p in _sources(ROOT / "esper" / "gae")
+                 if any(n.startswith("esper.variants") for n in _imported_names(p))]
+    assert offenders == []
+
+
+def test_no_flat_modules_left_behind():
+    flat = sorted(p.name for p in (ROOT / "harness").glob("*.py")
+                  if p.stem.startswith(("gate_", "report_", "gae_")))
+    flat += sorted(p.name for p in (ROOT / "esper").glob("gae*.py"))
+    assert flat == []
