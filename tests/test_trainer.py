@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import esper.gae
 from esper.checkpoint import load_checkpoint, save_checkpoint
 from esper.env import EnvConfig, MorphoEnv, VectorizedMorphoEnv
 from esper.evaluate import evaluate_policy, evaluate_random
