@@ -14,6 +14,12 @@ a finding from a crash:
 2, an unexpected exception -> traceback and 3, SIGTERM and SIGHUP raised as `Terminated`
 (a KeyboardInterrupt) so that every `finally` and `with` block cleans up as on Ctrl-C.
 `add_version` and `epilog` give the parser its `--version` and exit-code list.
+
+For inputs and outputs: `read_json` (a file's JSON, or a UsageError naming the file and
+whether it is missing, not UTF-8, empty or truncated) and `check_writable` (fail before
+the work, not after it). For cleanup: `run_group` (a child in its own process group,
+killed with everything it started on any way out) and `signals_deferred` (a cleanup
+that a second signal must not cut short).
 """
 
 from __future__ import annotations
