@@ -1,12 +1,18 @@
 """`python -m esper.train`: vectorized recurrent PPO on the synthetic environment.
 
     python -m esper.train --variants optimized --envs 4 --steps 25 --iterations 20
+
+Exit status (also in `--help`): 0 trained; 2 usage or input error (one line naming the
+option, what was expected and what was received); 3 internal error (an unexpected
+exception, with its traceback); 130 interrupted by Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
+import traceback
 
 import torch
 from tqdm import tqdm
@@ -26,7 +32,15 @@ def positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line; every size is validated here, so bad input exits 2 with usage."""
-    parser = argparse.ArgumentParser(prog="python -m esper.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m esper.train", description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit status:\n  0    trained\n  2    usage or input error (the message names "
+               "the option, what was expected and what was received)\n  3    internal error: "
+               "an unexpected exception, a bug (the traceback is printed)\n  130  interrupted "
+               "(Ctrl-C)",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--variants", default="original",
                         help="'original', 'optimized', or axis=value pairs, e.g. "
                              "'gae=scan,reset=mask' (default: original)")
@@ -44,12 +58,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed esper-bench version (esper does not import harness, which has its own)."""
+    try:
+        return importlib.metadata.version("esper-bench")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (esper-bench is not installed: pip install -e .)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train, printing one metrics line per iteration; returns the exit status.
 
     Bad input (sizes, variants, device, a checkpoint of another config) exits with status 2
-    and a one-line message, through `argparse`'s `error`.
+    and a one-line message, through `argparse`'s `error`; an unexpected exception prints
+    its traceback and exits 3 (a bug, not bad input); Ctrl-C exits 130.
     """
+    try:
+        return _train(argv)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except Exception:  # a bug: the traceback, and exit 3, apart from bad input's 2
+        traceback.print_exc()
+        print(f"internal error (exit 3): an unexpected exception in esper.train "
+              f"(esper-bench {_version()}); the traceback above says where", file=sys.stderr)
+        return 3
+
+
+def _train(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

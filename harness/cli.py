@@ -6,13 +6,16 @@
     esper-bench train [OPTIONS]    = python -m esper.train      (train the PPO)
 
 Each subcommand calls the same `main` as its `python -m` form, with the same options
-and exit codes; `esper-bench SUBCOMMAND --help` shows them.
+and exit codes; `esper-bench SUBCOMMAND --help` shows them. `esper-bench --version`
+prints the installed version.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from harness.exits import version
 
 #: subcommand -> module whose `main(argv)` it calls
 SUBCOMMANDS = {
@@ -29,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[0] + "\n\n" + usage)
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"esper-bench {version()}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
         print(f"{usage}\nesper-bench: unknown subcommand {command!r}; "

@@ -104,16 +104,25 @@ def test_a_stated_tolerance_absorbs_a_difference_and_survives_an_update(gae_base
     assert rewritten["allocations"] == entry["allocations"] + 2
 
 
-def test_new_and_missing_cells_are_reported_without_failing(gae_baseline, gae_cells):
+def test_a_new_cell_fails_unless_allowed_and_a_missing_one_is_reported(gae_baseline, gae_cells):
     document = json.loads(gae_baseline.read_text())
     dropped = document["counters"].pop(0)
     document["counters"].append({**dropped, "variant": "retired-method"})
     gae_baseline.write_text(json.dumps(document))
     rows = _compare(gae_cells, gae_baseline)
-    by_variant = {(row.variant, row.case): row.outcome for row in rows}
-    assert by_variant[(dropped["variant"], dropped["case"])] is Outcome.NEW
-    assert by_variant[("retired-method", dropped["case"])] is Outcome.MISSING
-    assert not any(row.outcome.fails for row in rows)
+    by_variant = {(row.variant, row.case): row for row in rows}
+    new = by_variant[(dropped["variant"], dropped["case"])]
+    assert new.outcome is Outcome.NEW and new.outcome.fails
+    assert new.note == ("not in the baseline; add it with `python -m harness.gate "
+                        f"--update-baseline --findings B4-CR-03`")
+    assert by_variant[("retired-method", dropped["case"])].outcome is Outcome.MISSING
+    assert [row.outcome for row in rows if row.outcome.fails] == [Outcome.NEW]
+
+    allowed = gate_counters.compare(gae_cells, gate_counters.load_baseline(gae_baseline),
+                                    ["B4-CR-03"], allow_new=True)
+    assert {row.outcome for row in allowed} == {Outcome.PASS, Outcome.NEW_ALLOWED,
+                                                Outcome.MISSING}
+    assert not any(row.outcome.fails for row in allowed)
 
 
 def test_baseline_problems_name_the_command_that_fixes_them(tmp_path):

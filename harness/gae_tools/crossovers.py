@@ -28,6 +28,8 @@ import torch
 
 from esper import gae
 from esper.gae.auto import UNBOUNDED, Crossover
+from harness import exits
+from harness.exits import UsageError
 from harness.findings import Case
 from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
 from harness.measure.timing import make_clock, measure_interleaved, pinned_threads
@@ -191,21 +193,24 @@ def _warm_up(methods: list[str], device: torch.device) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.gae_tools.crossovers",
-                                description=__doc__.split("\n")[0])
+                                description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=exits.epilog("done (the tables are printed)"))
+    exits.add_version(p)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, shorter budgets")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
     return p
 
 
+@exits.command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads < 1:
-        print(f"error: --threads: expected a positive int; got {args.threads}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--threads: expected a positive int; got {args.threads}")
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda: torch.cuda.is_available() is False", file=sys.stderr)
-        return 2
+        raise UsageError("--device cuda: expected a CUDA device; torch.cuda.is_available() "
+                         "is False here")
     device = torch.device(args.device)
     envs, steps = (QUICK_ENVS, QUICK_STEPS) if args.quick else (ENVS, STEPS)
     shapes = [(e, t) for e in envs for t in steps]

@@ -9,7 +9,8 @@ the targets:
 - at 1024 x 256 it is within 3x of the memory-bandwidth floor (`harness.measure.bandwidth`);
 - at 4 x 25 it takes under 40 microseconds per call.
 
-Exit status: 0 all targets met, 1 some target missed or a cell is missing, 2 usage error.
+Exit status: 0 all targets met, 1 some target missed or a cell is missing, 2 usage or
+input error, 3 internal error (also in `--help`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness import exits
+from harness.exits import UsageError
 from harness.findings import gae_methods
 from harness.findings.peers import PEERS
 from harness.results import DEFAULT_RESULTS_DIR, load_run
@@ -124,9 +127,15 @@ def markdown(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
+@exits.command
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.gae_tools.targets",
-                                description=__doc__.split("\n")[0])
+                                description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=exits.epilog("every target met",
+                                                    "a target missed, or a target cell missing "
+                                                    "from the run"))
+    exits.add_version(p)
     p.add_argument("run", nargs="?", default="latest", help="run folder, run id, or latest")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="where run ids are looked up (default results/)")
@@ -134,12 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = load_run(args.run, args.results)
     except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from err
     if FINDING not in set(run.summary.get("finding", [])):
-        print(f"error: run {run.run_id} has no {FINDING} rows; run "
-              f"`python -m harness.run --findings {FINDING}`", file=sys.stderr)
-        return 2
+        raise UsageError(f"run {run.run_id}: expected {FINDING} rows; it has none (measure "
+                         f"them with `python -m harness.run --findings {FINDING}`)")
     cells = target_cells(run.summary)
     print(f"run {run.run_id} ({run.metadata.get('cpu_model') or run.metadata.get('device_name')}, "
           f"torch threads: {run.metadata.get('threads')})\n")

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.gate.table import GateRow, Outcome, UsageError
+from harness.exits import UsageError, run_group, signals_deferred
+from harness.gate.table import GateRow, Outcome
 from harness.gate.worker import WorkerConfig
 from harness.measure.stats import RatioCI, as_samples, median_ratio_interval, min_units_for
 
@@ -94,21 +95,70 @@ def resolve_revision(repo: Path, rev: str) -> str:
     return done.stdout.strip()
 
 
+#: prefix of the temporary folder that holds a gate worktree (and its owner's pid)
+WORKTREE_PREFIX = "gate-ab-"
+
+
+def _remove_worktree(repo: Path, folder: Path) -> None:
+    """Unregister and delete the worktree in `folder`/tree and the folder itself."""
+    _git(repo, "worktree", "remove", "--force", str(folder / "tree"))
+    shutil.rmtree(folder, ignore_errors=True)  # the pid file; the tree when git could not
+    _git(repo, "worktree", "prune")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_worktrees(repo: Path) -> list[Path]:
+    """Remove the worktrees of gates that were killed outright (SIGKILL: no cleanup ran).
+
+    A gate worktree lives in `<tmp>/gate-ab-XXXX/tree`, beside a `pid` file naming the
+    process that made it; one whose process is gone is removed. Returns their folders.
+    """
+    listed = _git(repo, "worktree", "list", "--porcelain").stdout.splitlines()
+    removed = []
+    for tree in (Path(line.split(" ", 1)[1]) for line in listed if line.startswith("worktree ")):
+        folder = tree.parent
+        pid_file = folder / "pid"
+        if tree.name != "tree" or not folder.name.startswith(WORKTREE_PREFIX):
+            continue
+        owner = pid_file.read_text().strip() if pid_file.is_file() else ""
+        if owner.isdigit() and not _alive(int(owner)):
+            _remove_worktree(repo, folder)
+            removed.append(folder)
+    _git(repo, "worktree", "prune")  # registrations whose folder was deleted
+    return removed
+
+
 @contextlib.contextmanager
 def worktree(repo: Path, commit: str) -> Iterator[Path]:
-    """A detached git worktree of `commit` in a temporary folder, removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="gate-ab-"))
-    tree = folder / "tree"
-    added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
-    if added.returncode != 0:
-        shutil.rmtree(folder)
-        raise UsageError(f"--against: git worktree add failed: {added.stderr.strip()}")
+    """A detached git worktree of `commit` in a temporary folder, removed afterwards.
+
+    Removed on every way out, Ctrl-C and SIGTERM included (`harness.exits.command`
+    raises those as exceptions): signals are held while it is created and removed, so
+    neither is cut short. Worktrees of gates killed outright are removed first.
+    """
+    remove_stale_worktrees(repo)
+    folder = None
     try:
-        yield tree
+        with signals_deferred():  # a signal meanwhile is raised on the way out, inside `try`
+            folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+            (folder / "pid").write_text(f"{os.getpid()}\n")
+            added = _git(repo, "worktree", "add", "--detach", str(folder / "tree"), commit)
+        if added.returncode != 0:
+            raise UsageError(f"--against: git worktree add failed: {added.stderr.strip()}")
+        yield folder / "tree"
     finally:
-        _git(repo, "worktree", "remove", "--force", str(tree))
-        shutil.rmtree(folder, ignore_errors=True)  # already gone when git removed it
-        _git(repo, "worktree", "prune")
+        if folder is not None:
+            with signals_deferred():
+                _remove_worktree(repo, folder)
 
 
 # ------------------------------------------------------------------------------- workers
@@ -123,12 +173,14 @@ def run_session(trees: Sequence[Path], options: ABOptions) -> dict:
         trees=tuple(str(t) for t in trees), findings=options.findings,
         min_rounds=options.min_rounds, variant_budget_s=options.variant_budget_s,
         min_sample_time=options.min_sample_time, threads=options.threads, seed=options.seed,
+        parent=os.getpid(),
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with tempfile.TemporaryDirectory(prefix="gate-ab-session-") as neutral:
-        done = subprocess.run(
+        # its own process group, killed with anything it started on every way out
+        done = run_group(
             [sys.executable, "-c", WORKER_SOURCE.read_text(), json.dumps(asdict(config))],
-            cwd=neutral, env=env, capture_output=True, text=True,
+            cwd=neutral, env=env,
         )
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]

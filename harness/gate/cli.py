@@ -4,17 +4,22 @@ Three checks, one markdown table (check, finding, variant, case, baseline, curre
 change, verdict) on stdout:
 
   --counters     a. op calls, host syncs, allocations and allocated bytes of every quick
-                    case, exactly against results/baselines/counters.json
+                    case, exactly against results/baselines/counters.json; a cell the
+                    baseline lacks fails unless --allow-new
   --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
                     16 x 25), against harness/gate/invariants.json
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell whose 95%
                     interval lies above 1 + threshold
 
-With none of them: --counters --invariants. `--update-baseline` rewrites the counters file.
+With none of them: --counters --invariants. `--update-baseline` measures the counters of
+the findings named (default: every gated one) and merges them into the baseline file.
 
-Exit status: 0 pass; 1 a regression (or a variant that raises); 2 usage error, or a
-missing or outdated baseline (the message gives the command that creates it).
+Every input is checked before anything is measured. Exit status (also in `--help`):
+0 pass; 1 a regression (or a variant that raises); 2 usage or input error, including a
+missing, unreadable, outdated or incomplete baseline (the message gives the command that
+fixes it); 3 internal error (a bug, with its traceback); 130/143 interrupted by SIGINT /
+SIGTERM, after removing the A/B worktree and killing its workers.
 """
 
 from __future__ import annotations
@@ -25,52 +30,68 @@ import sys
 import time
 from pathlib import Path
 
-from harness import findings as registry
+from harness import exits, findings as registry
+from harness.exits import UsageError
 from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
-from harness.gate.table import GateRow, UsageError, render_markdown, rows_document, summary_line
+from harness.gate.table import GateRow, Outcome, render_markdown, rows_document, summary_line
 from harness.results import atomic_write_text
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.gate", description=__doc__.split("\n")[0],
-        epilog="exit status: 0 pass, 1 regression, 2 usage error or missing baseline",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=exits.epilog(
+            "pass", "a regression, or a variant that raises on the current code") + (
+            "\n(a counters baseline that is missing, unreadable, of another torch version or "
+            "lacks measured cells is an input error, 2; the message gives the command that "
+            "fixes it)"),
     )
+    exits.add_version(p)
     checks = p.add_argument_group("checks (default: --counters --invariants)")
     checks.add_argument("--counters", action="store_true", help="a: exact counters vs the baseline")
     checks.add_argument("--invariants", action="store_true", help="b: in-process speed ratios")
     checks.add_argument("--against", metavar="REV",
                         help="c: paired A/B timing against a git revision (branch, tag, commit)")
     p.add_argument("--update-baseline", action="store_true",
-                   help="measure the counters (twice, to prove them deterministic) and rewrite "
-                        "the baseline file, then exit")
+                   help="measure the counters of --findings (default: every gated finding; "
+                        "twice, to prove them deterministic) and merge them into the baseline "
+                        "file, keeping the other findings' entries; then exit")
+    p.add_argument("--allow-new", action="store_true",
+                   help="counters: let cells the baseline has no entry for pass (reported as "
+                        "'new (allowed)'), provided some other cell was compared")
     p.add_argument("--baseline", type=Path, default=gate_counters.DEFAULT_BASELINE, metavar="FILE",
                    help="counters baseline (default results/baselines/counters.json)")
     p.add_argument("--config", type=Path, default=gate_invariants.DEFAULT_CONFIG, metavar="FILE",
                    help="invariants config (default harness/gate/invariants.json)")
     p.add_argument("--findings", nargs="+", metavar="ID",
-                   help="findings for the counters and A/B checks (default: counters "
+                   help="gated findings for the counters and A/B checks (default: counters "
                         f"{' '.join(gate_counters.GATED_FINDINGS)}; "
                         f"A/B {' '.join(gate_ab.ABOptions.findings)})")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the rows, with their numbers, as JSON to FILE")
-    p.add_argument("--sessions", type=int, default=gate_ab.ABOptions.sessions, metavar="N",
+    p.add_argument("--sessions", type=int, metavar="N",
                    help="A/B: worker processes, each timing both trees side by side "
                         f"(default {gate_ab.ABOptions.sessions}, at least 6)")
-    p.add_argument("--threshold", type=float, default=gate_ab.ABOptions.threshold,
-                   metavar="FRACTION",
+    p.add_argument("--threshold", type=float, metavar="FRACTION",
                    help=f"A/B: slow-down that fails, as a fraction (default "
                         f"{gate_ab.ABOptions.threshold})")
     return p
 
 
 def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
-    """`--findings` (or the check's default), each id checked against the registry."""
-    ids = tuple(args.findings or default)
+    """`--findings` (or the check's default): each a registered id the gate covers."""
+    ids = tuple(dict.fromkeys(args.findings or default))
     try:
         registry.select(list(ids))
     except ValueError as err:  # the registry names the unknown and the known ids
         raise UsageError(str(err)) from err
+    ungated = [i for i in ids if i not in gate_counters.GATED_FINDINGS]
+    if ungated:
+        raise UsageError(f"--findings: expected findings the gate covers "
+                         f"({', '.join(gate_counters.GATED_FINDINGS)}); got {', '.join(ungated)}, "
+                         "registered but not gated (see GATED_FINDINGS in "
+                         "harness/gate/counters.py)")
     return ids
 
 
@@ -78,59 +99,113 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Options that are wrong in themselves or together, before anything is measured."""
+    checks = [name for name, given in zip(("--counters", "--invariants", "--against"),
+                                          (args.counters, args.invariants,
+                                           args.against is not None)) if given]
+    if args.update_baseline and (checks or args.json is not None):
+        raise UsageError(f"--update-baseline: expected on its own, without a check or --json; "
+                         f"got it with {', '.join(checks + ['--json'] * (args.json is not None))}")
+    if args.against is not None and not args.against.strip():
+        raise UsageError(f"--against: expected a git revision (a branch, tag or commit, "
+                         f"e.g. origin/main); got {args.against!r}")
+    counters, _, against = _runs(args)
+    if args.allow_new and (args.update_baseline or not counters):
+        raise UsageError("--allow-new: expected with the counters check (--counters, or no "
+                         f"check named); got it with {', '.join(checks) or '--update-baseline'}")
+    if args.findings and not (counters or against):
+        raise UsageError("--findings: expected with --counters, --against or "
+                         "--update-baseline (the invariants config names its own findings); "
+                         "got it with --invariants only")
+    for name, value in (("--sessions", args.sessions), ("--threshold", args.threshold)):
+        if value is not None and args.against is None:
+            raise UsageError(f"{name}: expected with --against REV (it sets the A/B check); "
+                             f"got {name} {value} without --against")
+    if args.json is not None:
+        exits.check_writable(args.json, "--json")
+
+
 def _update(args: argparse.Namespace) -> int:
-    if args.counters or args.invariants or args.against:
-        raise UsageError("--update-baseline: expected on its own; got it with a check option")
     findings = _findings(args, gate_counters.GATED_FINDINGS)
-    cells = gate_counters.update_baseline(args.baseline, findings)
-    recorded = sum(c.counts is not None for c in cells)
-    print(f"wrote {args.baseline}: {recorded} cells of {', '.join(findings)} "
+    exits.check_writable(args.baseline, "--baseline")
+    update = gate_counters.update_baseline(
+        args.baseline, findings, replace_stale=args.findings is None)
+    print(f"wrote {args.baseline}: {update.written} cells of {', '.join(findings)} "
           f"(each counted twice, identical)")
-    return 0
+    if update.kept:
+        print("kept the entries of the findings not measured: "
+              + ", ".join(f"{n} of {f}" for f, n in update.kept.items()))
+    if update.kept_skipped:
+        print(f"kept {update.kept_skipped} entries of cells skipped here")
+    if update.dropped:
+        print(f"dropped {len(update.dropped)} entries no longer measured: "
+              + "; ".join(" ".join(key) for key in update.dropped))
+    if update.replaced:
+        print(f"replaced the old file instead of merging: {update.replaced}")
+    return exits.PASS
+
+
+def _runs(args: argparse.Namespace) -> tuple[bool, bool, bool]:
+    """Whether checks a, b and c run: those named, or a and b when none is."""
+    named = (args.counters, args.invariants, args.against is not None)
+    return named if any(named) else (True, True, False)
 
 
 def run_checks(args: argparse.Namespace) -> list[GateRow]:
-    """The rows of every selected check, in the order a, b, c."""
-    run_default = not (args.counters or args.invariants or args.against)
-    rows: list[GateRow] = []
-    if args.counters or run_default:
-        started = time.perf_counter()
-        findings = _findings(args, gate_counters.GATED_FINDINGS)
-        rows += gate_counters.check_counters(args.baseline, findings)
-        _progress(f"counters: {time.perf_counter() - started:.1f} s")
-    if args.invariants or run_default:
-        started = time.perf_counter()
-        rows += gate_invariants.check_invariants(gate_invariants.load_config(args.config))
-        _progress(f"invariants: {time.perf_counter() - started:.1f} s")
-    if args.against:
-        started = time.perf_counter()
+    """The rows of every selected check, in the order a, b, c; every input is read and
+    checked first, so that a bad one fails before minutes of measuring."""
+    counters, invariants, against = _runs(args)
+    if counters:
+        counter_findings = _findings(args, gate_counters.GATED_FINDINGS)
+        baseline = gate_counters.load_baseline(args.baseline)
+    if invariants:
+        config = gate_invariants.load_config(args.config)
+    if against:
+        gate_ab.resolve_revision(gate_ab.CURRENT_TREE, args.against)
+        defaults = gate_ab.ABOptions()
         options = gate_ab.ABOptions(
-            findings=_findings(args, gate_ab.ABOptions.findings),
-            sessions=args.sessions, threshold=args.threshold,
+            findings=_findings(args, defaults.findings),
+            sessions=defaults.sessions if args.sessions is None else args.sessions,
+            threshold=defaults.threshold if args.threshold is None else args.threshold,
         )
+    rows: list[GateRow] = []
+    if counters:
+        started = time.perf_counter()
+        rows += gate_counters.compare(gate_counters.measure(counter_findings), baseline,
+                                      counter_findings, allow_new=args.allow_new,
+                                      path=args.baseline)
+        _progress(f"counters: {time.perf_counter() - started:.1f} s")
+    if invariants:
+        started = time.perf_counter()
+        rows += gate_invariants.check_invariants(config)
+        _progress(f"invariants: {time.perf_counter() - started:.1f} s")
+    if against:
+        started = time.perf_counter()
         rows += gate_ab.check_against(args.against, options, progress=_progress)
         _progress(f"A/B: {time.perf_counter() - started:.1f} s")
     return rows
 
 
+@exits.command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.update_baseline:
-            return _update(args)
-        rows = run_checks(args)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except gate_ab.WorkerFailed as err:
-        print(f"error: the current tree cannot be measured: {err}", file=sys.stderr)
-        return 1
+    _check_options(args)
+    if args.update_baseline:
+        return _update(args)
+    rows = run_checks(args)
     print(render_markdown(rows))
     print()
     print(summary_line(rows))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(rows_document(rows), indent=1) + "\n")
-    return 1 if any(row.outcome.fails for row in rows) else 0
+    if any(row.outcome in (Outcome.REGRESSION, Outcome.ERROR) for row in rows):
+        return exits.FAILED
+    if _runs(args)[0]:
+        gap = gate_counters.coverage_error(rows, args.baseline, args.allow_new)
+        if gap is not None:
+            raise UsageError(gap)
+    return exits.PASS
 
 
 if __name__ == "__main__":

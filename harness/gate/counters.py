@@ -19,6 +19,11 @@ Baseline file (JSON, written atomically)::
 `tolerance` is optional per entry (absolute counts per counter) and is kept when the
 baseline is rewritten. Counts recorded under another torch minor version are not
 compared (op decompositions change between releases).
+
+A measured cell the baseline has no entry for fails (exit 2: the baseline is incomplete),
+unless `--allow-new` lets it pass beside cells that were compared: an empty or partial
+baseline never passes by accident. `--update-baseline [--findings ID ...]` merges: it
+rewrites the entries of the findings it measured and keeps every other entry.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 import torch
 
 from harness import findings as registry
+from harness.exits import read_json
 from harness.measure.counters import profile_call
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
@@ -50,11 +56,14 @@ THREADS = 1
 UPDATE_COMMAND = "python -m harness.gate --update-baseline"
 
 
-def update_command(path: Path) -> str:
-    """The command that (re)creates the baseline at `path`."""
-    if path.resolve() == DEFAULT_BASELINE:
-        return UPDATE_COMMAND
-    return f"{UPDATE_COMMAND} --baseline {path}"
+def update_command(path: Path, findings: Sequence[str] = ()) -> str:
+    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it."""
+    command = UPDATE_COMMAND
+    if path.resolve() != DEFAULT_BASELINE:
+        command += f" --baseline {path}"
+    if findings:
+        command += f" --findings {' '.join(findings)}"
+    return command
 
 
 Key = tuple[str, str, str]
@@ -146,17 +155,40 @@ def _bad_baseline(path: Path, what: str) -> UsageError:
     return UsageError(f"{path}: {what}; recreate it with `{update_command(path)}`")
 
 
+def _entry(entry: object, where: str, path: Path) -> CellCounts:
+    """One `counters` entry, checked: its key as strings, counts and tolerances as ints >= 0."""
+    if not isinstance(entry, dict):
+        raise _bad_baseline(path, f"{where}: expected an object; got {type(entry).__name__}")
+    missing = [k for k in ("finding", "case", "variant", *COUNTERS) if k not in entry]
+    if missing:
+        raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; got {sorted(entry)}")
+    key = {k: entry[k] for k in ("finding", "case", "variant")}
+    if not all(isinstance(v, str) for v in key.values()):
+        raise _bad_baseline(path, f"{where}: expected finding, case and variant as strings; got {key}")
+    values = {k: entry[k] for k in COUNTERS}
+    tolerance = entry.get("tolerance", {})
+    if not isinstance(tolerance, dict):
+        raise _bad_baseline(path, f"{where}.tolerance: expected an object; "
+                                  f"got {type(tolerance).__name__}")
+    bad = {k: v for k, v in {**values, **tolerance}.items()
+           if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+    unknown = sorted(set(tolerance) - set(COUNTERS))
+    if bad or unknown:
+        raise _bad_baseline(path, f"{where}: expected counts and tolerances as integers >= 0 "
+                                  f"for {', '.join(COUNTERS)}; got {bad or unknown}")
+    return CellCounts(**key, counts=values, tolerance=dict(tolerance))
+
+
 def load_baseline(path: Path, *, same_machine_kind: bool = True) -> dict[Key, CellCounts]:
-    """Baseline entries by key; UsageError (missing, unreadable, other version) naming the fix.
+    """Baseline entries by key, in file order; UsageError naming the file, what is wrong
+    (missing, unreadable, not UTF-8, truncated, other schema or machine kind, a bad
+    entry) and the command that fixes it.
 
     `same_machine_kind=False` skips the fingerprint check (to carry tolerances over).
     """
     if not path.exists():
         raise UsageError(f"no counters baseline at {path}; create it with `{update_command(path)}`")
-    try:
-        document = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise _bad_baseline(path, f"not valid JSON ({err})") from err
+    document = read_json(path, fix=f"recreate it with `{update_command(path)}`")
     if not isinstance(document, dict):
         raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}")
     version = document.get("schema_version")
@@ -165,51 +197,100 @@ def load_baseline(path: Path, *, same_machine_kind: bool = True) -> dict[Key, Ce
     recorded, here = document.get("fingerprint"), fingerprint()
     if same_machine_kind and recorded != here:
         raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); got {recorded!r}")
+    listed = document.get("counters")
+    if not isinstance(listed, list):
+        raise _bad_baseline(path, f"counters: expected a list of entries; got "
+                                  f"{'nothing' if listed is None else type(listed).__name__}")
     entries: dict[Key, CellCounts] = {}
-    for index, entry in enumerate(document.get("counters", [])):
-        where = f"counters[{index}]"
-        missing = [k for k in ("finding", "case", "variant", *COUNTERS) if k not in entry]
-        if missing:
-            raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; got {sorted(entry)}")
-        values = {k: entry[k] for k in COUNTERS}
-        tolerance = entry.get("tolerance", {})
-        bad = {k: v for k, v in {**values, **tolerance}.items()
-               if not isinstance(v, int) or isinstance(v, bool) or v < 0}
-        unknown = sorted(set(tolerance) - set(COUNTERS))
-        if bad or unknown:
-            raise _bad_baseline(path, f"{where}: expected counts and tolerances as integers >= 0 "
-                                      f"for {', '.join(COUNTERS)}; got {bad or unknown}")
-        cell = CellCounts(entry["finding"], entry["case"], entry["variant"], counts=values,
-                          tolerance=dict(tolerance))
+    for index, raw in enumerate(listed):
+        cell = _entry(raw, f"counters[{index}]", path)
+        if cell.key in entries:
+            raise _bad_baseline(path, f"counters[{index}]: expected one entry per finding, "
+                                      f"case and variant; got {cell.key} again")
         entries[cell.key] = cell
     return entries
 
 
-def write_baseline(path: Path, cells: Sequence[CellCounts]) -> None:
-    """Write the measured counts; keeps the `tolerance` of entries already in the file.
+@dataclass(frozen=True)
+class BaselineUpdate:
+    """What `write_baseline` did to the file."""
 
-    Raises UsageError when a cell raised or counted differently on two calls: such a
-    cell cannot be gated exactly, and the file is left as it was.
+    written: int
+    """Entries measured now."""
+    kept: dict[str, int]
+    """Entries of findings not measured now, kept as they were: finding -> count."""
+    kept_skipped: int
+    """Entries of measured findings whose cell was skipped here, kept as they were."""
+    dropped: tuple[Key, ...]
+    """Entries of measured findings that no longer have such a cell."""
+    replaced: str | None
+    """Why the old file was replaced rather than merged into (stale or unreadable), or None."""
+
+
+def _previous(path: Path, findings: set[str], replace_stale: bool
+              ) -> tuple[dict[Key, CellCounts], str | None]:
+    """The entries to merge with, and why the file is replaced instead (None: merged).
+
+    A file of another schema, another machine kind or that cannot be read has nothing to
+    merge with: it is replaced when `replace_stale`, or when it holds entries of the
+    measured findings only; otherwise UsageError (the other findings' entries would be
+    lost or mixed with counts of another torch version).
+    """
+    if not path.exists():
+        return {}, None
+    try:
+        return load_baseline(path), None
+    except UsageError as err:
+        problem = str(err)
+    try:  # a readable file of another machine kind: its tolerances carry over
+        loose = load_baseline(path, same_machine_kind=False)
+    except UsageError:
+        loose = None
+    others = None if loose is None else sorted({k[0] for k in loose} - findings)
+    if not replace_stale and others != []:
+        whose = "the entries of the other findings" if others is None else ", ".join(others)
+        raise UsageError(f"baseline not updated, it would lose {whose}: {problem}")
+    kept = {k: c for k, c in (loose or {}).items() if k[0] in findings}
+    return kept, problem
+
+
+def write_baseline(path: Path, cells: Sequence[CellCounts], *,
+                   replace_stale: bool = False) -> BaselineUpdate:
+    """Merge the measured cells into the baseline at `path` and write it atomically.
+
+    The entries of the cells' findings are rewritten from the measurement (a cell skipped
+    here keeps its old entry; an entry whose cell no longer exists is dropped); every
+    entry of any other finding is kept as it was, in place. Tolerances are kept.
+    Raises UsageError, leaving the file as it was, when a cell raised or counted
+    differently on two calls (such a cell cannot be gated exactly), or when the old file
+    cannot be merged into (see `_previous`; `replace_stale` replaces it instead).
     """
     broken = [c for c in cells if c.error]
     if broken:
         listing = "; ".join(f"{c.finding} {c.variant} [{c.case}]: {c.error}" for c in broken)
         raise UsageError(f"baseline not written, {len(broken)} cell(s) failed: {listing}")
-    kept: dict[Key, dict[str, int]] = {}
-    if path.exists():
-        try:
-            old = load_baseline(path, same_machine_kind=False)
-        except UsageError:
-            old = {}  # an unreadable or other-schema file is replaced; it has nothing to keep
-        kept = {k: c.tolerance for k, c in old.items() if c.tolerance}
-    entries = []
+    findings = {c.finding for c in cells}
+    old, replaced = _previous(path, findings, replace_stale)
+    # the file's order of findings, then new ones; each measured finding in measured order
+    groups: dict[str, list[CellCounts]] = {key[0]: [] for key in old}
+    kept_skipped = 0
+    for key, entry in old.items():
+        if key[0] not in findings:
+            groups[key[0]].append(entry)
     for cell in cells:
-        if cell.counts is None:
-            continue  # skipped here: nothing to record
+        if cell.counts is not None:
+            tolerance = old[cell.key].tolerance if cell.key in old else {}
+            groups.setdefault(cell.finding, []).append(CellCounts(
+                cell.finding, cell.case, cell.variant, counts=cell.counts, tolerance=tolerance))
+        elif cell.key in old and replaced is None:  # skipped here: the entry from where it ran
+            groups[cell.finding].append(old[cell.key])
+            kept_skipped += 1
+    entries = []
+    for cell in (c for group in groups.values() for c in group):
         entry = {"finding": cell.finding, "case": cell.case, "variant": cell.variant,
                  **cell.counts}
-        if cell.key in kept:
-            entry["tolerance"] = kept[cell.key]
+        if cell.tolerance:
+            entry["tolerance"] = cell.tolerance
         entries.append(entry)
     document = {
         "schema_version": SCHEMA_VERSION,
@@ -219,6 +300,14 @@ def write_baseline(path: Path, cells: Sequence[CellCounts]) -> None:
         "counters": entries,
     }
     atomic_write_text(path, json.dumps(document, indent=1) + "\n")
+    measured = {c.key for c in cells}
+    return BaselineUpdate(
+        written=sum(c.counts is not None for c in cells),
+        kept={f: len(group) for f, group in groups.items() if f not in findings and group},
+        kept_skipped=kept_skipped,
+        dropped=tuple(k for k in old if k[0] in findings and k not in measured),
+        replaced=replaced,
+    )
 
 
 # ------------------------------------------------------------------------------- comparison
@@ -227,7 +316,7 @@ def _counts_text(counts: dict[str, int]) -> str:
     return " ".join(f"{k}={counts[k]}" for k in COUNTERS)
 
 
-def _compare_cell(current: CellCounts, baseline: CellCounts) -> GateRow:
+def _compare_cell(current: CellCounts, baseline: CellCounts, path: Path) -> GateRow:
     same = current.counts == baseline.counts
     base = dict(check="counters", finding=current.finding, variant=current.variant,
                 case=current.case, baseline=_counts_text(baseline.counts),
@@ -246,13 +335,26 @@ def _compare_cell(current: CellCounts, baseline: CellCounts) -> GateRow:
         outcome = Outcome.IMPROVED
     else:
         outcome = Outcome.PASS
-    note = f"lock it in with `{UPDATE_COMMAND}`" if outcome is Outcome.IMPROVED else ""
+    note = (f"lock it in with `{update_command(path, [current.finding])}`"
+            if outcome is Outcome.IMPROVED else "")
     return GateRow(**base, change=", ".join(changes) or "=", outcome=outcome, note=note)
 
 
+#: outcomes of a measured cell held against its baseline entry
+COMPARED = (Outcome.PASS, Outcome.IMPROVED, Outcome.REGRESSION)
+
+
 def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
-            finding_ids: Sequence[str]) -> list[GateRow]:
-    """One row per measured cell, then one per baseline entry of these findings not measured."""
+            finding_ids: Sequence[str], *, allow_new: bool = False,
+            path: Path = DEFAULT_BASELINE) -> list[GateRow]:
+    """One row per measured cell, then one per baseline entry of these findings not measured.
+
+    A measured cell without a baseline entry is NEW (fails); with `allow_new` it is
+    NEW_ALLOWED (passes), but only when some other cell was compared: a baseline with no
+    entry for any measured cell never passes. `path` names the baseline in the notes'
+    commands.
+    """
+    allowed = allow_new and any(c.counts is not None and c.key in baseline for c in current)
     rows = []
     seen = set()
     for cell in current:
@@ -265,11 +367,12 @@ def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
             rows.append(GateRow(**base, baseline="", current="", change="",
                                 outcome=Outcome.SKIPPED, note=cell.skipped))
         elif cell.key not in baseline:
-            rows.append(GateRow(**base, baseline="", current=_counts_text(cell.counts),
-                                change="", outcome=Outcome.NEW,
-                                note=f"not in the baseline; add it with `{UPDATE_COMMAND}`"))
+            rows.append(GateRow(
+                **base, baseline="", current=_counts_text(cell.counts), change="",
+                outcome=Outcome.NEW_ALLOWED if allowed else Outcome.NEW,
+                note=f"not in the baseline; add it with `{update_command(path, [cell.finding])}`"))
         else:
-            rows.append(_compare_cell(cell, baseline[cell.key]))
+            rows.append(_compare_cell(cell, baseline[cell.key], path))
     for key, entry in baseline.items():
         if key not in seen and entry.finding in finding_ids:
             rows.append(GateRow(check="counters", finding=entry.finding, variant=entry.variant,
@@ -279,14 +382,45 @@ def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
     return rows
 
 
-def check_counters(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS) -> list[GateRow]:
+def coverage_error(rows: Sequence[GateRow], path: Path, allow_new: bool = False) -> str | None:
+    """Why the counters rows do not cover the code (the gate exits 2), or None when they do.
+
+    The baseline lacks measured cells (NEW rows): the message counts them per finding and
+    gives the command that adds exactly those findings' cells. Or nothing at all was
+    compared (every cell skipped or missing here).
+    """
+    rows = [r for r in rows if r.check == "counters"]
+    new = [r for r in rows if r.outcome is Outcome.NEW]
+    if new:
+        per_finding: dict[str, int] = {}
+        for row in new:
+            per_finding[row.finding] = per_finding.get(row.finding, 0) + 1
+        counted = ", ".join(f"{n} of {f}" for f, n in per_finding.items())
+        measured = sum(r.outcome is not Outcome.MISSING for r in rows)
+        why = ("; --allow-new lets new cells pass only beside compared ones, and none was"
+               if allow_new else "")
+        return (f"{path}: expected an entry for every measured cell; {len(new)} of {measured} "
+                f"have none ({counted}){why}; add them with "
+                f"`{update_command(path, list(per_finding))}`")
+    if not any(r.outcome in COMPARED for r in rows):
+        findings = sorted({r.finding for r in rows}) or ["the findings named"]
+        return (f"counters: nothing was compared: no cell of {', '.join(findings)} was both "
+                f"measured here and in {path}")
+    return None
+
+
+def check_counters(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS, *,
+                   allow_new: bool = False) -> list[GateRow]:
     """Check a: measure now and compare with the baseline file."""
     baseline = load_baseline(baseline_path)  # first, so a missing file fails fast
-    return compare(measure(finding_ids), baseline, finding_ids)
+    return compare(measure(finding_ids), baseline, finding_ids, allow_new=allow_new,
+                   path=baseline_path)
 
 
-def update_baseline(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS) -> list[CellCounts]:
-    """Measure every cell twice, refuse non-deterministic cells, and rewrite the baseline."""
+def update_baseline(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS, *,
+                    replace_stale: bool = False) -> BaselineUpdate:
+    """Measure every cell twice, refuse non-deterministic cells, and merge them into the
+    baseline (`write_baseline`)."""
+    _previous(baseline_path, set(finding_ids), replace_stale)  # refuse before measuring
     cells = measure(finding_ids, repeat_check=True)
-    write_baseline(baseline_path, cells)
-    return cells
+    return write_baseline(baseline_path, cells, replace_stale=replace_stale)

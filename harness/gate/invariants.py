@@ -15,7 +15,6 @@ with a message.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from harness import findings as registry
+from harness.exits import read_json
 from harness.findings import Case, Finding
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.measure.stats import RatioCI, bootstrap_ratio_ci
@@ -119,8 +119,11 @@ def parse_config(document: object, source: str) -> InvariantConfig:
         if getattr(sampling, name) < low:
             raise UsageError(f"{where}.{name}: expected an integer >= {low}; "
                              f"got {getattr(sampling, name)}")
+    listed = _field(document, "invariants", list, source)
+    if not listed:  # a check of nothing would pass by accident
+        raise UsageError(f"{source}: invariants: expected at least one invariant; got []")
     invariants, ids = [], set()
-    for index, entry in enumerate(_field(document, "invariants", list, source)):
+    for index, entry in enumerate(listed):
         where = f"{source}: invariants[{index}]"
         if not isinstance(entry, dict):
             raise UsageError(f"{where}: expected an object; got {entry!r}")
@@ -143,14 +146,11 @@ def parse_config(document: object, source: str) -> InvariantConfig:
 
 
 def load_config(path: Path) -> InvariantConfig:
-    """Read and validate the invariants config."""
+    """Read and validate the invariants config; UsageError naming the file and what is wrong
+    (missing, unreadable, not UTF-8, truncated, a bad field)."""
     if not path.exists():
         raise UsageError(f"no invariants config at {path}")
-    try:
-        document = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{path}: not valid JSON ({err})") from err
-    return parse_config(document, str(path))
+    return parse_config(read_json(path), str(path))
 
 
 # ----------------------------------------------------------------------------- measuring

@@ -14,7 +14,9 @@ passes is a miss), then prints one markdown table of rates plus the numbers behi
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
 `--busy N` keeps N CPU-bound processes running beside every measurement, as another
-job on a shared CI machine would.
+job on a shared CI machine would. Nothing outlives the command: on Ctrl-C or SIGTERM the
+busy processes, the gate processes and the A/B worktree are removed, and a busy process
+whose parent was killed outright (SIGKILL) stops by itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -32,6 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import exits
+from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate import ab as gate_ab
 from harness.gate.plant import plant_lines
 from harness.gate.table import rows_document
@@ -80,9 +85,12 @@ def _gate_process(args: list[str], wrap: str | None) -> tuple[int, list[dict], f
             source = _PLANTED_GATE.format(wrap=wrap, method=PLANTED_METHOD)
             command = [sys.executable, "-c", source, *args, "--json", str(out)]
         started = time.perf_counter()
-        done = subprocess.run(command, cwd=gate_ab.CURRENT_TREE, capture_output=True, text=True)
+        done = run_group(command, cwd=gate_ab.CURRENT_TREE)
         seconds = time.perf_counter() - started
-        if done.returncode not in (0, 1):
+        if done.returncode == exits.USAGE:  # e.g. a missing or outdated baseline
+            lines = done.stderr.strip().splitlines() or ["(no message)"]
+            raise UsageError(f"the gate ({' '.join(args)}) cannot run here: {lines[-1]}")
+        if done.returncode not in (exits.PASS, exits.FAILED):
             raise RuntimeError(f"{' '.join(args)} exited with {done.returncode}: "
                                f"{done.stderr.strip()[-500:]}")
         rows = json.loads(out.read_text())["rows"]
@@ -152,17 +160,31 @@ def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
     return scenarios
 
 
+#: a CPU-bound loop that stops once its parent (pid in argv[1]) is gone, killed outright
+#: with no cleanup; given by pid, since the parent may die before this process starts
+SPINNER = """
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    for _ in range(100_000):
+        pass
+"""
+
+
 @contextlib.contextmanager
 def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
-    """`count` processes spinning a CPU core each while inside; killed on the way out."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(count)]
+    """`count` processes spinning a CPU core each while inside; killed on every way out
+    (an exception, Ctrl-C, SIGTERM), and stopping by themselves if this process dies."""
+    spinners: list[subprocess.Popen] = []
     try:
+        for _ in range(count):
+            spinners.append(subprocess.Popen([sys.executable, "-c", SPINNER, str(os.getpid())]))
         yield spinners
     finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
+        with signals_deferred():
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
 
 
 # ---------------------------------------------------------------------------------- report
@@ -206,7 +228,11 @@ def timing_table(scenarios: list[Scenario]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.gate.quality",
-                                description=__doc__.split("\n")[0])
+                                description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=exits.epilog("every run done (the tables give the rates; "
+                                                    "a flagged run is not a failure here)"))
+    exits.add_version(p)
     p.add_argument("--counters-runs", type=int, default=10, metavar="N",
                    help="runs of check a per condition (default 10)")
     p.add_argument("--invariant-runs", type=int, default=20, metavar="N",
@@ -221,15 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@exits.command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     counts = (args.counters_runs, args.invariant_runs, args.ab_runs, args.ab_planted_runs)
     if any(n < 0 for n in counts):
-        print(f"error: run counts: expected integers >= 0; got {counts}", file=sys.stderr)
-        return 2
+        raise UsageError(f"run counts: expected integers >= 0; got {counts}")
     if args.busy < 0:
-        print(f"error: --busy: expected an integer >= 0; got {args.busy}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--busy: expected an integer >= 0; got {args.busy}")
+    if args.json is not None:
+        exits.check_writable(args.json, "--json")
     with busy_processes(args.busy):
         scenarios = run_scenarios(args)
     print(scenario_table(scenarios))

@@ -4,7 +4,8 @@ Every check (counters, invariants, A/B) turns what it measured into `GateRow`s: 
 outcome is an enum and the numbers behind a timing verdict are kept as data
 (`ci`, `threshold`); the text columns are only for people. `render_markdown` lays the
 rows out in one table: check, finding, variant, case, baseline, current, change, verdict.
-`UsageError` is the one kind of error the gate reports without a traceback (exit 2).
+`UsageError` (harness.exits) is the one kind of error the gate reports without a
+traceback (exit 2).
 """
 
 from __future__ import annotations
@@ -14,19 +15,13 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 
+from harness.exits import UsageError  # noqa: F401 (re-exported: the gate's error, exit 2)
 from harness.measure.stats import RatioCI
 
 
-class UsageError(Exception):
-    """Bad input to the gate (an option, a config or baseline file, a revision): exit 2.
-
-    The message is one line that names what was wrong and, where there is one, the
-    command that fixes it.
-    """
-
-
 class Outcome(str, enum.Enum):
-    """What one gate row says. Only REGRESSION and ERROR fail the gate."""
+    """What one gate row says. REGRESSION and ERROR fail the gate (exit 1); so does NEW,
+    a cell the baseline lacks (exit 2 when nothing else fails: the baseline is incomplete)."""
 
     PASS = "pass"
     """Counts equal (within the stated tolerance), or the ratio is on the good side."""
@@ -39,7 +34,9 @@ class Outcome(str, enum.Enum):
     INCONCLUSIVE = "inconclusive"
     """Invariant: the interval straddles the threshold; not a failure."""
     NEW = "new"
-    """Measured now but absent from the baseline (run `--update-baseline`)."""
+    """Measured now but absent from the baseline: fails (`--update-baseline` adds it)."""
+    NEW_ALLOWED = "new (allowed)"
+    """NEW under `--allow-new`, beside cells that were compared: passes."""
     MISSING = "missing"
     """In the baseline but not measured on this machine (e.g. a method not in METHODS)."""
     SKIPPED = "skipped"
@@ -51,8 +48,8 @@ class Outcome(str, enum.Enum):
 
     @property
     def fails(self) -> bool:
-        """Whether this outcome fails the gate (exit status 1)."""
-        return self in (Outcome.REGRESSION, Outcome.ERROR)
+        """Whether this outcome fails the gate."""
+        return self in (Outcome.REGRESSION, Outcome.ERROR, Outcome.NEW)
 
 
 @dataclasses.dataclass(frozen=True)

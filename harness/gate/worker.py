@@ -12,7 +12,8 @@ shared machine that separate processes cannot.
 From each tree only the long-stable parts of the findings API are used (`select`,
 `cases`, `build`, `make_call`, `skip`, `variants`; `peers` where the tree has it).
 
-Input: one JSON argument (see `WorkerConfig`). Output: one JSON object on stdout,
+Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
+started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
 `{"esper": [<path of each tree's esper package>], "cells": [...]}`, a cell per finding x
 case x variant with `samples`, one list per tree (seconds per call; entry i of each list
 comes from round i), or `errors`, one entry per tree (null where that tree ran), or
@@ -22,8 +23,11 @@ comes from round i), or `errors`, one entry per tree (null where that tree ran),
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +56,8 @@ class WorkerConfig:
     """`torch.set_num_threads` for the whole process."""
     seed: int = 0
     """Input seed passed to each finding's `build`."""
+    parent: int | None = None
+    """Pid of the gate that started this worker: the worker exits once it is gone."""
 
 
 def _from_trees(name: str) -> bool:
@@ -204,11 +210,25 @@ def _first_call_error(modules: TreeModules, fn: Callable[[], object]) -> str | N
     return None
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """No worker outlives the gate that started it, even one killed outright (SIGKILL).
+
+    On Linux the kernel kills this process when its parent dies (PR_SET_PDEATHSIG); a
+    parent that died before that was set shows as a parent pid other than `parent`.
+    """
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        sys.exit(f"the gate that started this worker (pid {parent}) is gone")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: worker.py CONFIG_JSON", file=sys.stderr)
         return 2
     raw = json.loads(argv[0])
+    _die_with_parent(raw.get("parent"))
     raw["trees"] = tuple(raw["trees"])
     raw["findings"] = tuple(raw["findings"])
     # nothing may come from the working directory: each tree is put on sys.path in turn

@@ -1,0 +1,268 @@
+"""How a harness command ends: exit codes, `--version`, input errors, signals, child processes.
+
+Every command exits with one of these codes, listed in its `--help`, so that CI can tell
+a finding from a crash:
+
+    0  pass (or: done)
+    1  the command's own check failed: a regression, a variant that fails, a target missed
+    2  usage or input error: one line naming the option or file, what was expected and
+       what was received (no traceback)
+    3  internal error: an unexpected exception, a bug; the traceback is printed
+  130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP, after cleaning up
+
+`command` wraps a command's `main(argv) -> int` to keep that contract: `UsageError` ->
+2, an unexpected exception -> traceback and 3, SIGTERM and SIGHUP raised as `Terminated`
+(a KeyboardInterrupt) so that every `finally` and `with` block cleans up as on Ctrl-C.
+`add_version` and `epilog` give the parser its `--version` and exit-code list.
+
+For inputs and outputs: `read_json` (a file's JSON, or a UsageError naming the file and
+whether it is missing, not UTF-8, empty or truncated) and `check_writable` (fail before
+the work, not after it). For cleanup: `run_group` (a child in its own process group,
+killed with everything it started on any way out) and `signals_deferred` (a cleanup
+that a second signal must not cut short).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+PASS, FAILED, USAGE, INTERNAL = 0, 1, 2, 3
+DISTRIBUTION = "esper-bench"
+#: signals that `command` turns into `Terminated` (SIGINT already raises KeyboardInterrupt)
+TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class UsageError(Exception):
+    """Bad input (an option, a file, a revision): exit 2, one line, no traceback.
+
+    The message names what was wrong, what was expected and what was received, and
+    where there is one, the command that fixes it.
+    """
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's KeyboardInterrupt.
+
+    A KeyboardInterrupt so that code which cleans up after Ctrl-C (`subprocess.run`
+    killing its child, `finally` blocks) does the same after a termination signal.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def version() -> str:
+    """The installed esper-bench version (importlib.metadata)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return f"unknown ({DISTRIBUTION} is not installed: pip install -e .)"
+
+
+def add_version(parser) -> None:
+    """`--version`: prints `PROG VERSION` and exits 0."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+
+
+def epilog(done: str = "pass", failed: str | None = None) -> str:
+    """The exit-code list for a parser's epilog (use argparse.RawDescriptionHelpFormatter).
+
+    `done` says what 0 means; `failed` what 1 means, or None where the command never fails
+    a check of its own.
+    """
+    lines = ["exit status:", f"  0    {done}"]
+    if failed is not None:
+        lines.append(f"  1    {failed}")
+    lines += [
+        f"  {USAGE}    usage or input error (the message names the option or file, what was "
+        "expected and what was received)",
+        f"  {INTERNAL}    internal error: an unexpected exception, a bug (the traceback is printed)",
+        "  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); 129 hung up (SIGHUP); "
+        "each after cleaning up",
+    ]
+    return "\n".join(lines)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise `Terminated` in the main thread.
+
+    A signal whose handler is not the default (SIG_IGN under nohup, a handler someone
+    installed) is left alone; the previous handlers come back on the way out.
+    """
+    if not _in_main_thread():  # signal handlers can only be set from the main thread
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(signum)
+
+    previous = {}
+    for signum in TERMINATING:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, raise_terminated)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while inside: a cleanup that must not be cut short.
+
+    A signal that arrives meanwhile is delivered (and raises) on the way out.
+    """
+    if not (_in_main_thread() and hasattr(signal, "pthread_sigmask")):
+        yield
+        return
+    held = {signal.SIGINT, *TERMINATING}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Wrap a command's `main(argv) -> int` in the exit-code contract (module docstring)."""
+
+    @functools.wraps(main)
+    def run(argv: list[str] | None = None) -> int:
+        try:
+            with signals_raise():
+                return main(argv)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return USAGE
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP as Terminated
+            signum = getattr(err, "signum", signal.SIGINT)
+            print(f"{signal.Signals(signum).name}: stopped, after cleaning up (temporary "
+                  "folders, worktrees, child processes)", file=sys.stderr)
+            return 128 + signum
+        except Exception:  # a bug: say so, with the traceback, and exit 3 (not 1: no finding)
+            traceback.print_exc()
+            print(f"internal error (exit {INTERNAL}): an unexpected exception in "
+                  f"{main.__module__} ({DISTRIBUTION} {version()}), not a finding about the "
+                  "code under test; the traceback above says where", file=sys.stderr)
+            return INTERNAL
+
+    return run
+
+
+# ------------------------------------------------------------------------------ input files
+
+def read_json(path: Path, fix: str = "") -> object:
+    """The JSON document in `path`; UsageError naming the file and what is wrong with it.
+
+    Tells an empty or truncated file (the text ends before the document does), text that
+    is not UTF-8 and a path that cannot be read apart. `fix` ("recreate it with ...") is
+    appended to the message.
+    """
+    suffix = f"; {fix}" if fix else ""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as err:
+        raise UsageError(f"{path}: no such file{suffix}") from err
+    except IsADirectoryError as err:
+        raise UsageError(f"{path}: expected a JSON file; got a folder{suffix}") from err
+    except OSError as err:
+        raise UsageError(f"{path}: cannot be read ({err.strerror or err}){suffix}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path}: expected UTF-8 JSON text; got byte 0x{raw[err.start]:02x} "
+                         f"at offset {err.start}, not UTF-8 (a binary or corrupt file){suffix}") from err
+    if not text.strip():
+        raise UsageError(f"{path}: expected a JSON document; the file is empty{suffix}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        why = ("; it looks truncated (the text ends inside a string, object or list)"
+               if _ends_inside(text) else "")
+        raise UsageError(f"{path}: not valid JSON: {err.msg} (line {err.lineno}, column "
+                         f"{err.colno}){why}{suffix}") from err
+
+
+def _ends_inside(text: str) -> bool:
+    """Whether JSON `text` stops inside a string or with an object or list still open:
+    what a file cut short by a full disk or a killed writer looks like."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if escaped:  # the character after a backslash in a string
+            escaped = False
+        elif in_string:
+            escaped = char == "\\"
+            in_string = char != '"'
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+    return in_string or depth > 0
+
+
+def check_writable(path: Path, option: str) -> None:
+    """UsageError, before any work is done, when the file `path` cannot be written.
+
+    Probes the folder that would hold it (its first existing ancestor, where folders
+    would be created) by creating and deleting a file there: permissions alone do not
+    tell (root may write anywhere but /proc, a read-only mount refuses everyone).
+    """
+    if path.is_dir():
+        raise UsageError(f"{option}: expected a file to write; got {path}, a folder")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"{option}: expected a file in a folder; got {path} "
+                         f"({folder} is not a folder)")
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as err:
+        raise UsageError(f"{option}: expected a writable location; got {path} "
+                         f"({folder}: {err.strerror or err})") from err
+
+
+# -------------------------------------------------------------------------- child processes
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kill the process group `process` leads (it and anything it started), then reap it."""
+    with contextlib.suppress(ProcessLookupError):  # the whole group has already exited
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def run_group(args: Sequence[str], **popen: object) -> subprocess.CompletedProcess:
+    """`subprocess.run(args, capture_output=True, text=True)` in a process group of its own.
+
+    Whatever way this returns or raises (an exception, Ctrl-C, SIGTERM as `Terminated`),
+    the child and every process it started are killed: nothing is left running.
+    """
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, **popen)
+    try:
+        stdout, stderr = process.communicate()
+    finally:
+        kill_group(process)
+    return subprocess.CompletedProcess(list(args), process.returncode, stdout, stderr)
