@@ -16,10 +16,10 @@ a finding from a crash:
 `add_version` and `epilog` give the parser its `--version` and exit-code list.
 
 For inputs and outputs: `read_json` (a file's JSON, or a UsageError naming the file and
-whether it is missing, not UTF-8, empty or truncated) and `check_writable` (fail before
-the work, not after it). For cleanup: `run_group` (a child in its own process group,
-killed with everything it started on any way out) and `signals_deferred` (a cleanup
-that a second signal must not cut short).
+whether it is missing, not UTF-8, empty or truncated) and `check_writable` /
+`check_writable_folder` (fail before the work, not after it). For cleanup: `run_group`
+(a child in its own process group, killed with everything it started on any way out)
+and `signals_deferred` (a cleanup that a second signal must not cut short).
 """
 
 from __future__ import annotations
@@ -230,12 +230,24 @@ def check_writable(path: Path, option: str) -> None:
     """
     if path.is_dir():
         raise UsageError(f"{option}: expected a file to write; got {path}, a folder")
-    folder = path.parent
+    _probe(path.parent, path, option, "a file in a folder")
+
+
+def check_writable_folder(folder: Path, option: str) -> None:
+    """UsageError, before any work is done, when files cannot be written into `folder`
+    (an existing folder, or one that would be created): it is a file, it lies under a
+    file, or its first existing ancestor refuses a new file."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{option}: expected a folder; got {folder}, a file")
+    _probe(folder, folder, option, "a folder")
+
+
+def _probe(folder: Path, path: Path, option: str, expected: str) -> None:
+    """Create and delete a file in `folder`'s first existing ancestor; UsageError if refused."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise UsageError(f"{option}: expected a file in a folder; got {path} "
-                         f"({folder} is not a folder)")
+        raise UsageError(f"{option}: expected {expected}; got {path} ({folder} is not a folder)")
     try:
         with tempfile.TemporaryFile(dir=folder, prefix=".write-probe-"):
             pass

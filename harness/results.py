@@ -1,41 +1,118 @@
-"""Results on disk: one folder per run, written atomically; loaders return DataFrames.
+"""Results on disk: one folder per run, a journal of its cells, atomic writes; loaders.
 
-    results/<run-id>/run.json   schema version, metadata, summary rows, sample rows
-    results/<run-id>/rows.csv   tidy: one row per finding x variant x case x sample
-    results/<run-id>/traces/    gzipped Chrome traces, one per finding
-    results/latest              the id of the newest run
+    results/<run-id>/run.json        schema version, metadata and status; when the run
+                                     ends, also every summary row and sample row
+    results/<run-id>/cells/*.json    the journal: one file per finding x case, written
+                                     (atomically, fsync'ed) the moment the cell is measured
+    results/<run-id>/rows.csv        tidy: one row per finding x variant x case x sample
+    results/<run-id>/traces/         gzipped Chrome traces, one per finding
+    results/latest                   the id of the newest run
+
+A run's status is `running` while it measures, then `complete`, `interrupted` (a signal
+stopped it; what was measured is kept) or `crashed` (an internal error). A run whose
+process died without saying so (SIGKILL, power loss) still reads `running` in its
+`run.json`; `load_run` reports it as `killed` once that process is gone. Either way its
+cells are in the journal: the report renders them and `harness.run --resume` measures
+only the cells that are missing.
+
+Run ids are unique: the folder is created exclusively, with a suffix on a collision, so
+runs started in the same second never share one.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import hashlib
 import io
 import json
 import math
 import os
+import re
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from harness.exits import UsageError, read_json
+
 SCHEMA_VERSION = 1
 DEFAULT_RESULTS_DIR = Path("results")
+CELLS = "cells"
+#: statuses a run.json can hold; `killed` is only ever inferred by `load_run`
+STATUSES = ("running", "complete", "interrupted", "crashed", "killed")
+
+
+class RunFileError(UsageError, ValueError):
+    """A run folder or file that is missing, corrupt or of another schema (exit 2)."""
+
+
+class DiskFullError(UsageError, OSError):
+    """No space left while writing a result file; nothing half-written is left behind."""
+
+
+# ------------------------------------------------------------------------------ writing
+
+def _mount(path: Path) -> str:
+    """`/dev/sda1 (mounted at /data)`: the file system holding `path`, for error messages."""
+    mount = Path(os.path.abspath(path))
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        table = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:  # no /proc: the mount point alone still says where
+        table = []
+    for line in table:
+        fields = line.split()
+        if len(fields) > 1 and fields[1] == str(mount):
+            return f"{fields[0]} (mounted at {mount})"
+    return str(mount)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (POSIX: the directory entry is its own write)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # platforms that cannot open a folder have nothing to sync here
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write `text` to `path` all or nothing: a temp file in the same folder, flushed and
+    fsync'ed, then renamed over `path`, then the folder fsync'ed.
+
+    A reader sees the old file or the new one, never a mix, even after SIGKILL or a power
+    cut. On any failure the temp file is removed; a full disk raises `DiskFullError`
+    naming the file system and the file.
+    """
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; results are for reading
         os.replace(tmp, path)
+        tmp = None
+        _fsync_folder(path.parent)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space left on {_mount(path.parent)} while writing {path}; "
+                                "free some space and run again") from err
+        raise
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
 
 
@@ -60,36 +137,132 @@ def _csv_text(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def cell_file_name(finding: str, case: str) -> str:
+    """`B4-CR-03--num_envs=4,max_steps=25--1a2b3c4d.json`: readable, unique per
+    (finding, case), and safe as a file name whatever characters the case label holds."""
+    digest = hashlib.sha1(f"{finding}\0{case}".encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9._=,-]+", "_", f"{finding}--{case}")[:120]
+    return f"{slug}--{digest}.json"
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc), to tell a reused pid
+    from the process that wrote a run; None where /proc cannot say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    """Whether the process that recorded (`pid`, `started`) is still running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process holds the pid: it is running
+        pass
+    return started is None or _process_start(pid) in (None, started)
+
+
+def create_run_folder(results_dir: Path, run_id: str) -> Path:
+    """Create `results_dir/run_id` exclusively; on a collision `run_id-2`, `-3`, ..."""
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 10_000):
+        folder = results_dir / (run_id if attempt == 1 else f"{run_id}-{attempt}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise RunFileError(f"{results_dir}: expected a free run id; got 9,999 runs named {run_id}-*")
+
+
 class RunWriter:
-    """Collects a run's rows and rewrites its files after every finding, so an interrupted
-    or crashing run keeps everything measured so far."""
+    """Writes one run: `run.json` at the start and the end, one journal file per cell the
+    moment it is measured, `rows.csv` and `latest` at the end.
 
-    def __init__(self, results_dir: Path, run_id: str, metadata: dict) -> None:
-        self.folder = Path(results_dir) / run_id
+    Create a new run with `RunWriter.create`, or continue an earlier one with
+    `RunWriter.reopen`; `add_cell` after each cell; `finish(status)` last.
+    """
+
+    def __init__(self, folder: Path, metadata: dict) -> None:
+        self.folder = Path(folder)
+        self.results_dir = self.folder.parent
         self.traces = self.folder / "traces"
-        self.traces.mkdir(parents=True, exist_ok=True)
-        self.results_dir = Path(results_dir)
-        self.metadata = {"run_id": run_id, **metadata}
-        self.summary: list[dict] = []
-        self.samples: list[dict] = []
+        self.cells = self.folder / CELLS
+        self.metadata = metadata
 
-    def add(self, summary: list[dict], samples: list[dict]) -> None:
-        self.summary += summary
-        self.samples += samples
-        self.write(status="running")
+    @classmethod
+    def create(cls, results_dir: Path, run_id: str, metadata: dict) -> "RunWriter":
+        """A new run folder (unique id), its `run.json` (status running) and `latest`."""
+        folder = create_run_folder(results_dir, run_id)
+        writer = cls(folder, {"run_id": folder.name, **metadata})
+        writer.traces.mkdir()
+        writer.cells.mkdir()
+        writer._write_header("running")
+        atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
+        return writer
 
-    def write(self, status: str) -> None:
-        document = {
-            "schema_version": SCHEMA_VERSION,
-            "status": status,
-            **self.metadata,
-            "summary": self.summary,
-            "rows": self.samples,
-        }
+    @classmethod
+    def reopen(cls, folder: Path) -> "RunWriter":
+        """An earlier run, to add its missing cells (`harness.run --resume`)."""
+        document = _read_document(Path(folder))
+        metadata = {k: v for k, v in document.items()
+                    if k not in ("schema_version", "status", "summary", "rows")}
+        writer = cls(folder, metadata)
+        writer.traces.mkdir(exist_ok=True)
+        writer.cells.mkdir(exist_ok=True)
+        writer._write_header("running")
+        return writer
+
+    def _write_header(self, status: str) -> None:
+        """run.json without rows: the run's identity and that this process is writing it."""
+        self.metadata.update(pid=os.getpid(), host=socket.gethostname(),
+                             process_start=_process_start(os.getpid()))
+        document = {"schema_version": SCHEMA_VERSION, "status": status, **self.metadata,
+                    "summary": [], "rows": []}
         atomic_write_text(self.folder / "run.json", json.dumps(_json_safe(document), indent=1))
-        atomic_write_text(self.folder / "rows.csv", _csv_text(self.samples))
-        atomic_write_text(self.results_dir / "latest", self.metadata["run_id"] + "\n")
 
+    def done_cells(self) -> set[tuple[str, str]]:
+        """(finding, case) of every cell already in the journal."""
+        return {(c["finding"], c["case"]) for c in read_cells(self.folder)}
+
+    def add_cell(self, finding: str, case: str, order: tuple[int, int],
+                 summary: list[dict], samples: list[dict], **extra) -> Path:
+        """Journal one measured cell: its summary rows and sample rows, durably, now.
+
+        `order` (finding index, case index) keeps the run's row order when the journal is
+        read back; `extra` (e.g. the rank that measured it) is stored beside the rows.
+        """
+        path = self.cells / cell_file_name(finding, case)
+        document = {"schema_version": SCHEMA_VERSION, "finding": finding, "case": case,
+                    "order": list(order), **extra, "summary": summary, "samples": samples}
+        atomic_write_text(path, json.dumps(_json_safe(document)))
+        return path
+
+    def finish(self, status: str) -> None:
+        """Gather the journal into `run.json` (with `status`) and `rows.csv`; point `latest` here."""
+        if status not in STATUSES:
+            raise ValueError(f"status: expected one of {', '.join(STATUSES)}; got {status!r}")
+        cells = read_cells(self.folder)
+        summary = [row for c in cells for row in c["summary"]]
+        samples = [row for c in cells for row in c["samples"]]
+        document = {"schema_version": SCHEMA_VERSION, "status": status, **self.metadata,
+                    "cells_done": len(cells), "summary": summary, "rows": samples}
+        atomic_write_text(self.folder / "run.json", json.dumps(_json_safe(document), indent=1))
+        atomic_write_text(self.folder / "rows.csv", _csv_text(samples))
+        atomic_write_text(self.results_dir / "latest", self.folder.name + "\n")
+
+    @property
+    def summary(self) -> list[dict]:
+        """Every summary row journaled so far, in run order."""
+        return [row for c in read_cells(self.folder) for row in c["summary"]]
+
+
+# ------------------------------------------------------------------------------ reading
 
 @dataclass(frozen=True)
 class Run:
@@ -97,6 +270,8 @@ class Run:
 
     folder: Path
     metadata: dict
+    """run.json without its rows; `status` as `load_run` found it (see module docstring),
+    `cells_done` the cells in the journal, `cells_total` the cells the run set out to do."""
     summary: pd.DataFrame
     """One row per finding x case x variant: status, verdict, median, ratio + CI, counters."""
     rows: pd.DataFrame
@@ -111,33 +286,83 @@ def resolve_run_folder(run: str | Path | None, results_dir: Path = DEFAULT_RESUL
     """A run folder from a path, a run id under `results_dir`, or `latest` / None."""
     if run is None or str(run) == "latest":
         latest = Path(results_dir) / "latest"
-        if not latest.exists():
-            raise FileNotFoundError(
+        if not latest.is_file():
+            raise RunFileError(
                 f"no run found: {latest} does not exist; create one with `python -m harness.run`"
             )
         run = latest.read_text().strip()
     candidate = Path(run)
-    if (candidate / "run.json").exists():
+    if (candidate / "run.json").is_file():
         return candidate
     under = Path(results_dir) / str(run)
-    if (under / "run.json").exists():
+    if (under / "run.json").is_file():
         return under
-    raise FileNotFoundError(f"no run {run!r}: neither {candidate} nor {under} holds a run.json")
+    raise RunFileError(f"no run {str(run)!r}: neither {candidate} nor {under} holds a run.json")
+
+
+def _read_document(folder: Path) -> dict:
+    path = folder / "run.json"
+    fix = "it is not a valid run; measure again with `python -m harness.run`"
+    try:
+        document = read_json(path, fix=fix)
+    except UsageError as err:
+        raise RunFileError(str(err)) from err
+    if not isinstance(document, dict):
+        raise RunFileError(f"{path}: expected a JSON object; got {type(document).__name__}; {fix}")
+    version = document.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RunFileError(
+            f"{path}: schema_version: expected {SCHEMA_VERSION}; got {version!r}. "
+            "Re-run `python -m harness.run` with this version of the harness."
+        )
+    return document
+
+
+def read_cells(folder: Path) -> list[dict]:
+    """The journal of run `folder`, in run order (empty for runs written before it existed)."""
+    cells = []
+    for path in sorted((Path(folder) / CELLS).glob("*.json")):
+        try:
+            cell = read_json(path, fix="delete it and measure the cell again with "
+                                       "`python -m harness.run --resume`")
+        except UsageError as err:
+            raise RunFileError(str(err)) from err
+        cells.append(cell)
+    return sorted(cells, key=lambda c: tuple(c["order"]))
 
 
 def load_run(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_DIR) -> Run:
-    """Read a run (path, id or `latest`); rejects other schema versions with what to do."""
+    """Read a run (path, id or `latest`), journaled cells included.
+
+    Raises `RunFileError` (a `UsageError`: exit 2 in the commands) naming the file when
+    the run is missing, not valid JSON (saying whether it looks truncated) or of another
+    schema version.
+    """
     folder = resolve_run_folder(run, results_dir)
-    document = json.loads((folder / "run.json").read_text())
-    version = document.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(
-            f"{folder / 'run.json'}: schema_version: expected {SCHEMA_VERSION}; got {version!r}. "
-            "Re-run `python -m harness.run` with this version of the harness."
-        )
-    summary = pd.DataFrame(document.pop("summary"))
-    rows = pd.DataFrame(document.pop("rows"))
-    return Run(folder=folder, metadata=document, summary=summary, rows=rows)
+    document = _read_document(folder)
+    cells = read_cells(folder)
+    if cells:  # the journal is the record; run.json holds the same rows once finished
+        summary = pd.DataFrame([row for c in cells for row in c["summary"]])
+        rows = pd.DataFrame([row for c in cells for row in c["samples"]])
+    else:
+        summary, rows = pd.DataFrame(document["summary"]), pd.DataFrame(document["rows"])
+    metadata = {k: v for k, v in document.items() if k not in ("summary", "rows")}
+    metadata["cells_done"] = len(cells) if cells else metadata.get("cells_done", _cells_in(summary))
+    if metadata.get("status") == "running" and _writer_gone(metadata):
+        metadata["status"] = "killed"
+    return Run(folder=folder, metadata=metadata, summary=summary, rows=rows)
+
+
+def _cells_in(summary: pd.DataFrame) -> int:
+    return 0 if summary.empty else len(summary[["finding", "case"]].drop_duplicates())
+
+
+def _writer_gone(metadata: dict) -> bool:
+    """Whether the process that wrote a `running` run.json has ended (on this host)."""
+    pid = metadata.get("pid")
+    if not isinstance(pid, int) or metadata.get("host") != socket.gethostname():
+        return False  # another machine's run, or an old one: nothing to check it against
+    return not _alive(pid, metadata.get("process_start"))
 
 
 def load_rows(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_DIR) -> pd.DataFrame:

@@ -1,10 +1,10 @@
 """`python -m harness.run`: measure every reviewed variant into results/<run-id>/.
 
-Then, unless --no-report, render reports/<run-id>/index.html and the reports index
-(`harness.report`); with --pyspy, also record a py-spy flamegraph into the run folder.
-
-Exit status: 0 every variant ran and agreed with its reference; 1 some variant failed
-its correctness check or raised; 2 usage error; 130 interrupted (what was measured is kept).
+Each cell (a finding at one case) is journaled the moment it is measured, so Ctrl-C,
+SIGTERM or even SIGKILL lose at most the cell in progress; `--resume RUN` measures only
+the cells a run is missing. Then, unless --no-report, render reports/<run-id>/index.html
+and the reports index (`harness.report`); with --pyspy, also record a py-spy flamegraph
+into the run folder.
 """
 
 from __future__ import annotations
@@ -17,35 +17,59 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from harness import findings as registry
+from harness.exits import (
+    UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
+)
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
-from harness.measure.machine import describe
+from harness.measure.machine import describe, fingerprint
 from harness.measure.timing import pinned_threads
-from harness.report.cli import render
-from harness.report.data import ReportError
-from harness.report.summary import summary_table
-from harness.results import DEFAULT_RESULTS_DIR, RunWriter
-from harness.runner import RunOptions, run_finding
+from harness.progress import Progress
+from harness.report.summary import format_seconds, summary_table
+from harness.results import (
+    DEFAULT_RESULTS_DIR, DiskFullError, RunWriter, load_run, resolve_run_folder,
+)
+from harness.runner import CaseRun, RunOptions
+
+#: options a resumed run keeps from the run it continues (dest -> flag)
+MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--findings",
+                       "findings_module": "--findings-module",
+                       "time_budget": "--time-budget", "no_profile": "--no-profile",
+                       "seed": "--seed", "threads": "--threads"}
 
 
-class UsageError(Exception):
-    """Bad command-line input: one line, exit 2."""
+def _path(text: str) -> Path:
+    """argparse type: a non-empty path (`''` would silently mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path; got an empty string")
+    return Path(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.run", description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+    p = argparse.ArgumentParser(
+        prog="python -m harness.run", description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog("every variant ran and agreed with its reference",
+                      "some variant failed its correctness check or raised"),
+    )
+    add_version(p)
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                    help="where to run (default auto: cuda when available)")
     p.add_argument("--quick", action="store_true", help="small cases and budgets (CI-sized)")
     p.add_argument("--findings", nargs="+", metavar="ID", help="only these finding ids")
+    p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
+                   help="import this module for its harness.findings.register calls (your "
+                        "own findings; repeatable)")
     p.add_argument("--list", action="store_true", help="list the findings and exit")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="sampling seconds per finding x case (default 1.0, quick 0.3)")
-    p.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
+    p.add_argument("--out", type=_path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
+    p.add_argument("--resume", metavar="RUN",
+                   help="continue RUN (a folder, a run id under --out, or latest): measure "
+                        "only its missing cells, with its options, on the same machine")
     p.add_argument("--no-profile", action="store_true", help="skip the profiling pass and traces")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--threads", type=int, default=None,
@@ -53,17 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pyspy", action="store_true",
                    help="also record a py-spy flamegraph of a few esper.train iterations")
     p.add_argument("--no-report", action="store_true", help="do not render the HTML report")
-    p.add_argument("--reports", type=Path, default=None, metavar="DIR",
+    p.add_argument("--reports", type=_path, default=None, metavar="DIR",
                    help="report folder root (default: reports/ beside the results folder)")
     return p
 
 
 def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; `cpu`, `cuda`, `cuda:N` checked against
+    this machine."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise UsageError(f"--device: expected auto, cpu, cuda or cuda:N; got {name!r}") from err
+    if device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
+        raise UsageError(f"--device: expected auto, cpu, cuda or cuda:N; got {name!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: torch.cuda.is_available() is False on this machine")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device: expected cuda:0 to cuda:{count - 1} on this machine "
+                             f"({count} device(s)); got {name!r}")
+    return device
 
 
 def list_findings(quick: bool) -> str:
@@ -71,85 +108,196 @@ def list_findings(quick: bool) -> str:
     for f in registry.select(None):
         cases = f.cases(quick)
         lines.append(f"{f.id:16s} {f.title}\n{'':16s} variants: {', '.join(f.variants)} "
-                     f"(baseline {f.baseline}); {len(cases)} cases")
+                     f"(baseline {f.baseline}); {len(cases)} cases; from "
+                     f"{registry.ORIGINS.get(f.id, 'register()')}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.list:
-            print(list_findings(args.quick))
-            return 0
-        device = resolve_device(args.device)
-        selected = registry.select(args.findings)
-        if args.time_budget is not None and not args.time_budget > 0:
-            raise UsageError(f"--time-budget: expected seconds > 0; got {args.time_budget}")
-        if args.threads is not None and args.threads <= 0:
-            raise UsageError(f"--threads: expected a positive int; got {args.threads}")
-    except (UsageError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    options = RunOptions(
+def _explicit(argv: list[str] | None) -> dict:
+    """The options given on the command line (not defaults): dest -> value."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(argv))
+
+
+def _recorded_args(args: argparse.Namespace, metadata: dict) -> argparse.Namespace:
+    """`args` with the measurement options of the run being resumed."""
+    recorded = metadata.get("options")
+    if not isinstance(recorded, dict):
+        raise UsageError(f"--resume {args.resume}: expected a run that recorded its options; "
+                         "got one written before --resume existed; start a new run")
+    return argparse.Namespace(**{**vars(args), **{k: recorded.get(k) for k in MEASUREMENT_OPTIONS}})
+
+
+def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device) -> None:
+    """UsageError unless the run can be continued here, as it was started."""
+    recorded = metadata["options"]
+    if "device" in explicit:  # `auto` and `cuda` name the device the run resolved them to
+        explicit = {**explicit, "device": str(resolve_device(explicit["device"]))}
+    for dest, flag in MEASUREMENT_OPTIONS.items():
+        if dest in explicit and explicit[dest] != recorded.get(dest):
+            raise UsageError(
+                f"--resume {args.resume}: {flag}: the run was measured with "
+                f"{recorded.get(dest)!r}; got {explicit[dest]!r}. A resumed run keeps its "
+                "options; start a new run to change them")
+    mine, theirs = fingerprint(describe(device)), fingerprint(metadata)
+    different = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs[k]}
+    if different:
+        detail = "; ".join(f"{k}: run {a!r}, here {b!r}" for k, (a, b) in different.items())
+        raise UsageError(f"--resume {args.resume}: expected the machine the run was measured "
+                         f"on; got another ({detail}). Its timings would not be comparable")
+    here = describe(device)["git_commit"]
+    if metadata.get("git_commit") != here:
+        raise UsageError(f"--resume {args.resume}: expected the code the run measured "
+                         f"(commit {metadata.get('git_commit')}); got commit {here}")
+
+
+def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise UsageError(f"--time-budget: expected seconds > 0; got {args.time_budget}")
+    if args.threads is not None and args.threads <= 0:
+        raise UsageError(f"--threads: expected a positive int; got {args.threads}")
+    return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
         min_samples=5 if args.quick else 10, profile=not args.no_profile,
     )
+
+
+def _select(ids: list[str] | None, modules: list[str] | None) -> list[registry.Finding]:
+    """The findings to measure, after importing the users' finding modules."""
+    try:
+        for module in modules or ():
+            registry.load_findings_module(module)
+        return registry.select(ids)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def _main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        _select(None, args.findings_module)
+        print(list_findings(args.quick))
+        return 0
+    resumed = None
+    if args.resume is not None:
+        folder = resolve_run_folder(args.resume, args.out)
+        resumed = load_run(folder)
+        args = _recorded_args(args, resumed.metadata)
+    device = resolve_device(args.device)
+    selected = _select(args.findings, args.findings_module)
+    options = _options(args, device)
+    check_writable_folder(resumed.folder if resumed else args.out, "--out")
+    reports = args.reports or args.out.parent / "reports"
+    if not args.no_report:
+        check_writable_folder(reports, "--reports")
     with pinned_threads(args.threads or torch.get_num_threads()):
-        code, folder = _run(selected, options, args.out, args.pyspy)
-    if not args.no_report and code != 130:
-        _report(folder, args.reports or args.out.parent / "reports")
+        if resumed is not None:
+            if resumed.metadata.get("status") == "running":
+                raise UsageError(f"--resume {args.resume}: expected a run that has stopped; "
+                                 f"got one still running (pid {resumed.metadata.get('pid')})")
+            _check_resumable(args, _explicit(argv), resumed.metadata, device)
+            writer = RunWriter.reopen(resumed.folder)
+        else:
+            writer = _new_run(args, options, selected)
+        code = _measure(writer, selected, options, args.pyspy)
+    if not args.no_report and code not in (130, 143, 129):
+        _report(writer.folder, reports)
     return code
+
+
+def _new_run(args, options: RunOptions, selected) -> RunWriter:
+    stamp = dt.datetime.now(dt.timezone.utc)
+    recorded = {dest: getattr(args, dest) for dest in MEASUREMENT_OPTIONS}
+    recorded["device"] = str(options.device)
+    metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
+                "seed": options.seed, "time_budget_s": options.time_budget_s,
+                "profile": options.profile, "findings": [f.id for f in selected],
+                "options": recorded,
+                "cells_total": sum(len(f.cases(options.quick)) for f in selected),
+                **describe(options.device)}
+    return RunWriter.create(args.out, f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}", metadata)
 
 
 def _report(folder: Path, reports: Path) -> None:
     """Render reports/<run-id>/ and the index; a report problem never fails the run."""
+    from harness.report.cli import render  # matplotlib and jinja2 load only when rendering
+    from harness.report.data import ReportError
+
     try:
         page = render(folder, out=reports / folder.name)
-    except ReportError as err:
+    except (ReportError, UsageError) as err:
         print(f"report not written: {err}", file=sys.stderr)
         return
     print(f"report: {page}")
 
 
-def _run(selected, options: RunOptions, out: Path, pyspy: bool) -> tuple[int, Path]:
-    stamp = dt.datetime.now(dt.timezone.utc)
-    run_id = f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}"
-    metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
-                "seed": options.seed, "time_budget_s": options.time_budget_s,
-                "profile": options.profile, "findings": [f.id for f in selected],
-                **describe(options.device)}
-    if any(f.min_bytes is not None for f in selected):
-        # once per run, before any finding, with the run's threads: the bandwidth floor
-        bandwidth = measure_copy_bandwidth(options.device)
-        options = dataclasses.replace(options, copy_bandwidth_bytes_per_s=bandwidth)
-        metadata["copy_bandwidth_bytes_per_s"] = bandwidth
-    writer = RunWriter(out, run_id, metadata)
-    total = sum(len(f.cases(options.quick)) for f in selected)
-    status = "complete"
+def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool) -> int:
+    """Measure every cell the run's journal does not hold yet; returns the exit status."""
+    done = writer.done_cells()
+    todo = [(fi, ci, finding, case)
+            for fi, finding in enumerate(selected)
+            for ci, case in enumerate(finding.cases(options.quick))
+            if (finding.id, case.label) not in done]
+    if done:
+        print(f"resuming {writer.folder.name}: {len(done)} cells measured, {len(todo)} to go",
+              file=sys.stderr)
+    status, code = "complete", 0
     try:
-        with tqdm(total=total, unit="case", file=sys.stderr) as bar:
-            for finding in selected:
-                bar.set_description(finding.id)
-                trace_dir = writer.traces if options.profile else None
-                summary, samples = run_finding(finding, options, trace_dir,
-                                               on_case=lambda _: bar.update(1))
-                writer.add(summary, samples)
-    except KeyboardInterrupt:
+        if any(f.min_bytes is not None for f in selected):
+            if "copy_bandwidth_bytes_per_s" not in writer.metadata:
+                # once per run, before any cell, with the run's threads: the bandwidth floor
+                writer.metadata["copy_bandwidth_bytes_per_s"] = measure_copy_bandwidth(options.device)
+            options = dataclasses.replace(
+                options, copy_bandwidth_bytes_per_s=writer.metadata["copy_bandwidth_bytes_per_s"])
+        with Progress(len(todo), "cell") as progress:
+            for finding_index, case_index, finding, case in todo:
+                progress.describe(finding.id)
+                trace = (writer.traces / f"{finding.id}.json.gz"
+                         if options.profile and case_index == 0 else None)
+                cell = CaseRun(finding, case, options).run(trace)
+                with signals_deferred():  # a signal now must not cut the journal entry short
+                    writer.add_cell(finding.id, case.label, (finding_index, case_index),
+                                    cell.summary, cell.samples)
+                progress.step(f"{finding.id} {case.label}", _cell_detail(cell.summary))
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP (harness.exits.Terminated)
         status = "interrupted"
+        code = 128 + getattr(err, "signum", 2)
+    except Exception as err:
+        if not isinstance(err, DiskFullError):  # else run.json cannot say so either
+            with signals_deferred():
+                writer.finish("crashed")
+        raise
     if pyspy and status == "complete":  # after the timing, so that it disturbs nothing
         writer.metadata["pyspy"] = record_flamegraph(writer.folder)
         print(f"py-spy: {writer.metadata['pyspy']['status']}: "
               f"{writer.metadata['pyspy']['detail']}", file=sys.stderr)
-    writer.write(status=status)
+    with signals_deferred():
+        writer.finish(status)
     table = pd.DataFrame(writer.summary)
     print(summary_table(table))
     print(f"\nresults: {writer.folder}  ({status})")
     if status == "interrupted":
-        return 130, writer.folder
+        print(f"stopped after {len(writer.done_cells())} of {len(done) + len(todo)} cells; "
+              f"continue with: python -m harness.run --resume {writer.folder.name} "
+              f"--out {writer.results_dir}", file=sys.stderr)
+        return code
     bad = table["status"].isin(["mismatch", "failed"]).any() if not table.empty else False
-    return (1 if bad else 0), writer.folder
+    return 1 if bad else 0
 
+
+def _cell_detail(summary: list[dict]) -> str:
+    """`scan 0.084x` style: the fastest non-baseline ratio of a cell, or its problems."""
+    bad = [r["variant"] for r in summary if r.get("status") in ("mismatch", "failed")]
+    if bad:
+        return f"FAILED: {', '.join(bad)}"
+    timed = [r for r in summary if r.get("median_s") is not None]
+    return f"{len(timed)} timed, fastest {format_seconds(min(r['median_s'] for r in timed))}" if timed else "not timed"
+
+
+main = command(_main)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
-"""Run one finding: build inputs, gate on correctness, time, profile, compare; rows out.
+"""Measure one cell (a finding at one case): inputs, correctness gate, timing, profile.
 
-Per case, in order (DESIGN.md, data flow):
+`CaseRun(finding, case, options).run()` does, in order (DESIGN.md, data flow):
   1. inputs built once from the seed;
   2. each variant called once and checked against the reference: a mismatch is a
      `mismatch` row carrying the max error and that variant is not timed there;
@@ -19,7 +19,6 @@ import shutil
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.profiler import record_function
@@ -181,7 +180,7 @@ class CaseRun:
                 with record_function(f"variant:{variant}"):
                     call()
             if device.type == "cuda":
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(device)  # the trace ends when this device is done
         raw = trace_path.with_suffix("")  # traces/<id>.json.gz -> traces/<id>.json
         prof.export_chrome_trace(str(raw))
         with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
@@ -279,21 +278,3 @@ class CaseRun:
                              "sample": index, "seconds": seconds,
                              "number_per_sample": m.number_per_sample, **extra})
         return rows
-
-
-def run_finding(
-    finding: Finding,
-    options: RunOptions,
-    trace_dir: Path | None = None,
-    on_case: Callable[[CaseRun], None] | None = None,
-) -> tuple[list[dict], list[dict]]:
-    """All cases of `finding`: (summary rows, sample rows). The first case leaves a trace."""
-    summary, samples = [], []
-    for index, case in enumerate(finding.cases(options.quick)):
-        trace = trace_dir / f"{finding.id}.json.gz" if trace_dir is not None and index == 0 else None
-        case_run = CaseRun(finding, case, options).run(trace)
-        summary += case_run.summary
-        samples += case_run.samples
-        if on_case is not None:
-            on_case(case_run)
-    return summary, samples

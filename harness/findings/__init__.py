@@ -8,7 +8,11 @@ means one new module here that calls `register`, not a change to the runner.
 
 from __future__ import annotations
 
+import importlib
+import sys
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -96,13 +100,55 @@ def max_abs_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 FINDINGS: dict[str, Finding] = {}
+#: finding id -> where it was registered: `built-in`, or the module that registered it
+ORIGINS: dict[str, str] = {}
+_loading: list[str] = []  # the modules being imported for their register calls, innermost last
 
 
 def register(finding: Finding) -> Finding:
+    """Add `finding` to the registry (what `harness.run` measures); its id must be new."""
+    if not isinstance(finding, Finding):
+        raise ValueError(f"register: finding: expected a Finding; got {type(finding).__name__}")
     if finding.id in FINDINGS:
-        raise ValueError(f"register: finding id {finding.id!r} is already registered")
+        raise ValueError(f"register: finding id {finding.id!r} is already registered "
+                         f"({ORIGINS.get(finding.id, 'by an earlier register call')}); "
+                         "choose another id")
     FINDINGS[finding.id] = finding
+    ORIGINS[finding.id] = _loading[-1] if _loading else "register()"
     return finding
+
+
+class FindingsModuleError(ValueError):
+    """A findings module that cannot be imported, or whose findings cannot be registered."""
+
+
+def load_findings_module(name: str) -> list[str]:
+    """Import the module `name` (`pkg.module`) for its `register` calls; the ids it added.
+
+    The built-in findings are loaded first, so an id that clashes with one is an error.
+    A module that fails to import registers nothing: what it registered before failing
+    is taken back, and the error names the module and shows the cause.
+    """
+    _load_builtin()
+    if name in sys.modules:  # imported earlier (by an earlier run in this process)
+        return [i for i, origin in ORIGINS.items() if origin == name]
+    before = set(FINDINGS)
+    _loading.append(name)
+    try:
+        importlib.import_module(name)
+    except Exception as err:  # any error while importing user code: named, with its cause
+        for added in set(FINDINGS) - before:
+            del FINDINGS[added], ORIGINS[added]
+        sys.modules.pop(name, None)
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if not f.filename.startswith("<frozen")]  # importlib's own frames say nothing
+        where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+        raise FindingsModuleError(
+            f"--findings-module {name}: expected an importable module that registers "
+            f"findings; importing it raised {type(err).__name__}: {err}{where}") from err
+    finally:
+        _loading.pop()
+    return [i for i in FINDINGS if i not in before]
 
 
 def select(ids: list[str] | None) -> list[Finding]:
@@ -121,5 +167,9 @@ def select(ids: list[str] | None) -> list[Finding]:
 def _load_builtin() -> None:
     # imported for their `register` calls; late, so that `Finding` exists first
     # in report order: the buffer-level tickets, the vectorized review, end to end
-    from harness.findings import gae_methods, reset_alloc, step_counts  # noqa: F401
-    from harness.findings import stream_sync, e2e  # noqa: F401
+    _loading.append("built-in")
+    try:
+        from harness.findings import gae_methods, reset_alloc, step_counts  # noqa: F401
+        from harness.findings import stream_sync, e2e  # noqa: F401
+    finally:
+        _loading.pop()

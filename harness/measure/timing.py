@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from torch._inductor import config as inductor_config
 
 from harness.measure import stats
 
@@ -129,6 +130,39 @@ def make_clock(device: torch.device) -> Clock:
     raise ValueError(f"device: expected a cpu or cuda device; got {str(device)!r}")
 
 
+#: read by torch._inductor.config when it is imported: how many processes compile
+COMPILE_THREADS_VARIABLE = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+@contextlib.contextmanager
+def _compiling_in_process() -> Iterator[None]:
+    """torch.compile compiles in this process inside the body (inductor's compile_threads = 1).
+
+    Importing torch._inductor takes about a second, so it is not imported here: if it is
+    loaded already its setting is changed and restored; if not, the environment variable
+    it reads at import is set for the body (a compile that imports it inside keeps 1 for
+    the rest of the process, which is what a measuring process wants).
+    """
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        previous = config.compile_threads
+        config.compile_threads = 1
+        try:
+            yield
+        finally:
+            config.compile_threads = previous
+        return
+    previous_variable = os.environ.get(COMPILE_THREADS_VARIABLE)
+    os.environ[COMPILE_THREADS_VARIABLE] = "1"
+    try:
+        yield
+    finally:
+        if previous_variable is None:
+            del os.environ[COMPILE_THREADS_VARIABLE]
+        else:
+            os.environ[COMPILE_THREADS_VARIABLE] = previous_variable
+
+
 @contextlib.contextmanager
 def pinned_threads(n: int) -> Iterator[int]:
     """Run the body with `torch.set_num_threads(n)` and torch.compile compiling in this
@@ -140,14 +174,13 @@ def pinned_threads(n: int) -> Iterator[int]:
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n: expected an integer >= 1 threads; got {n!r}")
-    previous, previous_compile = torch.get_num_threads(), inductor_config.compile_threads
+    previous = torch.get_num_threads()
     torch.set_num_threads(n)
-    inductor_config.compile_threads = 1
     try:
-        yield torch.get_num_threads()
+        with _compiling_in_process():
+            yield torch.get_num_threads()
     finally:
         torch.set_num_threads(previous)
-        inductor_config.compile_threads = previous_compile
 
 
 def _check_min_sample_time(min_sample_time: float) -> None:

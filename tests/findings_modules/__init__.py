@@ -1,0 +1,1 @@
+"""Finding modules as a user writes them, imported by `harness.run --findings-module`."""

@@ -1,0 +1,349 @@
+"""Nothing measured is ever lost: the journal, signals, --resume, unique run ids, a full disk.
+
+Real runs of `harness.run` on `TINY-sums` (tests/findings_modules/tiny.py: ten short
+cells), in subprocesses where a signal must be real (SIGINT, SIGTERM, SIGKILL), in this
+process where an interruption can be raised from inside a variant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import findings as registry
+from harness.report.cli import render
+from harness.results import (
+    DiskFullError, RunFileError, RunWriter, atomic_write_text, create_run_folder, load_run,
+)
+from harness.run import main
+from tests import forked_run
+from tests.findings_modules import tiny
+
+REPO = Path(__file__).resolve().parents[1]
+MODULE = "tests.findings_modules.tiny"
+RUN = ["--findings-module", MODULE, "--findings", "TINY-sums", "--time-budget", "0.1",
+       "--no-profile", "--no-report"]
+ALL_CELLS = {("TINY-sums", f"n={256 * (k + 1)}") for k in range(tiny.CASES)}
+
+
+def _cells(run) -> set[tuple[str, str]]:
+    if run.summary.empty:
+        return set()
+    return set(map(tuple, run.summary[["finding", "case"]].drop_duplicates().values.tolist()))
+
+
+def _start(out: Path, *extra: str) -> subprocess.Popen:
+    """`python -m harness.run` on TINY-sums in a subprocess, stderr piped (not a terminal)."""
+    return subprocess.Popen([sys.executable, "-m", "harness.run", *RUN, "--out", str(out), *extra],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _reported_cells(stderr: str) -> set[tuple[str, str]]:
+    """Cells the run's progress lines said were done (each printed after its journal entry)."""
+    cells = set()
+    for line in stderr.splitlines():
+        if line.startswith("[") and "] TINY-sums " in line:
+            cells.add(("TINY-sums", line.split("] TINY-sums ", 1)[1].split(":", 1)[0]))
+    return cells
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> set[tuple[str, str]]:
+    """The cells of an uninterrupted run."""
+    out = tmp_path_factory.mktemp("reference")
+    assert main(RUN + ["--out", str(out)]) == 0
+    run = load_run(None, out)
+    assert run.metadata["status"] == "complete" and run.metadata["cells_done"] == tiny.CASES
+    return _cells(run)
+
+
+def test_uninterrupted_run_journals_every_cell(reference):
+    assert reference == ALL_CELLS
+
+
+def _trial(out: Path, signum: int, rng: random.Random) -> dict:
+    """Start a run, send `signum` at a random moment, wait; what it said and what it left."""
+    stderr = out.parent / f"{out.name}.stderr"
+    out.mkdir()
+    process = forked_run.start(RUN + ["--out", str(out)], str(stderr))
+    if rng.random() < 0.25:  # during start-up: run folder, bandwidth, first cell
+        time.sleep(rng.uniform(0.0, 0.4))
+    else:  # among the cells
+        deadline = time.monotonic() + 60
+        while "[" not in (stderr.read_text() if stderr.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 1.0))
+    try:
+        os.kill(process.pid, signum)
+    except ProcessLookupError:  # it had finished and was reaped (by the fork server)
+        pass
+    process.join(timeout=60)
+    return {"code": process.exitcode, "stderr": stderr.read_text()}
+
+
+def test_fault_injection_signals_at_random_moments_lose_nothing(tmp_path, reference):
+    """21 runs, each stopped by SIGINT, SIGTERM or SIGKILL at a random moment: every cell a
+    run reported done is in its results; every run loads and renders; `--resume` completes
+    each one to the cells of an uninterrupted run."""
+    rng = random.Random(20261124)
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL] * 7
+    outcomes = []
+    for index, signum in enumerate(signals):
+        out = tmp_path / f"trial{index}"
+        outcome = _trial(out, signum, rng)
+        reported = _reported_cells(outcome["stderr"])
+        folders = [p for p in out.glob("*") if (p / "run.json").exists()]
+        if not folders:  # stopped before the run folder existed: nothing was measured
+            assert reported == set(), outcome["stderr"]
+            continue
+        (folder,) = folders
+        run = load_run(folder)
+        assert reported <= _cells(run), (signum, outcome["stderr"])
+        status = run.metadata["status"]
+        if status == "complete":  # the signal came after the run was written (or ended)
+            assert outcome["code"] in (0, 128 + signum, -signum) and _cells(run) == ALL_CELLS
+        elif signum == signal.SIGKILL:
+            assert outcome["code"] == -signal.SIGKILL and status == "killed", status
+        else:
+            assert outcome["code"] == 128 + signum and status == "interrupted", outcome["stderr"]
+        outcomes.append((signum, folder, run.metadata["status"], len(_cells(run))))
+
+    stopped = [o for o in outcomes if o[2] != "complete"]
+    assert len(stopped) >= 10, outcomes  # most landed while the run was measuring
+    assert len({o[0] for o in stopped}) == 3, outcomes  # every signal stopped a run midway
+    assert any(0 < o[3] < tiny.CASES for o in stopped), outcomes  # and some between cells
+
+    signum, folder, status, done = next(o for o in stopped if 0 < o[3])
+    page = render(folder, out=tmp_path / "reports" / folder.name)
+    html = page.read_text()
+    assert "TINY-sums" in html
+
+    for signum, folder, status, done in outcomes:
+        assert main(["--resume", str(folder), "--no-report"]) == 0
+        resumed = load_run(folder)
+        assert resumed.metadata["status"] == "complete"
+        assert _cells(resumed) == reference
+        assert len(resumed.summary) == 2 * tiny.CASES  # each cell measured once
+
+
+def test_interrupt_inside_a_variant_keeps_finished_cells_then_resume(tmp_path, reference, monkeypatch):
+    """Ctrl-C raised inside the 4th cell: cells 1-3 are kept, the run says interrupted, and
+    --resume measures exactly the 7 that are missing."""
+    registry.load_findings_module(MODULE)
+    finding = registry.FINDINGS["TINY-sums"]
+    calls = {"cells": 0}
+    original_build = finding.build
+
+    def build(case, device, seed):
+        calls["cells"] += 1
+        if calls["cells"] == 4:
+            raise KeyboardInterrupt
+        return original_build(case, device, seed)
+
+    monkeypatch.setitem(registry.FINDINGS, "TINY-sums",
+                        __import__("dataclasses").replace(finding, build=build))
+    assert main(RUN + ["--out", str(tmp_path)]) == 130
+    run = load_run(None, tmp_path)
+    assert run.metadata["status"] == "interrupted"
+    assert len(_cells(run)) == 3 and run.metadata["cells_total"] == tiny.CASES
+    document = json.loads((run.folder / "run.json").read_text())
+    assert len(document["summary"]) == 6  # the finished run.json holds the journal's rows too
+
+    monkeypatch.setitem(registry.FINDINGS, "TINY-sums", finding)
+    assert main(["--resume", run.run_id, "--out", str(tmp_path), "--no-report"]) == 0
+    assert _cells(load_run(run.folder)) == reference
+
+
+def test_sigterm_exits_143_and_keeps_the_run(tmp_path):
+    process = _start(tmp_path)
+    for line in process.stderr:  # the first cell is journaled
+        if line.startswith("["):
+            break
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    run = load_run(None, tmp_path)
+    assert run.metadata["status"] == "interrupted" and run.metadata["cells_done"] >= 1
+    assert f"--resume {run.run_id}" in err
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path):
+    process = _start(tmp_path)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "\r" not in err
+    assert _reported_cells(err) == ALL_CELLS
+    assert f"[ 1/{tiny.CASES}] TINY-sums n=256: " in err
+
+
+def test_concurrent_runs_into_one_folder_keep_both(tmp_path):
+    first, second = _start(tmp_path), _start(tmp_path)
+    assert first.wait(timeout=120) == 0 and second.wait(timeout=120) == 0
+    runs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(runs) == 2, runs
+    for folder in runs:
+        run = load_run(folder)
+        assert run.metadata["status"] == "complete" and _cells(run) == ALL_CELLS
+    assert (tmp_path / "latest").read_text().strip() in {p.name for p in runs}
+
+
+def test_run_ids_are_unique_within_a_second(tmp_path):
+    names = [create_run_folder(tmp_path, "20260101-000000-cpu").name for _ in range(3)]
+    assert names == ["20260101-000000-cpu", "20260101-000000-cpu-2", "20260101-000000-cpu-3"]
+
+
+def test_killed_run_is_reported_killed_and_renders(tmp_path):
+    process = _start(tmp_path)
+    for line in process.stderr:
+        if line.startswith("[ 2/"):
+            break
+    process.kill()
+    process.wait()
+    run = load_run(None, tmp_path)
+    assert run.metadata["status"] == "killed"
+    assert 2 <= run.metadata["cells_done"] < tiny.CASES
+    page = render(run.folder, out=tmp_path / "report")
+    assert "TINY-sums" in page.read_text()
+
+
+# --- --resume refuses what it cannot continue -------------------------------------------
+
+@pytest.fixture
+def stopped_run(tmp_path, monkeypatch) -> Path:
+    """A TINY-sums run interrupted after its first cell."""
+    registry.load_findings_module(MODULE)
+    finding = registry.FINDINGS["TINY-sums"]
+    seen = []
+
+    def build(case, device, seed):
+        seen.append(case)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return finding.build(case, device, seed)
+
+    monkeypatch.setitem(registry.FINDINGS, "TINY-sums",
+                        __import__("dataclasses").replace(finding, build=build))
+    assert main(RUN + ["--out", str(tmp_path)]) == 130
+    monkeypatch.setitem(registry.FINDINGS, "TINY-sums", finding)
+    return load_run(None, tmp_path).folder
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed", "5"], "--seed: the run was measured with 0; got 5"),
+    (["--time-budget", "2"], "--time-budget: the run was measured with 0.1; got 2.0"),
+    (["--quick"], "--quick: the run was measured with False; got True"),
+])
+def test_resume_refuses_other_options(stopped_run, extra, message, capsys):
+    before = sorted(p.name for p in (stopped_run / "cells").iterdir())
+    assert main(["--resume", str(stopped_run), "--no-report", *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in (stopped_run / "cells").iterdir()) == before
+
+
+def test_resume_refuses_another_machine_or_commit(stopped_run, capsys):
+    path = stopped_run / "run.json"
+    document = json.loads(path.read_text())
+    for field, value, message in (("cpu_model", "a faster CPU", "expected the machine"),
+                                  ("git_commit", "0" * 40, "expected the code the run measured")):
+        changed = {**document, field: value}
+        path.write_text(json.dumps(changed))
+        assert main(["--resume", str(stopped_run), "--no-report"]) == 2
+        assert message in capsys.readouterr().err
+    path.write_text(json.dumps(document))
+    assert main(["--resume", str(stopped_run), "--no-report"]) == 0
+
+
+def test_resume_refuses_a_running_run(stopped_run, capsys):
+    path = stopped_run / "run.json"
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({**document, "status": "running", "pid": os.getpid(),
+                                "process_start": None}))
+    assert main(["--resume", str(stopped_run), "--no-report"]) == 2
+    assert "still running" in capsys.readouterr().err
+
+
+# --- bad input: corrupt files, bad paths ---------------------------------------------
+
+def test_corrupt_run_json_names_the_file_and_says_truncated(tmp_path, capsys):
+    folder = tmp_path / "20260101-000000-cpu"
+    folder.mkdir()
+    (folder / "run.json").write_text('{"schema_version": 1, "status": "comp')
+    with pytest.raises(RunFileError, match=r"run\.json: not valid JSON.*looks truncated"):
+        load_run(folder)
+    (folder / "run.json").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(RunFileError, match="not UTF-8"):
+        load_run(folder)
+    assert main(["--resume", str(folder), "--out", str(tmp_path)]) == 2
+    assert "run.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--out", "--reports"])
+def test_unwritable_paths_fail_before_measuring(tmp_path, option, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for bad in (a_file, Path("/proc/esper-bench-cannot-be-here")):
+        args = RUN[:-1] + [option, str(bad)] + (["--out", str(tmp_path / "r")] if option != "--out" else [])
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert option in err and str(bad) in err
+    assert not (tmp_path / "r").exists()  # nothing was measured
+
+
+def test_empty_paths_are_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", ""])
+    assert exit_info.value.code == 2
+    assert "expected a path; got an empty string" in capsys.readouterr().err
+
+
+def test_bad_device_names_are_usage_errors(capsys):
+    for name, message in (("tpu", "expected auto, cpu, cuda or cuda:N"),
+                          ("cuda:7", "cuda")):
+        assert main(["--device", name, "--findings", "B4-DRL-03"]) == 2
+        assert message in capsys.readouterr().err
+
+
+# --- a full disk ---------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 KiB tmpfs: a real full disk. Needs root (or CAP_SYS_ADMIN) to mount."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_full_disk_leaves_no_temp_file_and_names_device_and_file(small_disk):
+    target = small_disk / "run.json"
+    with pytest.raises(DiskFullError) as err:
+        atomic_write_text(target, "x" * 200_000)
+    message = str(err.value)
+    assert message.startswith("no space left on tmpfs (mounted at ") and str(target) in message
+    assert list(small_disk.iterdir()) == []  # the temp file is gone: the disk is not kept full
+
+
+def test_run_on_a_full_disk_exits_2_with_the_file(small_disk, capsys):
+    code = main(RUN + ["--out", str(small_disk)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no space left on tmpfs" in err and str(small_disk) in err
+    assert not [p for p in small_disk.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_writer_finish_rejects_unknown_status(tmp_path):
+    writer = RunWriter.create(tmp_path, "x", {})
+    with pytest.raises(ValueError, match="status: expected one of"):
+        writer.finish("done")
