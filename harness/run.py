@@ -36,7 +36,8 @@ from harness.runner import CaseRun, RunOptions
 #: options a resumed run keeps from the run it continues (dest -> flag)
 MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--findings",
                        "findings_module": "--findings-module",
-                       "time_budget": "--time-budget", "no_profile": "--no-profile",
+                       "time_budget": "--time-budget", "precision": "--precision",
+                       "no_profile": "--no-profile",
                        "seed": "--seed", "threads": "--threads"}
 
 
@@ -64,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "own findings; repeatable)")
     p.add_argument("--list", action="store_true", help="list the findings and exit")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
-                   help="sampling seconds per finding x case (default 1.0, quick 0.3)")
+                   help="the most sampling seconds per cell, a finding x case (default 1.0, "
+                        "quick 0.3)")
+    p.add_argument("--precision", type=float, default=0.03, metavar="FRACTION",
+                   help="stop sampling a cell once every ratio's 95%% interval is within "
+                        "+-FRACTION of it (default 0.03); 0: sample for the whole budget")
     p.add_argument("--out", type=_path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
     p.add_argument("--resume", metavar="RUN",
@@ -127,7 +132,8 @@ def _recorded_args(args: argparse.Namespace, metadata: dict) -> argparse.Namespa
     if not isinstance(recorded, dict):
         raise UsageError(f"--resume {args.resume}: expected a run that recorded its options; "
                          "got one written before --resume existed; start a new run")
-    return argparse.Namespace(**{**vars(args), **{k: recorded.get(k) for k in MEASUREMENT_OPTIONS}})
+    return argparse.Namespace(**{**vars(args),
+                                 **{k: recorded[k] for k in MEASUREMENT_OPTIONS if k in recorded}})
 
 
 def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device) -> None:
@@ -158,10 +164,13 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
         raise UsageError(f"--time-budget: expected seconds > 0; got {args.time_budget}")
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads: expected a positive int; got {args.threads}")
+    if not 0.0 <= args.precision < 1.0:
+        raise UsageError(f"--precision: expected a fraction in [0, 1); got {args.precision}")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
-        min_samples=5 if args.quick else 10, profile=not args.no_profile,
+        min_samples=5 if args.quick else 10, precision=args.precision,
+        profile=not args.no_profile,
     )
 
 
@@ -214,6 +223,7 @@ def _new_run(args, options: RunOptions, selected) -> RunWriter:
     recorded["device"] = str(options.device)
     metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
                 "seed": options.seed, "time_budget_s": options.time_budget_s,
+                "precision": options.precision,
                 "profile": options.profile, "findings": [f.id for f in selected],
                 "options": recorded,
                 "cells_total": sum(len(f.cases(options.quick)) for f in selected),
@@ -260,7 +270,7 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool) -> i
                 cell = CaseRun(finding, case, options).run(trace)
                 with signals_deferred():  # a signal now must not cut the journal entry short
                     writer.add_cell(finding.id, case.label, (finding_index, case_index),
-                                    cell.summary, cell.samples)
+                                    cell.summary, cell.samples, seconds=cell.seconds)
                 progress.step(f"{finding.id} {case.label}", _cell_detail(cell.summary))
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP (harness.exits.Terminated)
         status = "interrupted"

@@ -14,9 +14,12 @@ A variant that raises is recorded as a `failed` row with its error; the run goes
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import shutil
+import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +29,10 @@ from torch.profiler import record_function
 from harness.measure.bandwidth import bound_label
 from harness.measure.counters import profile_call, profiling
 from harness.findings import Case, Finding
-from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
-from harness.measure.timing import Measurement, VariantError, make_clock, measure_interleaved
+from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify, relative_halfwidth
+from harness.measure.timing import (
+    Measurement, Precision, VariantError, make_clock, measure_interleaved,
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class RunOptions:
     """Sampling budget per finding x case (warm-up and calibration included)."""
     min_samples: int = 10
     max_samples: int = 200
+    precision: float = 0.03
+    """Adaptive sampling: a cell stops sampling once every ratio's 95% interval is within
+    +-precision of it (`harness.measure.timing.Precision`); 0 samples for the whole budget."""
     profile: bool = True
     copy_bandwidth_bytes_per_s: float | None = None
     """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
@@ -64,6 +72,8 @@ class CaseRun:
         self.cells: dict[str, dict] = {v: {} for v in finding.variants}
         self.measurements: dict[str, Measurement] = {}
         self.inputs = None
+        self.seconds: dict[str, float] = {}
+        """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
 
     # ------------------------------------------------------------------ steps
 
@@ -73,20 +83,33 @@ class CaseRun:
         if not self._active():
             return self
         try:
-            self.inputs = f.build(self.case, options.device, options.seed)
+            with self._stage("build"):
+                self.inputs = f.build(self.case, options.device, options.seed)
         except Exception as err:  # recorded on every row of the case; the run goes on
             for variant in self._active():
                 self._fail(variant, err, "building inputs")
             return self
-        outputs = self._first_calls()
-        self._check(outputs)
-        self._time()
+        with self._stage("check"):
+            self._check(self._first_calls())
+        with self._stage("time"):
+            self._time()
         if options.profile:
-            self._profile(trace_path)
-        self._extra_metrics()
-        self._compare()
-        self._bandwidth()
+            with self._stage("profile"):
+                self._profile(trace_path)
+        with self._stage("extra"):
+            self._extra_metrics()
+            self._compare()
+            self._bandwidth()
         return self
+
+    @contextlib.contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        """Add the wall seconds of the body to `seconds[name]`: where a cell's time goes."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def _active(self) -> list[str]:
         return [v for v in self.finding.variants if "status" not in self.cells[v]]
@@ -147,11 +170,12 @@ class CaseRun:
         o = self.options
         while self._active():
             calls = {v: self.finding.make_call(v, self.inputs) for v in self._active()}
+            precision = Precision(o.precision, reference=self.finding.baseline, seed=o.seed)
             try:
                 self.measurements = measure_interleaved(
                     calls, make_clock(o.device), finding=self.finding.id, case=self.case.label,
                     min_samples=o.min_samples, max_samples=o.max_samples,
-                    time_budget_s=o.time_budget_s,
+                    time_budget_s=o.time_budget_s, precision=precision,
                 )
                 return
             except VariantError as err:  # drop it and time the others again
@@ -212,7 +236,7 @@ class CaseRun:
             cell.update(status="ok", n=m.n, median_s=m.median, iqr_s=m.iqr,
                         number_per_sample=m.number_per_sample,
                         first_call_s=m.first_call_seconds, stopped_by=m.stopped_by.value,
-                        compared_to=reference)
+                        precision_reached=m.precision_reached, compared_to=reference)
             if variant == reference:
                 cell["verdict"] = Verdict.BASELINE
                 if reference != self.finding.baseline:
@@ -221,7 +245,7 @@ class CaseRun:
                 continue
             ci = bootstrap_ratio_ci(m.samples, base.samples, seed=self.options.seed)
             cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
-                        verdict=classify(ci))
+                        ci_halfwidth=relative_halfwidth(ci), verdict=classify(ci))
 
     def _bandwidth(self) -> None:
         """Bytes moved per second and the floor, for a finding with `min_bytes`.

@@ -20,6 +20,7 @@ from harness.measure.timing import (
     CudaUnavailableError,
     Measurement,
     MeasurementKey,
+    Precision,
     StopReason,
     VariantError,
     calibrate,
@@ -331,6 +332,75 @@ def test_stops_at_the_first_round_where_every_variant_reaches_the_target():
 
     assert max(rel_iqr(m.samples) for m in result.values()) <= 0.05
     assert max(rel_iqr(m.samples[:-1]) for m in result.values()) > 0.05
+
+
+# --- adaptive sampling: Precision ----------------------------------------------------------
+
+
+def test_precision_stops_early_when_one_variant_is_clearly_faster():
+    """A 4x difference under 5% noise is known to +-3% after a few rounds: sampling stops
+    long before the budget, with every interval as tight as the target."""
+    clock = FakeClock()
+    fns = {"loop": clock.variant("loop", lognormal(4 * MS, 0.05, seed=1)),
+           "scan": clock.variant("scan", lognormal(MS, 0.05, seed=2))}
+    result = measure(fns, clock, min_samples=5, max_samples=200, time_budget_s=1e6,
+                     precision=Precision(0.03, reference="loop"))
+    m = result["scan"]
+    assert m.stopped_by is StopReason.PRECISION_REACHED
+    assert 8 <= m.n < 30  # at least min_rounds, far below the cap
+    ci = stats.bootstrap_ratio_ci(m.samples, result["loop"].samples)
+    assert stats.relative_halfwidth(ci) <= 0.03 and ci.high < 0.3
+    assert m.precision_reached == pytest.approx(stats.relative_halfwidth(ci))
+
+
+def test_precision_runs_a_noisy_no_difference_pair_to_its_budget():
+    """Two equal variants under 30% noise: the ratio's interval stays wider than +-3% for
+    the whole budget, so sampling ends by the budget, not by a lucky streak."""
+    clock = FakeClock()
+    fns = {"a": clock.variant("a", lognormal(MS, 0.3, seed=3)),
+           "b": clock.variant("b", lognormal(MS, 0.3, seed=4))}
+    result = measure(fns, clock, warmup=0, min_samples=5, max_samples=10_000,
+                     time_budget_s=0.2, precision=Precision(0.03))
+    m = result["b"]
+    assert m.stopped_by is StopReason.TIME_BUDGET
+    assert m.precision_reached > 0.03
+    ci = stats.bootstrap_ratio_ci(m.samples, result["a"].samples)
+    assert ci.low < 1.0 < ci.high  # no difference, and the budget was spent to say so
+
+
+def test_precision_takes_its_minimum_rounds_even_on_identical_samples():
+    clock = FakeClock()
+    fns = {"a": clock.variant("a", constant(MS)), "b": clock.variant("b", constant(2 * MS))}
+    result = measure(fns, clock, min_samples=2, max_samples=100,
+                     precision=Precision(0.03, min_rounds=12))
+    assert result["a"].n == 12 and result["a"].stopped_by is StopReason.PRECISION_REACHED
+
+
+def test_precision_zero_samples_for_the_whole_budget():
+    clock = FakeClock()
+    fns = {"a": clock.variant("a", constant(MS)), "b": clock.variant("b", constant(2 * MS))}
+    result = measure(fns, clock, min_samples=2, max_samples=50, time_budget_s=1e6,
+                     precision=Precision(0.0))
+    assert (result["a"].n, result["a"].stopped_by) == (50, StopReason.MAX_SAMPLES)
+
+
+def test_precision_with_one_variant_asks_for_its_median():
+    clock = FakeClock()
+    fns = {"only": clock.variant("only", lognormal(MS, 0.05, seed=5))}
+    m = measure(fns, clock, min_samples=2, max_samples=500, time_budget_s=1e6,
+                precision=Precision(0.01))["only"]
+    assert m.stopped_by is StopReason.PRECISION_REACHED
+    assert stats.relative_halfwidth(stats.bootstrap_median_ci(m.samples)) <= 0.01
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"target": -0.1}, r"Precision.target: expected a fraction >= 0; got -0.1"),
+    ({"target": float("nan")}, r"Precision.target: expected a fraction >= 0; got nan"),
+    ({"min_rounds": 1}, r"Precision.min_rounds: expected an integer >= 2; got 1"),
+])
+def test_precision_rejects_bad_fields(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Precision(**kwargs)
 
 
 def test_stops_when_the_time_budget_is_spent():

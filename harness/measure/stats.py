@@ -19,12 +19,14 @@ __all__ = [
     "RatioCI",
     "Verdict",
     "as_samples",
+    "bootstrap_median_ci",
     "bootstrap_ratio_ci",
     "classify",
     "iqr",
     "median",
     "median_ratio_interval",
     "min_units_for",
+    "relative_halfwidth",
 ]
 
 
@@ -127,6 +129,27 @@ def bootstrap_ratio_ci(
     return RatioCI(
         ratio=float(np.median(variant) / np.median(baseline)), low=float(low), high=float(high)
     )
+
+
+def bootstrap_median_ci(
+    samples: Sequence[float] | np.ndarray,
+    *,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> RatioCI:
+    """The median of `samples` (seconds) with its percentile-bootstrap interval, as a
+    `RatioCI` whose `ratio` is the median itself (a ratio to one second)."""
+    values = as_samples(samples)
+    rng = np.random.default_rng(seed)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(_bootstrap_medians(values, n_boot, rng), [tail, 1.0 - tail])
+    return RatioCI(ratio=float(np.median(values)), low=float(low), high=float(high))
+
+
+def relative_halfwidth(ci: RatioCI) -> float:
+    """How tightly `ci` pins its ratio: (high - low) / 2 / ratio (0.03 = +-3%)."""
+    return (ci.high - ci.low) / 2.0 / ci.ratio
 
 
 def median_ratio_interval(ratios: Sequence[float] | np.ndarray, *,

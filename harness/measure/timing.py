@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +31,7 @@ __all__ = [
     "CudaUnavailableError",
     "Measurement",
     "MeasurementKey",
+    "Precision",
     "StopReason",
     "VariantError",
     "calibrate",
@@ -239,12 +240,57 @@ class MeasurementKey:
 class StopReason(str, enum.Enum):
     """Why interleaved sampling stopped."""
 
+    PRECISION_REACHED = "precision_reached"
+    """Every ratio's 95% interval became as tight as the `Precision` target."""
     TARGET_REACHED = "target_reached"
-    """Every variant's IQR/median fell to the target."""
+    """Every variant's IQR/median fell to the target (without a `Precision`)."""
     MAX_SAMPLES = "max_samples"
     """The sample cap was reached first."""
     TIME_BUDGET = "time_budget"
     """The time budget was spent first."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Adaptive sampling: stop as soon as every answer is known to +-`target`.
+
+    The answer of a cell is each variant's time ratio to `reference`; it is known to
+    +-`target` when the half-width of its 95% bootstrap interval (the one the results
+    report, `stats.bootstrap_ratio_ci`) is at most `target` times the ratio. A cell with
+    one variant asks the same of that variant's median. Intervals are checked after
+    `min_rounds` rounds and then every quarter more rounds (their cost stays a small part
+    of the sampling), so a lucky streak of a few similar samples cannot end sampling.
+    """
+
+    target: float = 0.03
+    """Relative half-width of every interval at which sampling stops; 0: never early."""
+    reference: str | None = None
+    """The variant ratios are taken against; None: the first variant sampled."""
+    min_rounds: int = 8
+    """Rounds always taken before the first check."""
+    seed: int = 0
+    """Seed of the bootstrap (the same seed gives the same decision)."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.target) and self.target >= 0.0):
+            raise ValueError(f"Precision.target: expected a fraction >= 0; got {self.target!r}")
+        if not isinstance(self.min_rounds, int) or self.min_rounds < 2:
+            raise ValueError(
+                f"Precision.min_rounds: expected an integer >= 2; got {self.min_rounds!r}")
+
+    def widest(self, samples: Mapping[str, Sequence[float]]) -> float:
+        """The largest relative half-width among the cell's intervals now."""
+        names = list(samples)
+        reference = self.reference if self.reference in samples else names[0]
+        others = [n for n in names if n != reference] or [reference]
+        widths = []
+        for name in others:
+            if name == reference:  # one variant: how well its median is known
+                ci = stats.bootstrap_median_ci(samples[name], seed=self.seed)
+            else:
+                ci = stats.bootstrap_ratio_ci(samples[name], samples[reference], seed=self.seed)
+            widths.append(stats.relative_halfwidth(ci))
+        return max(widths)
 
 
 @dataclass(frozen=True)
@@ -268,6 +314,9 @@ class Measurement:
     """Total seconds of the `warmup_calls`."""
     stopped_by: StopReason
     """Why sampling stopped."""
+    precision_reached: float | None = None
+    """With adaptive sampling: the widest relative 95% interval half-width of the cell's
+    ratios at the last check (0.03 = +-3%); None without it."""
 
     def __post_init__(self) -> None:
         # Coerce lists from callers or JSON into the immutable form the stats assume.
@@ -361,25 +410,37 @@ def _sample_round(
             samples[name].append(clock.time(fn, number) / number)
 
 
-def _stop_reason(
-    samples: Mapping[str, list[float]],
-    *,
-    min_samples: int,
-    max_samples: int,
-    target_rel_iqr: float,
-    budget_spent: Callable[[], bool],
-) -> StopReason | None:
-    """Why sampling should stop now, or None to take another round."""
-    rounds = len(next(iter(samples.values())))
-    if rounds < min_samples:
+class _StopRule:
+    """Decides after each round whether sampling ends, and why (see measure_interleaved)."""
+
+    def __init__(self, *, min_samples: int, max_samples: int, target_rel_iqr: float,
+                 precision: Precision | None, budget_spent: Callable[[], bool]) -> None:
+        self.min_samples, self.max_samples = min_samples, max_samples
+        self.target_rel_iqr, self.precision = target_rel_iqr, precision
+        self.budget_spent = budget_spent
+        self.first_check = max(min_samples, precision.min_rounds) if precision else min_samples
+        self.next_check = self.first_check
+        self.widest: float | None = None
+        """The widest relative interval half-width at the last check (with a Precision)."""
+
+    def __call__(self, samples: Mapping[str, list[float]]) -> StopReason | None:
+        rounds = len(next(iter(samples.values())))
+        if rounds < self.min_samples:
+            return None
+        if self.precision is None:
+            if _converged(samples, self.target_rel_iqr):
+                return StopReason.TARGET_REACHED
+        elif self.precision.target > 0 and (rounds >= self.next_check
+                                            or rounds >= self.max_samples or self.budget_spent()):
+            self.widest = self.precision.widest(samples)
+            self.next_check = rounds + max(1, rounds // 4)
+            if rounds >= self.first_check and self.widest <= self.precision.target:
+                return StopReason.PRECISION_REACHED
+        if rounds >= self.max_samples:
+            return StopReason.MAX_SAMPLES
+        if self.budget_spent():
+            return StopReason.TIME_BUDGET
         return None
-    if _converged(samples, target_rel_iqr):
-        return StopReason.TARGET_REACHED
-    if rounds >= max_samples:
-        return StopReason.MAX_SAMPLES
-    if budget_spent():
-        return StopReason.TIME_BUDGET
-    return None
 
 
 def _converged(samples: Mapping[str, list[float]], target_rel_iqr: float) -> bool:
@@ -425,6 +486,7 @@ def measure_interleaved(
     max_samples: int = 200,
     time_budget_s: float = 10.0,
     target_rel_iqr: float = 0.05,
+    precision: Precision | None = None,
     min_sample_time: float = 1e-3,
     now: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Measurement]:
@@ -432,14 +494,17 @@ def measure_interleaved(
 
     Each variant in turn: its first call is timed alone, `warmup` more calls run, and
     its calls per sample are calibrated to `min_sample_time`. Then rounds of one sample
-    per variant, in `fns` order (A B C A B C ...), run until after `min_samples` rounds
-    either every variant's IQR/median <= `target_rel_iqr`, or `max_samples` rounds are
-    done, or `time_budget_s` seconds (read from `now`, counted from entry, warm-up and
-    calibration included) are spent. `min_samples` rounds are always taken.
+    per variant, in `fns` order (A B C A B C ...), run until, after `min_samples` rounds,
+    the answer is known (with a `precision`: every variant's time ratio to the reference
+    within +-precision.target at 95%; without: every variant's IQR/median <=
+    `target_rel_iqr`), or `max_samples` rounds are done, or `time_budget_s` seconds (read
+    from `now`, counted from entry, warm-up and calibration included) are spent.
+    `min_samples` rounds are always taken.
 
     Returns name -> Measurement, keyed by `finding`, `case`, the clock's device and
-    the torch thread count in effect. A raising variant stops everything with a
-    `VariantError` naming it, chained `from` the original exception.
+    the torch thread count in effect; with a `precision`, each carries the widest
+    interval half-width reached (`precision_reached`). A raising variant stops everything
+    with a `VariantError` naming it, chained `from` the original exception.
     """
     _check_sampling_args(
         fns, warmup, min_samples, max_samples, time_budget_s, target_rel_iqr, min_sample_time
@@ -449,16 +514,13 @@ def measure_interleaved(
         name: _prepare(name, fn, clock, warmup, min_sample_time) for name, fn in fns.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    rule = _StopRule(min_samples=min_samples, max_samples=max_samples,
+                     target_rel_iqr=target_rel_iqr, precision=precision,
+                     budget_spent=lambda: now() - started >= time_budget_s)
     stopped_by = None
     while stopped_by is None:
         _sample_round(fns, clock, prepared, samples)
-        stopped_by = _stop_reason(
-            samples,
-            min_samples=min_samples,
-            max_samples=max_samples,
-            target_rel_iqr=target_rel_iqr,
-            budget_spent=lambda: now() - started >= time_budget_s,
-        )
+        stopped_by = rule(samples)
     threads = torch.get_num_threads()
     return {
         name: Measurement(
@@ -469,6 +531,7 @@ def measure_interleaved(
             warmup_calls=warmup,
             warmup_seconds=prepared[name].warmup_seconds,
             stopped_by=stopped_by,
+            precision_reached=rule.widest,
         )
         for name in fns
     }
