@@ -23,13 +23,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 
 from harness.measure.bandwidth import bound_label
 from harness.measure.counters import profile_call, profiling
 from harness.findings import Case, Finding
-from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify, relative_halfwidth
+from harness.measure.stats import (
+    Verdict, bootstrap_ratio_ci, classify, paired_difference_ci, paired_ratio_ci,
+    relative_halfwidth,
+)
 from harness.measure.timing import (
     Measurement, Precision, VariantError, make_clock, measure_interleaved,
 )
@@ -74,6 +78,8 @@ class CaseRun:
         self.inputs = None
         self.seconds: dict[str, float] = {}
         """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
+        self.sample_metrics: dict[str, list[dict[str, float]]] = {}
+        """variant -> `Finding.sample_metrics` of each sample, in sample order."""
 
     # ------------------------------------------------------------------ steps
 
@@ -167,20 +173,27 @@ class CaseRun:
                 )
 
     def _time(self) -> None:
-        o = self.options
+        o, f = self.options, self.finding
         while self._active():
-            calls = {v: self.finding.make_call(v, self.inputs) for v in self._active()}
-            precision = Precision(o.precision, reference=self.finding.baseline, seed=o.seed)
+            calls = {v: f.make_call(v, self.inputs) for v in self._active()}
+            precision = Precision(o.precision, reference=f.baseline, seed=o.seed,
+                                  paired=f.paired)
+            self.sample_metrics = {v: [] for v in calls}
             try:
                 self.measurements = measure_interleaved(
-                    calls, make_clock(o.device), finding=self.finding.id, case=self.case.label,
+                    calls, make_clock(o.device), finding=f.id, case=self.case.label,
                     min_samples=o.min_samples, max_samples=o.max_samples,
                     time_budget_s=o.time_budget_s, precision=precision,
+                    min_sample_time=None if f.paired else 1e-3,
+                    after_sample=self._read_sample_metrics if f.sample_metrics else None,
                 )
                 return
             except VariantError as err:  # drop it and time the others again
                 self._fail(err.variant, err, f"timing ({err.phase})")
         self.measurements = {}
+
+    def _read_sample_metrics(self, variant: str) -> None:
+        self.sample_metrics[variant].append(dict(self.finding.sample_metrics(variant, self.inputs)))
 
     def _profile(self, trace_path: Path | None) -> None:
         device = self.options.device
@@ -243,9 +256,25 @@ class CaseRun:
                     cell["reason"] = (f"stands in for the baseline {self.finding.baseline}, "
                                       "not timed in this case")
                 continue
-            ci = bootstrap_ratio_ci(m.samples, base.samples, seed=self.options.seed)
+            interval = paired_ratio_ci if self.finding.paired else bootstrap_ratio_ci
+            ci = interval(m.samples, base.samples, seed=self.options.seed)
             cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
                         ci_halfwidth=relative_halfwidth(ci), verdict=classify(ci))
+        self._compare_sample_metrics(reference, timed)
+
+    def _compare_sample_metrics(self, reference: str, timed: list[str]) -> None:
+        """Median of each sample metric per variant; in a paired finding, the per-round
+        difference to `reference` with its interval (see `Finding.sample_metrics`)."""
+        for variant in timed:
+            per_sample = self.sample_metrics.get(variant) or []
+            for name in per_sample[0] if per_sample else ():
+                values = [s[name] for s in per_sample]
+                self.cells[variant][name] = float(np.median(values))
+                base = [s[name] for s in self.sample_metrics.get(reference) or []]
+                if self.finding.paired and variant != reference and len(base) == len(values):
+                    diff, low, high = paired_difference_ci(values, base, seed=self.options.seed)
+                    self.cells[variant].update({f"{name}_diff": diff, f"{name}_diff_low": low,
+                                                f"{name}_diff_high": high})
 
     def _bandwidth(self) -> None:
         """Bytes moved per second and the floor, for a finding with `min_bytes`.
@@ -297,8 +326,9 @@ class CaseRun:
         for variant, m in self.measurements.items():
             extra = {k: counters[variant].get(k) for k in
                      ("op_calls", "host_syncs", "allocations", "allocated_bytes", "kernel_launches")}
-            for index, seconds in enumerate(m.samples):
+            per_sample = self.sample_metrics.get(variant) or [{}] * m.n
+            for index, (seconds, metrics) in enumerate(zip(m.samples, per_sample)):
                 rows.append({**self._base(), "variant": variant, "threads": m.key.threads,
                              "sample": index, "seconds": seconds,
-                             "number_per_sample": m.number_per_sample, **extra})
+                             "number_per_sample": m.number_per_sample, **extra, **metrics})
         return rows

@@ -146,3 +146,56 @@ def test_ratio_falls_back_to_first_timed_variant_when_baseline_is_skipped(tmp_pa
     assert s.loc[("n=4096", "good"), "reason"] == "too slow here"
     assert s.loc[("n=4096", "twice"), "verdict"] == "baseline"
     assert "stands in for the baseline good" in s.loc[("n=4096", "twice"), "reason"]
+
+
+def test_paired_finding_interval_over_rounds_whose_work_varies():
+    """Round k of both variants does the same (varying) work, as iterations k of two
+    trainers from one seed do: `sleep` of (1 + k % 4) ms, twice that for `double`. The
+    paired interval is taken over per-round ratios, so the 4x spread of the work cancels;
+    the interval over two independent sets of samples does not. Sample metrics (here the
+    work's size) get medians and per-round differences."""
+    from harness.measure.stats import bootstrap_ratio_ci
+    from harness.runner import CaseRun, RunOptions
+    import time as time_module
+
+    def build(case, device, seed):
+        return {"calls": {"single": 0, "double": 0}}
+
+    def make_call(variant, inputs):
+        factor = 2 if variant == "double" else 1
+
+        def call():
+            k = inputs["calls"][variant]
+            inputs["calls"][variant] += 1
+            time_module.sleep(factor * (1 + k % 4) * 1e-3)
+            return torch.zeros(())
+
+        return call
+
+    finding = Finding(
+        id="TEST-paired", title="paired", claim="double takes twice as long",
+        variants=("single", "double"), baseline="single",
+        cases=lambda quick: [Case.of(n=1)], build=build, make_call=make_call,
+        paired=True,
+        sample_metrics=lambda variant, inputs: {
+            "work_ms": float((2 if variant == "double" else 1) * (1 + (inputs["calls"][variant] - 1) % 4))},
+    )
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.6, min_samples=12,
+                         max_samples=24, precision=0.0, profile=False)
+    cell = CaseRun(finding, Case.of(n=1), options).run()
+    rows = {r["variant"]: r for r in cell.summary}
+    double = rows["double"]
+    assert double["ci_low"] <= double["ratio"] <= double["ci_high"]
+    assert 1.5 < double["ratio"] < 2.5
+    m = cell.measurements
+    unpaired = bootstrap_ratio_ci(m["double"].samples, m["single"].samples)
+    assert (double["ci_high"] - double["ci_low"]) * 2 < unpaired.high - unpaired.low
+    # the sample metrics: their medians and the per-round difference (double - single)
+    assert rows["single"]["work_ms"] == pytest.approx(2.5, abs=1.0)
+    assert double["work_ms_diff"] == pytest.approx(rows["single"]["work_ms"], abs=1.0)
+    assert double["work_ms_diff_low"] <= double["work_ms_diff"] <= double["work_ms_diff_high"]
+    samples = cell.samples
+    assert {"work_ms"} <= set(samples[0]) and len(samples) == 2 * m["single"].n
+    # one call per sample and the same calls in the same order: rounds are aligned
+    assert m["single"].number_per_sample == m["double"].number_per_sample == 1
+    assert cell.inputs["calls"]["single"] == cell.inputs["calls"]["double"]

@@ -73,6 +73,17 @@ class Finding:
     peers: tuple[str, ...] = ()
     """Variants that are other libraries' code, timed as comparators: reported like the
     others, but neither gated (`harness.gate`) nor counted as our best method."""
+    paired: bool = False
+    """Round k of every variant does the same work (e.g. iteration k of trainers built from
+    one seed, which follow one trajectory): one call per sample, no calibration, and each
+    ratio's interval is taken over the per-round ratios, so that what changes from one
+    round to the next cancels out instead of widening the interval."""
+    sample_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
+    """(variant, inputs) -> numbers about the call just sampled, read outside the timed
+    region (e.g. that iteration's seconds per phase). Each sample row keeps them; each
+    timed row gets their median, and in a paired finding each variant's row gets the
+    per-round difference to the baseline, `<name>_diff` with `<name>_diff_low` /
+    `<name>_diff_high` (95% bootstrap interval)."""
     min_bytes: Callable[[Case], int] | None = None
     """case -> bytes one call must read and write at least; with the run's copy bandwidth,
     rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""

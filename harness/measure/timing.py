@@ -270,6 +270,9 @@ class Precision:
     """Rounds always taken before the first check."""
     seed: int = 0
     """Seed of the bootstrap (the same seed gives the same decision)."""
+    paired: bool = False
+    """Round k of every variant did the same work: intervals of per-round ratios
+    (`stats.paired_ratio_ci`) instead of two independent sets of samples."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target) and self.target >= 0.0):
@@ -288,7 +291,8 @@ class Precision:
             if name == reference:  # one variant: how well its median is known
                 ci = stats.bootstrap_median_ci(samples[name], seed=self.seed)
             else:
-                ci = stats.bootstrap_ratio_ci(samples[name], samples[reference], seed=self.seed)
+                interval = stats.paired_ratio_ci if self.paired else stats.bootstrap_ratio_ci
+                ci = interval(samples[name], samples[reference], seed=self.seed)
             widths.append(stats.relative_halfwidth(ci))
         return max(widths)
 
@@ -385,15 +389,19 @@ class _Prepared:
 
 
 def _prepare(
-    name: str, fn: Callable[[], object], clock: Clock, warmup: int, min_sample_time: float
+    name: str, fn: Callable[[], object], clock: Clock, warmup: int,
+    min_sample_time: float | None,
 ) -> _Prepared:
-    """Time the first call apart, run `warmup` more calls, then calibrate."""
+    """Time the first call apart, run `warmup` more calls, then calibrate (or, with
+    `min_sample_time` None, take one call per sample)."""
     with _attributed(name, "first call"):
         first = clock.time(fn, 1)
     with _attributed(name, "warm-up"):
         warm = clock.time(fn, warmup) if warmup else 0.0
-    with _attributed(name, "calibration"):
-        number = calibrate(fn, clock, min_sample_time=min_sample_time)
+    number = 1
+    if min_sample_time is not None:
+        with _attributed(name, "calibration"):
+            number = calibrate(fn, clock, min_sample_time=min_sample_time)
     return _Prepared(first_call_seconds=first, warmup_seconds=warm, number=number)
 
 
@@ -402,12 +410,15 @@ def _sample_round(
     clock: Clock,
     prepared: Mapping[str, _Prepared],
     samples: dict[str, list[float]],
+    after_sample: Callable[[str], None] | None,
 ) -> None:
     """Append one sample (seconds per call) to each variant's list, in `fns` order."""
     for name, fn in fns.items():
         number = prepared[name].number
         with _attributed(name, "sampling"):
             samples[name].append(clock.time(fn, number) / number)
+            if after_sample is not None:  # outside the clock
+                after_sample(name)
 
 
 class _StopRule:
@@ -472,7 +483,8 @@ def _check_sampling_args(
         raise ValueError(f"time_budget_s: expected finite seconds > 0; got {time_budget_s!r}")
     if not target_rel_iqr >= 0.0:
         raise ValueError(f"target_rel_iqr: expected a fraction >= 0; got {target_rel_iqr!r}")
-    _check_min_sample_time(min_sample_time)
+    if min_sample_time is not None:
+        _check_min_sample_time(min_sample_time)
 
 
 def measure_interleaved(
@@ -487,7 +499,8 @@ def measure_interleaved(
     time_budget_s: float = 10.0,
     target_rel_iqr: float = 0.05,
     precision: Precision | None = None,
-    min_sample_time: float = 1e-3,
+    min_sample_time: float | None = 1e-3,
+    after_sample: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Measurement]:
     """Time every variant in `fns` (name -> zero-argument callable), interleaved.
@@ -500,6 +513,11 @@ def measure_interleaved(
     `target_rel_iqr`), or `max_samples` rounds are done, or `time_budget_s` seconds (read
     from `now`, counted from entry, warm-up and calibration included) are spent.
     `min_samples` rounds are always taken.
+
+    `min_sample_time=None` takes one call per sample without calibrating, so that every
+    variant makes the same calls in the same order (paired measurements of stateful
+    work, e.g. training iterations). `after_sample(name)`, when given, runs after each
+    sample of `name`, outside the clock (to read what that call did).
 
     Returns name -> Measurement, keyed by `finding`, `case`, the clock's device and
     the torch thread count in effect; with a `precision`, each carries the widest
@@ -519,7 +537,7 @@ def measure_interleaved(
                      budget_spent=lambda: now() - started >= time_budget_s)
     stopped_by = None
     while stopped_by is None:
-        _sample_round(fns, clock, prepared, samples)
+        _sample_round(fns, clock, prepared, samples, after_sample)
         stopped_by = rule(samples)
     threads = torch.get_num_threads()
     return {
