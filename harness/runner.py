@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import shutil
 import time
 import traceback
@@ -184,7 +185,9 @@ class CaseRun:
                     calls, make_clock(o.device), finding=f.id, case=self.case.label,
                     min_samples=o.min_samples, max_samples=o.max_samples,
                     time_budget_s=o.time_budget_s, precision=precision,
+                    # paired: every variant makes the same calls, in the same order
                     min_sample_time=None if f.paired else 1e-3,
+                    warmup_budget_s=math.inf if f.paired else 0.1,
                     after_sample=self._read_sample_metrics if f.sample_metrics else None,
                 )
                 return

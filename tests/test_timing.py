@@ -280,7 +280,8 @@ def test_variants_are_sampled_interleaved_after_warm_up_and_calibration():
     costs = {"A": MS / 2, "B": MS, "C": MS / 4}  # calibrates to 2, 1 and 4 calls
     fns = {name: clock.variant(name, constant(cost)) for name, cost in costs.items()}
     measure(fns, clock, warmup=1, min_samples=3, max_samples=3)
-    prepare = {"A": 1 + 1 + (1 + 2), "B": 1 + 1 + 1, "C": 1 + 1 + (1 + 2 + 4)}
+    # B's warm-up call already lasts min_sample_time: one call per sample, no calibration
+    prepare = {"A": 1 + 1 + (1 + 2), "B": 1 + 1, "C": 1 + 1 + (1 + 2 + 4)}
     expected = [name for name in "ABC" for _ in range(prepare[name])]
     expected += ["A", "A", "B", "C", "C", "C", "C"] * 3
     assert clock.log == expected
@@ -430,7 +431,7 @@ def test_a_raising_variant_surfaces_as_variant_error_naming_it(failing_call, pha
 
     def costs() -> Iterator[float]:
         for _ in range(failing_call):
-            yield MS
+            yield MS / 4  # short enough to need calibration after warm-up
         raise original
 
     fns = {"A": clock.variant("A", constant(MS)), "B": clock.variant("B", costs())}
@@ -439,6 +440,19 @@ def test_a_raising_variant_surfaces_as_variant_error_naming_it(failing_call, pha
     assert (info.value.variant, info.value.phase) == ("B", phase)
     assert info.value.original is original and info.value.__cause__ is original
     assert str(info.value) == f"variant 'B' raised during {phase}: RuntimeError: shape mismatch"
+
+
+def test_warm_up_of_a_slow_call_stops_at_its_budget_unless_calls_must_align():
+    clock = FakeClock()
+    slow = {"A": clock.variant("A", constant(0.2))}
+    m = measure(slow, clock, warmup=3, min_samples=2, max_samples=2, warmup_budget_s=0.1)["A"]
+    assert (m.warmup_calls, m.number_per_sample) == (1, 1)
+    assert clock.log == ["A"] * (1 + 1 + 2)  # first, one warm-up, two samples: no calibration
+    clock = FakeClock()
+    slow = {"A": clock.variant("A", constant(0.2))}
+    m = measure(slow, clock, warmup=3, min_samples=2, max_samples=2,
+                warmup_budget_s=float("inf"), min_sample_time=None)["A"]
+    assert m.warmup_calls == 3 and len(clock.log) == 1 + 3 + 2
 
 
 def test_threads_in_effect_are_recorded_in_the_key():

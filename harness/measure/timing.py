@@ -384,25 +384,36 @@ class _Prepared:
     """One variant after warm-up and calibration."""
 
     first_call_seconds: float
+    warmup_calls: int
     warmup_seconds: float
     number: int
 
 
 def _prepare(
     name: str, fn: Callable[[], object], clock: Clock, warmup: int,
-    min_sample_time: float | None,
+    min_sample_time: float | None, warmup_budget_s: float,
 ) -> _Prepared:
-    """Time the first call apart, run `warmup` more calls, then calibrate (or, with
-    `min_sample_time` None, take one call per sample)."""
+    """Time the first call apart, warm up, then calibrate.
+
+    Warm-up runs `warmup` more calls, but stops after the first once they have taken
+    `warmup_budget_s` (a call of seconds needs no second warm-up call). A warm-up call
+    that alone lasts `min_sample_time` settles the calibration at one call per sample
+    without another call. With `min_sample_time` None: one call per sample, no
+    calibration.
+    """
     with _attributed(name, "first call"):
         first = clock.time(fn, 1)
+    calls, warm, last = 0, 0.0, None
     with _attributed(name, "warm-up"):
-        warm = clock.time(fn, warmup) if warmup else 0.0
+        while calls < warmup and (calls == 0 or warm < warmup_budget_s):
+            last = clock.time(fn, 1)
+            warm, calls = warm + last, calls + 1
     number = 1
-    if min_sample_time is not None:
+    if min_sample_time is not None and (last is None or last < min_sample_time):
         with _attributed(name, "calibration"):
             number = calibrate(fn, clock, min_sample_time=min_sample_time)
-    return _Prepared(first_call_seconds=first, warmup_seconds=warm, number=number)
+    return _Prepared(first_call_seconds=first, warmup_calls=calls, warmup_seconds=warm,
+                     number=number)
 
 
 def _sample_round(
@@ -500,13 +511,15 @@ def measure_interleaved(
     target_rel_iqr: float = 0.05,
     precision: Precision | None = None,
     min_sample_time: float | None = 1e-3,
+    warmup_budget_s: float = 0.1,
     after_sample: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Measurement]:
     """Time every variant in `fns` (name -> zero-argument callable), interleaved.
 
-    Each variant in turn: its first call is timed alone, `warmup` more calls run, and
-    its calls per sample are calibrated to `min_sample_time`. Then rounds of one sample
+    Each variant in turn: its first call is timed alone, up to `warmup` more calls run
+    (fewer once they have taken `warmup_budget_s`), and its calls per sample are
+    calibrated to `min_sample_time`. Then rounds of one sample
     per variant, in `fns` order (A B C A B C ...), run until, after `min_samples` rounds,
     the answer is known (with a `precision`: every variant's time ratio to the reference
     within +-precision.target at 95%; without: every variant's IQR/median <=
@@ -529,7 +542,8 @@ def measure_interleaved(
     )
     started = now()
     prepared = {
-        name: _prepare(name, fn, clock, warmup, min_sample_time) for name, fn in fns.items()
+        name: _prepare(name, fn, clock, warmup, min_sample_time, warmup_budget_s)
+        for name, fn in fns.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in fns}
     rule = _StopRule(min_samples=min_samples, max_samples=max_samples,
@@ -546,7 +560,7 @@ def measure_interleaved(
             samples=tuple(samples[name]),
             number_per_sample=prepared[name].number,
             first_call_seconds=prepared[name].first_call_seconds,
-            warmup_calls=warmup,
+            warmup_calls=prepared[name].warmup_calls,
             warmup_seconds=prepared[name].warmup_seconds,
             stopped_by=stopped_by,
             precision_reached=rule.widest,
