@@ -218,6 +218,19 @@ class RunWriter:
         writer._write_header("running")
         return writer
 
+    @classmethod
+    def attach(cls, folder: Path, rank: int) -> "RunWriter":
+        """Another rank's writer for rank 0's run `folder` (torchrun): it journals its cells
+        there when this file system holds the folder, else in a folder of its own beside
+        it (`<run-id>.rank<N>`), and never writes run.json; rank 0 gathers the cells."""
+        folder = Path(folder)
+        if not (folder / "run.json").is_file():
+            folder = folder.parent / f"{folder.name}.rank{rank}"
+            (folder / CELLS).mkdir(parents=True, exist_ok=True)
+        writer = cls(folder, {"run_id": folder.name})
+        writer.traces.mkdir(exist_ok=True)
+        return writer
+
     def _write_header(self, status: str) -> None:
         """run.json without rows: the run's identity and that this process is writing it."""
         self.metadata.update(pid=os.getpid(), host=socket.gethostname(),
@@ -231,17 +244,18 @@ class RunWriter:
         return {(c["finding"], c["case"]) for c in read_cells(self.folder)}
 
     def add_cell(self, finding: str, case: str, order: tuple[int, int],
-                 summary: list[dict], samples: list[dict], **extra) -> Path:
+                 summary: list[dict], samples: list[dict], **extra) -> dict:
         """Journal one measured cell: its summary rows and sample rows, durably, now.
 
         `order` (finding index, case index) keeps the run's row order when the journal is
         read back; `extra` (e.g. the rank that measured it) is stored beside the rows.
+        Returns the journal entry as written.
         """
-        path = self.cells / cell_file_name(finding, case)
-        document = {"schema_version": SCHEMA_VERSION, "finding": finding, "case": case,
-                    "order": list(order), **extra, "summary": summary, "samples": samples}
-        atomic_write_text(path, json.dumps(_json_safe(document)))
-        return path
+        document = _json_safe({"schema_version": SCHEMA_VERSION, "finding": finding,
+                               "case": case, "order": list(order), **extra,
+                               "summary": summary, "samples": samples})
+        atomic_write_text(self.cells / cell_file_name(finding, case), json.dumps(document))
+        return document
 
     def finish(self, status: str) -> None:
         """Gather the journal into `run.json` (with `status`) and `rows.csv`; point `latest` here."""

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from harness import findings as registry
+from harness import ranks
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
 )
@@ -29,7 +30,8 @@ from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.report.summary import format_seconds, summary_table
 from harness.results import (
-    DEFAULT_RESULTS_DIR, DiskFullError, RunWriter, load_run, resolve_run_folder,
+    DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
+    resolve_run_folder,
 )
 from harness.runner import CaseRun, RunOptions
 
@@ -190,43 +192,75 @@ def _main(argv: list[str] | None = None) -> int:
         _select(None, args.findings_module)
         print(list_findings(args.quick))
         return 0
+    try:
+        launch = ranks.Launch.from_environment()
+        requested = launch.device(args.device)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     resumed = None
-    if args.resume is not None:
+    if args.resume is not None:  # under torchrun every rank reads it: a shared file system
         folder = resolve_run_folder(args.resume, args.out)
         resumed = load_run(folder)
         args = _recorded_args(args, resumed.metadata)
-    device = resolve_device(args.device)
+        requested = launch.device(args.device) if launch.distributed else args.device
+    device = resolve_device(requested)
     selected = _select(args.findings, args.findings_module)
     options = _options(args, device)
+    # every input is checked on every rank before the first collective: a rank that
+    # stopped alone would leave the others waiting
     check_writable_folder(resumed.folder if resumed else args.out, "--out")
     reports = args.reports or args.out.parent / "reports"
     if not args.no_report:
         check_writable_folder(reports, "--reports")
-    with pinned_threads(args.threads or torch.get_num_threads()):
-        if resumed is not None:
-            if resumed.metadata.get("status") == "running":
-                raise UsageError(f"--resume {args.resume}: expected a run that has stopped; "
-                                 f"got one still running (pid {resumed.metadata.get('pid')})")
-            _check_resumable(args, _explicit(argv), resumed.metadata, device)
-            writer = RunWriter.reopen(resumed.folder)
-        else:
-            writer = _new_run(args, options, selected)
-        code = _measure(writer, selected, options, args.pyspy)
-    if not args.no_report and code not in (130, 143, 129):
+    if resumed is not None:
+        if resumed.metadata.get("status") == "running":
+            raise UsageError(f"--resume {args.resume}: expected a run that has stopped; "
+                             f"got one still running (pid {resumed.metadata.get('pid')})")
+    threads = args.threads or (launch.default_threads() if launch.distributed
+                               else torch.get_num_threads())
+    group = ranks.start(launch, device)
+    try:
+        with pinned_threads(threads):
+            if resumed is not None:
+                _check_resumable(args, _explicit(argv), resumed.metadata, device)
+            writer = _open_run(args, options, selected, resumed, launch, group)
+            code = _measure(writer, selected, options, args.pyspy, launch, group)
+    finally:
+        ranks.stop(launch)
+    if launch.leader and not args.no_report and code not in (130, 143, 129):
         _report(writer.folder, reports)
     return code
 
 
-def _new_run(args, options: RunOptions, selected) -> RunWriter:
+def _open_run(args, options: RunOptions, selected, resumed, launch: ranks.Launch,
+              group) -> RunWriter:
+    """Rank 0 creates the run (or reopens the one resumed) and tells the others its folder."""
+    message = None
+    if launch.leader:
+        try:
+            writer = (RunWriter.reopen(resumed.folder) if resumed is not None
+                      else _new_run(args, options, selected, launch))
+            message = ("ok", str(writer.folder))
+        except Exception as err:  # the other ranks must hear of it, not wait
+            ranks.broadcast(("error", f"{type(err).__name__}: {err}"), group, launch)
+            raise
+    kind, value = ranks.broadcast(message, group, launch)
+    if kind == "error":
+        raise UsageError(f"rank 0 could not open the run: {value}")
+    return writer if launch.leader else RunWriter.attach(Path(value), launch.rank)
+
+
+def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWriter:
     stamp = dt.datetime.now(dt.timezone.utc)
     recorded = {dest: getattr(args, dest) for dest in MEASUREMENT_OPTIONS}
-    recorded["device"] = str(options.device)
+    recorded["device"] = args.device if launch.distributed else str(options.device)
     metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
                 "seed": options.seed, "time_budget_s": options.time_budget_s,
                 "precision": options.precision,
                 "profile": options.profile, "findings": [f.id for f in selected],
                 "options": recorded,
                 "cells_total": sum(len(f.cases(options.quick)) for f in selected),
+                "world_size": launch.world_size,
                 **describe(options.device)}
     return RunWriter.create(args.out, f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}", metadata)
 
@@ -244,56 +278,151 @@ def _report(folder: Path, reports: Path) -> None:
     print(f"report: {page}")
 
 
-def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool) -> int:
-    """Measure every cell the run's journal does not hold yet; returns the exit status."""
-    done = writer.done_cells()
-    todo = [(fi, ci, finding, case)
-            for fi, finding in enumerate(selected)
-            for ci, case in enumerate(finding.cases(options.quick))
-            if (finding.id, case.label) not in done]
-    if done:
-        print(f"resuming {writer.folder.name}: {len(done)} cells measured, {len(todo)} to go",
-              file=sys.stderr)
-    status, code = "complete", 0
+def _plan(writer: RunWriter, selected, options: RunOptions, launch: ranks.Launch,
+          group) -> list[tuple[int, int, int]]:
+    """(finding index, case index, rank) of every cell the journal does not hold yet, as
+    rank 0 assigned them (longest expected first; `harness.ranks.assign`)."""
+    plan = None
+    if launch.leader:
+        done = writer.done_cells()
+        todo = [(fi, ci, finding, case)
+                for fi, finding in enumerate(selected)
+                for ci, case in enumerate(finding.cases(options.quick))
+                if (finding.id, case.label) not in done]
+        if done:
+            print(f"resuming {writer.folder.name}: {len(done)} cells measured, "
+                  f"{len(todo)} to go", file=sys.stderr)
+        expected = expected_seconds([(f, c) for _, _, f, c in todo], writer.results_dir, options)
+        assigned = ranks.assign(expected, launch.world_size)
+        plan = [(fi, ci, rank) for (fi, ci, _, _), rank in zip(todo, assigned)]
+    return ranks.broadcast(plan, group, launch)
+
+
+def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[float]:
+    """How long each (finding, case) cell should take: its seconds in the newest earlier
+    run that journaled it (of the 5 newest in `results_dir`), else a guess from its
+    variants and the time budget."""
+    known: dict[tuple[str, str], float] = {}
+    runs = sorted((p for p in Path(results_dir).glob("*/cells") if p.is_dir()),
+                  key=lambda p: p.stat().st_mtime)[-5:]
+    for cells_dir in runs:  # oldest first: newer runs overwrite
+        try:
+            for cell in read_cells(cells_dir.parent):
+                if cell.get("seconds"):
+                    known[(cell["finding"], cell["case"])] = sum(cell["seconds"].values())
+        except RunFileError:  # an unreadable earlier run only costs the estimate
+            continue
+    return [known.get((f.id, c.label), (1 + len(f.variants)) * options.time_budget_s)
+            for f, c in cells]
+
+
+def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
+             launch: ranks.Launch, group) -> int:
+    """Measure this rank's share of the cells the run's journal does not hold yet; rank 0
+    then gathers every rank's cells and outcome, and writes the result. Returns the exit
+    status (the same on every rank)."""
+    plan = _plan(writer, selected, options, launch, group)
+    mine = [(fi, ci) for fi, ci, rank in plan if rank == launch.rank]
+    label = f"rank {launch.rank}: " if launch.distributed else ""
+    rank_info = ranks.describe_rank(launch, options.device)
+    measured: list[dict] = []
     try:
         if any(f.min_bytes is not None for f in selected):
             if "copy_bandwidth_bytes_per_s" not in writer.metadata:
-                # once per run, before any cell, with the run's threads: the bandwidth floor
+                # once per run (per rank), before any cell, with its threads: the floor
                 writer.metadata["copy_bandwidth_bytes_per_s"] = measure_copy_bandwidth(options.device)
             options = dataclasses.replace(
                 options, copy_bandwidth_bytes_per_s=writer.metadata["copy_bandwidth_bytes_per_s"])
-        with Progress(len(todo), "cell") as progress:
-            for finding_index, case_index, finding, case in todo:
-                progress.describe(finding.id)
-                trace = (writer.traces / f"{finding.id}.json.gz"
-                         if options.profile and case_index == 0 else None)
-                cell = CaseRun(finding, case, options).run(trace)
-                with signals_deferred():  # a signal now must not cut the journal entry short
-                    writer.add_cell(finding.id, case.label, (finding_index, case_index),
-                                    cell.summary, cell.samples, seconds=cell.seconds)
-                progress.step(f"{finding.id} {case.label}", _cell_detail(cell.summary))
+        rank_info["error"] = _measure_cells(writer, selected, options, mine, launch, label,
+                                            rank_info, measured)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP (harness.exits.Terminated)
-        status = "interrupted"
-        code = 128 + getattr(err, "signum", 2)
+        # no collective from here: the other ranks are being stopped too
+        if launch.leader:
+            with signals_deferred():
+                writer.finish("interrupted")
+            print(summary_table(pd.DataFrame(writer.summary)))
+            print(f"\nresults: {writer.folder}  (interrupted)")
+            print(f"stopped after {len(writer.done_cells())} of {writer.metadata.get('cells_total')} "
+                  f"cells; continue with: python -m harness.run --resume {writer.folder.name} "
+                  f"--out {writer.results_dir}", file=sys.stderr)
+        return 128 + getattr(err, "signum", 2)
     except Exception as err:
-        if not isinstance(err, DiskFullError):  # else run.json cannot say so either
+        if launch.leader and not isinstance(err, DiskFullError):  # else run.json cannot say so
             with signals_deferred():
                 writer.finish("crashed")
         raise
-    if pyspy and status == "complete":  # after the timing, so that it disturbs nothing
+    outcomes = ranks.gather({"rank": rank_info, "cells": measured}, group, launch)
+    code = _finish(writer, outcomes, pyspy) if launch.leader else None
+    return ranks.broadcast(code, group, launch)
+
+
+def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launch,
+                   label: str, rank_info: dict, measured: list[dict]) -> str | None:
+    """Measure and journal the cells `mine`, appending each journal entry to `measured`.
+    Under torchrun an error outside any cell fails this rank's remaining cells (the other
+    ranks' results are kept) and is returned; in one process it is raised."""
+    fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
+                   if launch.distributed else {})
+    with Progress(len(mine), "cell") as progress:
+        for position, (finding_index, case_index) in enumerate(mine):
+            finding = selected[finding_index]
+            case = finding.cases(options.quick)[case_index]
+            progress.describe(f"{label}{finding.id}")
+            trace = (writer.traces / f"{finding.id}.json.gz"
+                     if options.profile and case_index == 0 else None)
+            try:
+                cell = CaseRun(finding, case, options).run(trace)
+            except Exception as err:
+                if not launch.distributed:
+                    raise
+                for fi, ci in mine[position:]:
+                    failed_finding = selected[fi]
+                    failed = CaseRun(failed_finding, failed_finding.cases(options.quick)[ci],
+                                     options).fail_all(err, f"not run: rank {launch.rank} failed")
+                    measured.append(writer.add_cell(
+                        failed_finding.id, failed.case.label, (fi, ci),
+                        _marked(failed.summary, fingerprint), [], **fingerprint))
+                return f"{type(err).__name__}: {err}"
+            with signals_deferred():  # a signal now must not cut the journal entry short
+                measured.append(writer.add_cell(
+                    finding.id, case.label, (finding_index, case_index),
+                    _marked(cell.summary, fingerprint), _marked(cell.samples, fingerprint),
+                    seconds=cell.seconds, **fingerprint))
+            progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
+    return None
+
+
+def _marked(rows: list[dict], fingerprint: dict) -> list[dict]:
+    """Rows carrying the rank, host and device that measured them (under torchrun)."""
+    return [{**row, **fingerprint} for row in rows] if fingerprint else rows
+
+
+def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
+    """Rank 0: journal the cells other ranks could not write here, record the ranks,
+    write the result; the exit status."""
+    done = writer.done_cells()
+    for outcome in outcomes:
+        for cell in outcome["cells"]:
+            if (cell["finding"], cell["case"]) not in done:  # a rank without this file system
+                extra = {k: v for k, v in cell.items()
+                         if k not in ("schema_version", "finding", "case", "order", "summary", "samples")}
+                writer.add_cell(cell["finding"], cell["case"], tuple(cell["order"]),
+                                cell["summary"], cell["samples"], **extra)
+    if len(outcomes) > 1:
+        writer.metadata["ranks"] = [o["rank"] for o in outcomes]
+    if pyspy:  # after the timing, so that it disturbs nothing
         writer.metadata["pyspy"] = record_flamegraph(writer.folder)
         print(f"py-spy: {writer.metadata['pyspy']['status']}: "
               f"{writer.metadata['pyspy']['detail']}", file=sys.stderr)
     with signals_deferred():
-        writer.finish(status)
+        writer.finish("complete")
     table = pd.DataFrame(writer.summary)
     print(summary_table(table))
-    print(f"\nresults: {writer.folder}  ({status})")
-    if status == "interrupted":
-        print(f"stopped after {len(writer.done_cells())} of {len(done) + len(todo)} cells; "
-              f"continue with: python -m harness.run --resume {writer.folder.name} "
-              f"--out {writer.results_dir}", file=sys.stderr)
-        return code
+    print(f"\nresults: {writer.folder}  (complete)")
+    for outcome in outcomes:
+        if outcome["rank"].get("error"):
+            print(f"rank {outcome['rank']['rank']} failed: {outcome['rank']['error']}; its "
+                  "remaining cells are marked failed", file=sys.stderr)
     bad = table["status"].isin(["mismatch", "failed"]).any() if not table.empty else False
     return 1 if bad else 0
 

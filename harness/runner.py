@@ -118,6 +118,13 @@ class CaseRun:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    def fail_all(self, err: BaseException, stage: str) -> "CaseRun":
+        """Record every variant of the cell as failed at `stage` (a cell that could not run)."""
+        for variant in self.finding.variants:
+            self.cells[variant] = {}
+            self._fail(variant, err, stage)
+        return self
+
     def _active(self) -> list[str]:
         return [v for v in self.finding.variants if "status" not in self.cells[v]]
 

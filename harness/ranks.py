@@ -1,0 +1,147 @@
+"""The ranks of a `torchrun` launch: detection, the process group, and who measures what.
+
+    torchrun --nproc-per-node N [--nnodes M ...] -m harness.run [options]
+
+torchrun starts N processes per node and sets `WORLD_SIZE`, `RANK` and `LOCAL_RANK` in
+each. `Launch.from_environment` reads them (a plain `python -m harness.run` is a world
+of one, and nothing here changes it). The unit of work is a cell (a finding at one
+case): all variants of a cell run on one rank, interleaved, so every ratio stays a
+within-process comparison. Rank 0 assigns cells to ranks, longest expected first onto
+the least-loaded rank (`assign`), and broadcasts the assignment, so that every rank acts
+on the same plan even when their file systems differ; at the end it gathers what each
+rank did.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from harness.measure.machine import device_name
+
+#: a rank may measure for hours while another waits at the final gather
+TIMEOUT = dt.timedelta(hours=12)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's place in the launch."""
+
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @classmethod
+    def from_environment(cls, environ: dict | None = None) -> "Launch":
+        """From torchrun's variables; a world of one where they are absent."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for field, name, default in (("world_size", "WORLD_SIZE", 1), ("rank", "RANK", 0),
+                                     ("local_rank", "LOCAL_RANK", 0),
+                                     ("local_world_size", "LOCAL_WORLD_SIZE", 1)):
+            text = environ.get(name, str(default))
+            try:
+                values[field] = int(text)
+            except ValueError as err:
+                raise ValueError(f"{name}: expected an integer (set by torchrun); got {text!r}") from err
+        launch = cls(**values)
+        if not 0 <= launch.rank < launch.world_size:
+            raise ValueError(f"RANK: expected 0 to {launch.world_size - 1}; got {launch.rank}")
+        return launch
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: creates the run, assigns the cells, writes the result and the report."""
+        return self.rank == 0
+
+    def device(self, requested: str) -> str:
+        """The device name this rank measures on: `cuda` (and `auto` on a CUDA machine)
+        become `cuda:LOCAL_RANK`, so that no two ranks of a node time on one GPU."""
+        if not self.distributed:
+            return requested
+        if requested == "auto":
+            requested = "cuda" if torch.cuda.is_available() else "cpu"
+        if requested == "cuda":
+            return f"cuda:{self.local_rank}"
+        if requested.startswith("cuda:"):
+            raise ValueError(f"--device: expected cpu, cuda or auto under torchrun (each rank "
+                             f"takes cuda:LOCAL_RANK); got {requested!r}, which would put "
+                             f"{self.local_world_size} ranks on one GPU")
+        return requested
+
+    def default_threads(self) -> int:
+        """CPU threads per rank when --threads is not given: the node's cores shared out."""
+        return max(1, (os.cpu_count() or 1) // self.local_world_size)
+
+
+def start(launch: Launch, device: torch.device):
+    """Initialise torch.distributed (nccl on CUDA, gloo on the CPU); returns the group for
+    Python objects (gloo: it needs no device memory), or None in a world of one."""
+    if not launch.distributed:
+        return None
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=TIMEOUT)
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo", timeout=TIMEOUT)
+
+
+def stop(launch: Launch) -> None:
+    if launch.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast(value, group, launch: Launch):
+    """Rank 0's `value` on every rank."""
+    if not launch.distributed:
+        return value
+    box = [value if launch.leader else None]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def gather(value, group, launch: Launch) -> list | None:
+    """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
+    if not launch.distributed:
+        return [value]
+    out = [None] * launch.world_size if launch.leader else None
+    dist.gather_object(value, out, dst=0, group=group)
+    return out
+
+
+def assign(expected_seconds: Sequence[float], world_size: int) -> list[int]:
+    """The rank of each cell: longest expected first, each onto the least-loaded rank
+    (ties: the lower rank; equal cells keep their order). Deterministic.
+
+    The classic greedy for balancing: its makespan is at most 4/3 of the best possible.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size: expected an integer >= 1; got {world_size!r}")
+    bad = [s for s in expected_seconds if not s >= 0]
+    if bad:
+        raise ValueError(f"expected_seconds: expected seconds >= 0; got {bad[0]!r}")
+    load = [0.0] * world_size
+    ranks = [0] * len(expected_seconds)
+    for index in sorted(range(len(expected_seconds)), key=lambda i: (-expected_seconds[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        ranks[index] = rank
+        load[rank] += expected_seconds[index]
+    return ranks
+
+
+def describe_rank(launch: Launch, device: torch.device) -> dict:
+    """Who this rank is, for the run's metadata and its cells' fingerprints."""
+    return {"rank": launch.rank, "local_rank": launch.local_rank, "host": socket.gethostname(),
+            "device": str(device), "device_name": device_name(device)}

@@ -1,0 +1,126 @@
+"""Scale-out with torchrun: one run sharded over ranks, merged into one result and one report.
+
+Real launches of `torchrun --standalone --nproc-per-node 2 -m harness.run` on the CPU
+(two gloo ranks on this machine), against a single-process run of the same cells; and the
+pieces (launch detection, the cell assignment) as units.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import ranks
+from harness.results import load_run, read_cells
+from harness.run import main
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+QUICK = ["--quick", "--device", "cpu", "--threads", "1", "--time-budget", "0.1",
+         "--findings", "B4-DRL-03", "B4-PT-05"]
+COUNTERS = ["op_calls", "host_syncs", "allocations", "allocated_bytes"]
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TORCHRUN, "-m", "harness.run", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _by_cell(summary):
+    return summary.set_index(["finding", "case", "variant"]).sort_index()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded") / "results"
+    done = _torchrun(*QUICK, "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return load_run(None, out), done
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "results"
+    assert main(QUICK + ["--out", str(out), "--no-report"]) == 0
+    return load_run(None, out)
+
+
+def test_sharded_run_has_the_cells_results_and_counters_of_one_process(sharded, single):
+    run, _ = sharded
+    a, b = _by_cell(run.summary), _by_cell(single.summary)
+    assert list(a.index) == list(b.index)
+    assert (a["status"] == b["status"]).all()
+    assert (a["max_error"].fillna(-1) == b["max_error"].fillna(-1)).all()
+    assert (a[COUNTERS] == b[COUNTERS]).all().all()
+    assert run.metadata["status"] == "complete" and run.metadata["world_size"] == 2
+
+
+def test_each_cell_is_measured_once_by_one_rank(sharded):
+    run, _ = sharded
+    cells = read_cells(run.folder)
+    keys = [(c["finding"], c["case"]) for c in cells]
+    assert len(keys) == len(set(keys)) == run.metadata["cells_total"] == 3
+    assert {c["rank"] for c in cells} == {0, 1}  # both ranks measured
+    assert {r["rank"] for r in run.metadata["ranks"]} == {0, 1}
+    for cell in cells:  # every row carries who measured it
+        assert {row["rank"] for row in cell["summary"]} == {cell["rank"]}
+        assert all(row["host"] and row["device_name"] for row in cell["summary"])
+
+
+def test_sharded_run_renders_one_report(sharded):
+    run, done = sharded
+    page = run.folder.parent.parent / "reports" / run.run_id / "index.html"
+    assert page.is_file() and "B4-PT-05" in page.read_text()
+    assert done.stdout.count("results: ") == 1  # rank 0 alone writes the result
+
+
+def test_a_failing_rank_marks_its_cells_and_the_others_are_kept(tmp_path):
+    out = tmp_path / "results"
+    done = _torchrun("--findings-module", "tests.findings_modules.rank_failure",
+                     "--findings", "RANK-failure", "--device", "cpu", "--threads", "1",
+                     "--time-budget", "0.05", "--no-profile", "--no-report", "--out", str(out))
+    assert done.returncode != 0  # rows failed: every rank exits 1, and torchrun says so
+    run = load_run(None, out)
+    assert run.metadata["status"] == "complete"
+    failed = {r["rank"]: r for r in run.metadata["ranks"]}
+    assert "planted failure on rank 1" in failed[1]["error"] and failed[0]["error"] is None
+    rows = run.summary
+    by_rank = dict(tuple(rows.groupby("rank")))
+    assert (by_rank[0]["status"] == "ok").all() and len(by_rank[0]) == 4
+    assert (by_rank[1]["status"] == "failed").all() and len(by_rank[1]) == 4
+    assert by_rank[1]["error"].str.contains("not run: rank 1 failed").all()
+
+
+# --- units ------------------------------------------------------------------------------
+
+def test_launch_reads_torchrun_environment():
+    launch = ranks.Launch.from_environment({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
+                                            "LOCAL_WORLD_SIZE": "2"})
+    assert (launch.distributed, launch.leader, launch.device("cuda")) == (True, False, "cuda:1")
+    assert ranks.Launch.from_environment({}) == ranks.Launch()
+    assert not ranks.Launch().distributed and ranks.Launch().device("cuda:3") == "cuda:3"
+    with pytest.raises(ValueError, match="RANK: expected 0 to 1; got 2"):
+        ranks.Launch.from_environment({"WORLD_SIZE": "2", "RANK": "2"})
+    with pytest.raises(ValueError, match="WORLD_SIZE: expected an integer"):
+        ranks.Launch.from_environment({"WORLD_SIZE": "two"})
+    with pytest.raises(ValueError, match="would put 2 ranks on one GPU"):
+        ranks.Launch(2, 0, 0, 2).device("cuda:0")
+
+
+def test_assignment_is_deterministic_longest_first_and_balanced():
+    seconds = [5.0, 1.0, 4.0, 1.0, 3.0, 2.0, 2.0]
+    assigned = ranks.assign(seconds, 2)
+    assert assigned == ranks.assign(seconds, 2)
+    # longest first: 5 -> r0, 4 -> r1, 3 -> r1, 2 -> r0, 2 -> r0 (tie: lower rank), 1 -> r1, 1 -> r1
+    assert assigned == [0, 1, 1, 1, 1, 0, 0]
+    load = [sum(s for s, r in zip(seconds, assigned) if r == rank) for rank in (0, 1)]
+    assert load == [9.0, 9.0]
+    assert ranks.assign(seconds, 1) == [0] * len(seconds)
+    assert sorted(set(ranks.assign([1.0] * 8, 8))) == list(range(8))  # one each
+    with pytest.raises(ValueError, match="world_size: expected an integer >= 1"):
+        ranks.assign(seconds, 0)
+    with pytest.raises(ValueError, match="expected_seconds: expected seconds >= 0"):
+        ranks.assign([1.0, float("nan")], 2)
