@@ -3,7 +3,9 @@
 TRITON_INTERPRET must be set before triton is imported, so the kernel runs in a fresh
 Python process with it in the environment. Shapes cover several programs (envs past
 BLOCK_ENVS = 8), several tiles (steps past BLOCK_STEPS = 64), ragged step counts
-(0 and full included), stale NaN padding, random true terminals and truncations inside rows.
+(0 and full included), stale NaN padding, random true terminals and truncations inside rows,
+in float64, float32, bfloat16 and float16 (the last two computed in float32 and rounded
+once: a 16-bit carry drifts past these tolerances).
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ from esper.gae.reference import reference_gae
 from tests.gae_inputs import make_case
 
 assert DEVICE_TYPES["triton"] == ("cpu",), DEVICE_TYPES.get("triton")
+# relative to the largest |value|: float32 accumulation; for 16-bit inputs, one unit in
+# the last place of the output dtype (the interpreter truncates a cast to bfloat16 where
+# a GPU rounds to nearest); computing the carry in bfloat16 misses this by 2x and more
+DTYPES = ((torch.float64, 1e-10), (torch.float32, 1e-5),
+          (torch.bfloat16, 2.0**-7), (torch.float16, 2.0**-10))
 shapes = [(1, 1, None), (3, 70, [0, 70, 33]), (9, 130, None), (17, 64, [64] * 17)]
 for seed, (envs, steps, counts) in enumerate(shapes):
-    for dtype, tolerance in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+    for dtype, tolerance in DTYPES:
         case = make_case(envs, steps, seed, p_done=0.1, p_trunc=0.1, dtype=dtype,
                          step_counts=counts)
         for counts_as_tensor in (False, True):
