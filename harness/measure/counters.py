@@ -13,7 +13,10 @@ as exact checks where timings cannot be.
   driver-API forms), and synchronous copies (`cudaMemcpy`). PyTorch's blocking copies
   (`.cpu()`, `.item()`, `.tolist()` of a CUDA tensor, a blocking host-to-device `.to()`)
   are a `cudaMemcpyAsync` closed by a `cudaStreamSynchronize`, so each counts once.
-  A `.cpu()` or a blocking upload counts on CUDA but not on the CPU.
+  A `.cpu()` or a blocking upload counts on CUDA but not on the CPU. Not counted: a
+  `cudaMemcpyAsync` into pageable host memory with no sync after it
+  (`pageable.copy_(cuda_tensor, non_blocking=True)`), which CUDA also completes before
+  returning.
 
 A CUDA profile that lacks the events the profiled window must contain (CUPTI missing, or
 held by nsys or ncu) raises `IncompleteProfileError` instead of counting zeros.
