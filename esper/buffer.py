@@ -15,6 +15,7 @@ import torch
 from torch.profiler import record_function
 
 from esper import gae
+from esper.device_spans import DeviceSpans
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 
@@ -79,6 +80,9 @@ class RolloutBuffer:
         hidden_shape = (*shape, num_lstm_layers, lstm_hidden_dim)
         self.hidden_h = torch.zeros(hidden_shape, **f32)
         self.hidden_c = torch.zeros(hidden_shape, **f32)
+
+        self._gae_spans = DeviceSpans(self.device)
+        self.last_gae_seconds = 0.0
 
         self.step_counts: list[int] | Tensor
         if self.variants.step_counts == "tensor":
@@ -178,9 +182,13 @@ class RolloutBuffer:
         return gae.valid_mask(counts, self.max_steps)
 
     def compute_advantages_and_returns(self, gamma: float, gae_lambda: float) -> None:
-        """Fill `advantages` and `returns` with `variants.gae` / `variants.reset`."""
+        """Fill `advantages` and `returns` with `variants.gae` / `variants.reset`.
+
+        Sets `last_gae_seconds` (host) and, on CUDA, the span read by `last_gae_device_seconds`.
+        """
+        self._gae_spans.clear()
         start = time.perf_counter()
-        with record_function("gae"):
+        with record_function("gae"), self._gae_spans.span("gae"):
             counts = self.step_counts if isinstance(self.step_counts, Tensor) else list(self.step_counts)
             self.advantages, self.returns = gae.compute_gae(
                 self.rewards, self.values, self.dones, self.truncated, self.bootstrap_values,
@@ -189,6 +197,14 @@ class RolloutBuffer:
             )
         # host seconds: on CUDA the async methods count their launches, not their kernels
         self.last_gae_seconds = time.perf_counter() - start
+
+    @property
+    def last_gae_device_seconds(self) -> float | None:
+        """Device seconds of the last GAE (CUDA events at the range's ends); None on the CPU.
+
+        Waits for the GAE's kernels (a host sync) unless a later sync already did.
+        """
+        return self._gae_spans.seconds().get("gae")
 
     def normalize_advantages(self) -> None:
         """Normalise advantages over valid entries only: (A - mean) / (population std + 1e-8).
@@ -234,6 +250,23 @@ class RolloutBuffer:
             "initial_hidden_h": move(self.hidden_h[:, 0].transpose(0, 1).contiguous()),
             "initial_hidden_c": move(self.hidden_c[:, 0].transpose(0, 1).contiguous()),
         }
+
+
+def masks_to_device(masks: Mapping[str, Tensor], device: torch.device | str) -> dict[str, Tensor]:
+    """One step's action masks `{head: [N, K] bool}` on `device`, in a single transfer.
+
+    Copying each head (or, in `add`, each env's row of each head) from the host would be
+    8 (or 8 x N) copies per step, each blocking on CUDA. The heads are packed side by side
+    into one [N, sum K] tensor, copied once without blocking (no host sync), and split
+    back into [N, K] views. Masks already on `device` are returned as they are.
+    """
+    device = torch.device(device)
+    if all(mask.device == device for mask in masks.values()):
+        return dict(masks)
+    heads = list(masks)
+    packed = torch.cat([masks[head] for head in heads], dim=1)  # {head: [N, K]} -> [N, sum K]
+    moved = packed.to(device, non_blocking=True)  # a pageable source is staged before return
+    return dict(zip(heads, moved.split([masks[head].shape[1] for head in heads], dim=1)))
 
 
 def _detached(value: Scalar) -> Scalar:

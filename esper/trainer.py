@@ -12,20 +12,30 @@ One iteration, read top to bottom (`VectorizedTrainer.iteration`):
     normaliser update (frozen during the rollout), then PPO update (gae, update)
 
 Each phase runs inside a `torch.profiler.record_function` range of that name, so a
-profiler attributes time to it, and its host wall time is summed per iteration.
+profiler attributes time to it, and its host wall time is summed per iteration. On CUDA
+its device time is summed too (`esper.device_spans`): the host time of a phase that
+launches work without waiting for it (scan, compiled or Triton GAE) counts launches, and
+its kernels' time would otherwise land in the next phase that syncs.
+
+Each step's action masks reach the device in one transfer (`masks_to_device`) that both
+the policy and the buffer read, instead of one blocking copy per head and env.
 
 `Variants.sync` decides how the env phase waits for the env streams on CUDA:
 - `stream` (the original): the host blocks on `stream.synchronize()` once per env before
   reading that env's metrics.
 - `event`: each env stream records an event that the default stream waits on; the host
   blocks once, when it reads all metrics together.
-On the CPU there are no streams: both values run the same code.
+On the CPU there are no streams: both values run the same code. `torch.cuda.Stream()`
+hands out streams round-robin from a pool of `STREAM_POOL_SIZE` per device and priority:
+above that many envs, envs share streams (and serialize); the trainer warns once and
+records the distinct count in `env_streams`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,7 +44,8 @@ from typing import Iterator
 import torch
 from torch.profiler import record_function
 
-from esper.buffer import RolloutBuffer
+from esper.buffer import RolloutBuffer, masks_to_device
+from esper.device_spans import DeviceSpans
 from esper.env import EnvConfig, VectorizedMorphoEnv
 from esper.heads import HEAD_NAMES
 from esper.normalizer import RunningNormalizer
@@ -43,6 +54,10 @@ from esper.ppo import PPOAgent, PPOConfig
 from esper.variants import Variants
 
 PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
+#: CUDA streams per device and priority in PyTorch's pool (c10/cuda/CUDAStream.cpp);
+#: `torch.cuda.Stream()` cycles through them.
+STREAM_POOL_SIZE = 32
+_warned_shared_streams = False
 
 
 def resolve_device(device: str) -> torch.device:
@@ -108,15 +123,45 @@ class IterationStats:
     mean_return: float
     update: dict[str, float]
     phase_seconds: dict[str, float]
+    """Host wall seconds per phase (`update` without the `gae` inside it)."""
     host_blocked_seconds: float
     """Host time spent waiting for env streams (synchronize / metric reads) in env_step."""
+    phase_device_seconds: dict[str, float] = field(default_factory=dict)
+    """On CUDA, device-timeline seconds per phase (`esper.device_spans`; `update` without
+    `gae`); empty on the CPU, where host and device time are one."""
 
     def line(self) -> str:
         phases = " ".join(f"{p}={self.phase_seconds.get(p, 0.0):.3f}s" for p in PHASES)
+        if self.phase_device_seconds:
+            phases += "  device " + " ".join(
+                f"{p}={self.phase_device_seconds.get(p, 0.0):.3f}s" for p in PHASES)
         u = self.update
         return (f"iter {self.iteration:4d}  return {self.mean_return:+.4f}  "
                 f"pi {u['policy_loss']:+.4f}  v {u['value_loss']:.4f}  "
                 f"ent {u['entropy']:.3f}  kl {u['approx_kl']:.4f}  {phases}")
+
+
+def make_env_streams(num_envs: int, device: torch.device, make_stream=None) -> tuple[list, int]:
+    """One CUDA stream per env from `make_stream(device=...)` (default `torch.cuda.Stream`),
+    and how many of them are distinct.
+
+    PyTorch's pool gives out `STREAM_POOL_SIZE` streams per device and priority in turn, so
+    above that many envs some share a stream; that is warned about once per process.
+    """
+    global _warned_shared_streams
+    make_stream = torch.cuda.Stream if make_stream is None else make_stream
+    streams = [make_stream(device=device) for _ in range(num_envs)]
+    distinct = len({stream.cuda_stream for stream in streams})
+    if distinct < num_envs and not _warned_shared_streams:
+        _warned_shared_streams = True
+        warnings.warn(
+            f"{num_envs} envs share {distinct} CUDA streams on {device}: torch.cuda.Stream() "
+            f"cycles through a pool of {STREAM_POOL_SIZE} streams per device and priority, "
+            "so envs on one stream run one after another; use at most "
+            f"{STREAM_POOL_SIZE} envs per device for a stream each",
+            RuntimeWarning, stacklevel=2,
+        )
+    return streams, distinct
 
 
 class VectorizedTrainer:
@@ -136,13 +181,15 @@ class VectorizedTrainer:
         )
         self.normalizer = RunningNormalizer(obs_dim)
         self.sampler = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.streams = (
-            [torch.cuda.Stream(device=self.device) for _ in range(config.num_envs)]
-            if self.device.type == "cuda" else None
-        )
+        self.streams: list | None = None
+        self.env_streams: int | None = None
+        """Distinct CUDA streams the envs run on (None on the CPU)."""
+        if self.device.type == "cuda":
+            self.streams, self.env_streams = make_env_streams(config.num_envs, self.device)
         self.hidden = self.policy.initial_hidden(config.num_envs, self.device)
         self.iteration_count = 0
         self._phase_seconds: dict[str, float] = defaultdict(float)
+        self._device_spans = DeviceSpans(self.device)
         self._blocked_seconds = 0.0
 
     # ------------------------------------------------------------------ phases
@@ -150,7 +197,7 @@ class VectorizedTrainer:
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
-        with record_function(name):
+        with record_function(name), self._device_spans.span(name):
             yield
         self._phase_seconds[name] += time.perf_counter() - start
 
@@ -209,13 +256,11 @@ class VectorizedTrainer:
         returns = torch.zeros(n)
         for t in range(steps):
             norm_obs = self.normalizer.normalize(obs).to(self.device)
-            masks = self.envs.action_masks()  # {head: [N, K]} CPU
+            host_masks = self.envs.action_masks()  # {head: [N, K]} CPU
             with self._phase("policy_forward"):
-                out = self.policy.act(
-                    norm_obs,
-                    {h: m.to(self.device) for h, m in masks.items()},
-                    self.hidden, generator=self.sampler,
-                )
+                # to the device in one transfer, read by act() and add()
+                masks = masks_to_device(host_masks, self.device)
+                out = self.policy.act(norm_obs, masks, self.hidden, generator=self.sampler)
                 # host sync: actions, log-probs and values in one transfer
                 packed = torch.stack(
                     [out.actions[h].float() for h in HEAD_NAMES]
@@ -247,7 +292,8 @@ class VectorizedTrainer:
         return float(returns.mean())
 
     def _add_step(self, obs, packed, rewards, masks, last, bootstrap) -> None:
-        """obs [N, D] normalised, on the device: the observations the actions were sampled on."""
+        """obs [N, D] normalised, on the device: the observations the actions were sampled on;
+        masks {head: [N, K]} on the device, so that add() copies device to device."""
         heads = len(HEAD_NAMES)
         h, c = self.hidden
         per_env = packed.T.tolist()  # [17, N] -> [N][17]
@@ -273,13 +319,20 @@ class VectorizedTrainer:
     def iteration(self) -> IterationStats:
         """One rollout and one PPO update."""
         self._phase_seconds = defaultdict(float)
+        self._device_spans.clear()
         self._blocked_seconds = 0.0
         mean_return = self.rollout()
         start = time.perf_counter()
-        update = self.agent.update(self.buffer)  # ranges "gae" and "update" inside
+        # ranges "gae" and "update" inside; a device span here, not a second "update" range
+        with self._device_spans.span("update"):
+            update = self.agent.update(self.buffer)  # ends with a host sync (its metrics)
         gae_seconds = self.buffer.last_gae_seconds
         self._phase_seconds["gae"] += gae_seconds
         self._phase_seconds["update"] += time.perf_counter() - start - gae_seconds
+        device_seconds = self._device_spans.seconds()  # after the update's sync: no wait
+        if device_seconds:
+            device_seconds["gae"] = self.buffer.last_gae_device_seconds
+            device_seconds["update"] -= device_seconds["gae"]
         self.iteration_count += 1
         return IterationStats(
             iteration=self.iteration_count,
@@ -287,4 +340,5 @@ class VectorizedTrainer:
             update=update,
             phase_seconds=dict(self._phase_seconds),
             host_blocked_seconds=self._blocked_seconds,
+            phase_device_seconds=device_seconds,
         )

@@ -6,6 +6,7 @@ samples can be compared with `==`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -490,3 +491,90 @@ def test_measure_interleaved_rejects_no_variants():
     message = r"fns: expected at least one variant; got an empty mapping"
     with pytest.raises(ValueError, match=message):
         measure({}, FakeClock())
+
+
+# --- CudaEventClock against a stand-in CUDA API ---------------------------------------
+
+
+class StandInCuda:
+    """The part of `torch.cuda` that `CudaEventClock` calls, logging each call in order.
+
+    A stand-in, because this machine has no CUDA: it proves the clock's ordering (where
+    the events are recorded, that the host waits on the end event before reading the
+    elapsed time, under which device guard), not any timing. Like real CUDA events,
+    `elapsed_time` raises unless the end event has completed (been synchronized).
+    """
+
+    def __init__(self, elapsed_ms: float) -> None:
+        self.elapsed_ms = elapsed_ms
+        self.log: list[tuple] = []
+        self.streams: list[object] = []
+
+    def is_available(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return 3
+
+    @contextlib.contextmanager
+    def device(self, device):
+        self.log.append(("device guard", str(device)))
+        yield
+        self.log.append(("device guard exit", str(device)))
+
+    def current_stream(self, device):
+        stream = f"stream of {device}"
+        self.log.append(("current_stream", str(device)))
+        return stream
+
+    def Event(self, enable_timing: bool = False):  # noqa: N802 (torch.cuda's name)
+        cuda = self
+        index = sum(1 for entry in self.log if entry[0] == "Event")
+        name = ("start", "end")[index] if index < 2 else f"event{index}"
+        self.log.append(("Event", name, enable_timing))
+
+        class StandInEvent:
+            completed = False
+
+            def record(self, stream):
+                cuda.log.append(("record", name, stream))
+
+            def synchronize(self):
+                cuda.log.append(("synchronize", name))
+                self.completed = True
+
+            def elapsed_time(self, end):
+                cuda.log.append(("elapsed_time", name, end.name))
+                if not end.completed:
+                    raise RuntimeError("CUDA error: device not ready")
+                return cuda.elapsed_ms
+
+        event = StandInEvent()
+        event.name = name
+        return event
+
+
+def test_cuda_event_clock_records_on_the_stream_it_reads_and_waits_before_reading():
+    cuda = StandInCuda(elapsed_ms=2.5)
+    clock = CudaEventClock("cuda:1", cuda=cuda)
+    assert clock.device == torch.device("cuda", 1)
+    seconds = clock.time(lambda: cuda.log.append(("fn",)), 3)
+    stream = "stream of cuda:1"
+    assert cuda.log == [
+        ("device guard", "cuda:1"),
+        ("current_stream", "cuda:1"),
+        ("Event", "start", True),
+        ("Event", "end", True),
+        ("record", "start", stream),
+        ("fn",), ("fn",), ("fn",),
+        ("record", "end", stream),
+        ("synchronize", "end"),
+        ("elapsed_time", "start", "end"),
+        ("device guard exit", "cuda:1"),
+    ]
+    assert seconds == pytest.approx(2.5e-3)
+
+
+def test_cuda_event_clock_without_an_index_takes_the_current_device():
+    clock = CudaEventClock("cuda", cuda=StandInCuda(elapsed_ms=1.0))
+    assert clock.device == torch.device("cuda", 3)

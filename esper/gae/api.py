@@ -314,6 +314,10 @@ def compute_gae(
         dones, truncated: [num_envs, max_steps] bool. `dones` marks the end of an
             episode; `truncated` marks a time-limit end (bootstrap, do not zero).
         step_counts: valid steps per env, a list of ints or a 1-D integer tensor [num_envs].
+            On CUDA the form has a cost on every call: a list becomes a device tensor by
+            a blocking host-to-device copy (the host waits for the stream: a host sync);
+            a CPU tensor by a non-blocking copy; a tensor already on the device costs
+            nothing. Keep step counts on the device to keep GAE free of host syncs.
         gamma: discount; gae_lambda: trace decay; both in [0, 1].
         method: a key of `METHODS`.
         reset: `clone` or `mask`; how the `loop` method resets at terminals.

@@ -14,8 +14,13 @@ of the tile it just left (`carry`, one value per env) kept in registers. Per til
    store advantages and returns, and carry the tile's first advantage on.
 
 One launch, each input read once and each output written once; no host sync (step
-counts are read on the device). Untuned: BLOCK_ENVS=8, BLOCK_STEPS=64, 4 warps are
-reasonable defaults for an H100-class GPU, not measured ones.
+counts are read on the device). Arithmetic runs in float64 for float64 inputs and in
+float32 otherwise (bfloat16 and float16 are loaded, widened, and rounded once at the
+store, as a 16-bit carry would lose the trace within a few dozen steps). The launch
+happens under the inputs' device, so Triton, which launches on the current device and
+its current stream, runs it where the tensors live. Untuned: BLOCK_ENVS=8,
+BLOCK_STEPS=64, 4 warps are reasonable defaults for an H100-class GPU, not measured
+ones (`tests/test_triton_aot.py` compiles them for sm_80 and sm_90: no spills).
 
 Runs on CUDA tensors; with `TRITON_INTERPRET=1` set before import, Triton's
 interpreter runs the same kernel on CPU tensors (slowly: for tests only).
@@ -23,6 +28,7 @@ interpreter runs the same kernel on CPU tensors (slowly: for tests only).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -38,6 +44,7 @@ DEVICE_TYPE = "cpu" if INTERPRETED else "cuda"
 
 BLOCK_ENVS = 8
 BLOCK_STEPS = 64
+NUM_WARPS = 4
 
 
 def available() -> bool:
@@ -61,8 +68,9 @@ def _gae_kernel(
     env_ok = envs < num_envs
     steps = tl.load(step_counts + envs, mask=env_ok, other=0)  # [BE] int64
     row = envs.to(tl.int64) * max_steps  # [BE] offset of each row
-    gamma = tl.load(scalars)
-    trace = tl.load(scalars + 1)  # gamma * lambda, in the inputs' dtype
+    gamma = tl.load(scalars)  # the compute dtype: float64, or float32 for narrower inputs
+    trace = tl.load(scalars + 1)  # gamma * lambda
+    out_dtype = advantages.dtype.element_ty
     carry = tl.zeros([BLOCK_ENVS], dtype=gamma.dtype)  # A at the start of the tile after
     lane = tl.arange(0, BLOCK_STEPS)
     num_tiles = tl.cdiv(max_steps, BLOCK_STEPS)
@@ -73,11 +81,11 @@ def _gae_kernel(
         in_row = env_ok[:, None] & (t[None, :] < max_steps)
         valid = in_row & (t[None, :] < steps[:, None])
         is_last = t[None, :] == steps[:, None] - 1
-        r = tl.load(rewards + at, mask=valid, other=0.0)
-        v = tl.load(values + at, mask=valid, other=0.0)
-        b = tl.load(bootstrap + at, mask=valid, other=0.0)
+        r = tl.load(rewards + at, mask=valid, other=0.0).to(gamma.dtype)
+        v = tl.load(values + at, mask=valid, other=0.0).to(gamma.dtype)
+        b = tl.load(bootstrap + at, mask=valid, other=0.0).to(gamma.dtype)
         has_next = valid & ~is_last & (t[None, :] + 1 < max_steps)
-        next_v = tl.load(values + at + 1, mask=has_next, other=0.0)
+        next_v = tl.load(values + at + 1, mask=has_next, other=0.0).to(gamma.dtype)
         done = tl.load(dones + at, mask=valid, other=0) != 0
         cut = tl.load(truncated + at, mask=valid, other=0) != 0
         next_v = tl.where(cut | is_last, b, next_v)  # bootstrap or V_{t+1}
@@ -86,10 +94,22 @@ def _gae_kernel(
         coef = tl.where(valid & ~(done | cut), trace, 0.0)  # an episode end cuts the trace
         composed, product = tl.associative_scan((delta, coef), 1, _compose)
         adv = composed + product * carry[:, None]
-        tl.store(advantages + at, adv, mask=in_row)
-        tl.store(returns + at, tl.where(valid, adv + v, 0.0), mask=in_row)
+        tl.store(advantages + at, adv.to(out_dtype), mask=in_row)
+        tl.store(returns + at, tl.where(valid, adv + v, 0.0).to(out_dtype), mask=in_row)
         # the tile's earliest step (lane BLOCK_STEPS - 1) is the next tile's carry
         carry = tl.sum(tl.where(lane[None, :] == BLOCK_STEPS - 1, adv, 0.0), axis=1)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel computes in for inputs of `dtype`: float64 stays, every
+    narrower float (float32, bfloat16, float16) computes in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def launch_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make `device` current for a launch: Triton launches on the current CUDA device and
+    that device's current stream, not on the tensors' device. Nothing for the interpreter."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def gae_triton(
@@ -106,14 +126,15 @@ def gae_triton(
 ) -> tuple[Tensor, Tensor]:
     """GAE by the Triton kernel; arguments and results as `esper.gae.compute_gae`.
 
-    rewards, values, bootstrap_values: [num_envs, max_steps] float32/float64 on CUDA
-    (on the CPU under TRITON_INTERPRET=1); dones, truncated: [num_envs, max_steps] bool;
-    step_counts: list or 1-D integer tensor [num_envs] (a list is copied to the device).
-    Returns (advantages, returns), new contiguous [num_envs, max_steps] tensors of the
-    inputs' dtype and device. Tensor step counts are not range-checked (that would be
-    a host sync); counts past max_steps read no memory out of the row's bounds but
-    give undefined results. `reset` is accepted for a uniform signature and has no
-    effect. No host sync.
+    rewards, values, bootstrap_values: [num_envs, max_steps] float64/float32/bfloat16/
+    float16 on a CUDA device (on the CPU under TRITON_INTERPRET=1); dones, truncated:
+    [num_envs, max_steps] bool; step_counts: list or 1-D integer tensor [num_envs] (a
+    list is copied to the device on every call, see `compute_gae`). Returns
+    (advantages, returns), new contiguous [num_envs, max_steps] tensors of the inputs'
+    dtype and device. Tensor step counts are not range-checked (that would be a host
+    sync); counts past max_steps read no memory out of the row's bounds but give
+    undefined results. `reset` is accepted for a uniform signature and has no effect.
+    No host sync; gamma and lambda reach the device as fill kernels, not host copies.
     """
     if rewards.device.type != DEVICE_TYPE:
         raise ValueError(
@@ -126,14 +147,16 @@ def gae_triton(
     if num_envs == 0 or max_steps == 0:
         return advantages, returns
     counts = step_counts_tensor(step_counts, rewards.device)
-    # gamma and the trace in the inputs' dtype: Triton would pass float scalars as fp32
-    scalars = torch.tensor([gamma, gamma * gae_lambda], dtype=rewards.dtype)
-    scalars = scalars.to(rewards.device, non_blocking=True)
-    _gae_kernel[(triton.cdiv(num_envs, BLOCK_ENVS),)](
-        rewards.contiguous(), values.contiguous(),
-        dones.contiguous().view(torch.uint8), truncated.contiguous().view(torch.uint8),
-        bootstrap_values.contiguous(), counts.contiguous(), scalars,
-        advantages, returns, num_envs, max_steps,
-        BLOCK_ENVS=BLOCK_ENVS, BLOCK_STEPS=BLOCK_STEPS, num_warps=4,
-    )
+    # (gamma, gamma * lambda) in the compute dtype (Triton would pass a Python float as
+    # fp32), written on the device by two fills: no host-to-device copy per call
+    scalars = torch.full((2,), gamma, dtype=compute_dtype(rewards.dtype), device=rewards.device)
+    scalars[1:].fill_(gamma * gae_lambda)
+    with launch_device(rewards.device):
+        _gae_kernel[(triton.cdiv(num_envs, BLOCK_ENVS),)](
+            rewards.contiguous(), values.contiguous(),
+            dones.contiguous().view(torch.uint8), truncated.contiguous().view(torch.uint8),
+            bootstrap_values.contiguous(), counts.contiguous(), scalars,
+            advantages, returns, num_envs, max_steps,
+            BLOCK_ENVS=BLOCK_ENVS, BLOCK_STEPS=BLOCK_STEPS, num_warps=NUM_WARPS,
+        )
     return advantages, returns

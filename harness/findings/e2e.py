@@ -37,23 +37,38 @@ def _make_call(variant: str, trainers: dict):
     return iteration
 
 
-
 def phase_seconds(trainer: VectorizedTrainer) -> dict[str, float]:
     """Seconds per phase of one iteration, from the trainer's profiler ranges.
 
-    `update` contains `gae` (GAE runs inside the update): it is reported exclusive of it.
+    `phase_<name>_s` and `gae_share` are host time, from the profiler's CPU time of each
+    `record_function` range. On CUDA, where a sync-free GAE returns before its kernels run
+    and their time lands in `update` at its first sync, `phase_<name>_device_s` and
+    `gae_share_device` add each phase's device-timeline time (CUDA events at the range's
+    ends, `esper.device_spans`), beside it; on the CPU the two are one number and only
+    the host fields exist. `update` contains `gae` (GAE runs inside the update): both
+    are reported exclusive of it. `env_streams` (CUDA only): distinct env streams.
     """
     with profiling(trainer.device) as prof:
-        trainer.iteration()
+        stats = trainer.iteration()
     totals = {name: 0.0 for name in PHASES}
     for event in prof.key_averages():
         if event.key in totals:
             totals[event.key] = event.cpu_time_total / 1e6  # us -> s
     totals["update"] -= totals["gae"]
-    iteration = sum(totals.values())
     out = {f"phase_{name}_s": value for name, value in totals.items()}
-    out["gae_share"] = totals["gae"] / iteration if iteration > 0 else float("nan")
+    out["gae_share"] = _share(totals)
+    if stats.phase_device_seconds:
+        device = {name: stats.phase_device_seconds[name] for name in PHASES}
+        out.update({f"phase_{name}_device_s": value for name, value in device.items()})
+        out["gae_share_device"] = _share(device)
+        out["env_streams"] = trainer.env_streams
     return out
+
+
+def _share(seconds: dict[str, float]) -> float:
+    """GAE's fraction of the iteration's phases (NaN when they sum to 0)."""
+    iteration = sum(seconds.values())
+    return seconds["gae"] / iteration if iteration > 0 else float("nan")
 
 
 register(Finding(
@@ -75,6 +90,8 @@ register(Finding(
         f"optimized = {Variants.optimized().spec()}.",
         "The correctness check compares the first iteration's return and losses (same seed).",
         "Phase seconds come from one profiled iteration (record_function ranges); the update "
-        "is reported without the GAE inside it.",
+        "is reported without the GAE inside it. On CUDA each phase has host and device "
+        "seconds side by side (phase_<name>_s, phase_<name>_device_s): host time of a "
+        "sync-free GAE counts its launches, device time its kernels.",
     ),
 ))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.buffer import RolloutBuffer
+from esper.buffer import RolloutBuffer, masks_to_device
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
@@ -18,26 +18,34 @@ def _cases(quick: bool) -> list[Case]:
 
 
 def _build(case: Case, device: torch.device, seed: int) -> dict:
-    """One buffer per variant on `device`, and every step's data prepared in advance."""
+    """One buffer per variant on `device`, and every step's data prepared in advance.
+
+    Each step holds its action masks as the envs give them, `{head: [N, K]}` on the host,
+    and one add() per env without masks; states and hidden states are on `device`, as the
+    policy leaves them.
+    """
     num_envs, max_steps = case["num_envs"], case["max_steps"]
     g = torch.Generator().manual_seed(seed)
     steps = []
     for t in range(max_steps):
-        for env in range(num_envs):
-            steps.append(dict(
-                env_id=env,
-                state=torch.randn(STATE_DIM, generator=g).to(device),
-                actions={h: int(torch.randint(0, k, (), generator=g)) for h, k in HEAD_SIZES.items()},
-                log_probs={h: float(-torch.rand((), generator=g)) for h in HEAD_NAMES},
-                value=float(torch.randn((), generator=g)),
-                reward=float(torch.randn((), generator=g)),
-                done=t == max_steps - 1,
-                masks={h: torch.ones(k, dtype=torch.bool, device=device) for h, k in HEAD_SIZES.items()},
-                hidden_h=torch.randn(1, 1, HIDDEN, generator=g).to(device),
-                hidden_c=torch.randn(1, 1, HIDDEN, generator=g).to(device),
-                truncated=t == max_steps - 1,
-                bootstrap_value=float(torch.randn((), generator=g)),
-            ))
+        host_masks = {h: torch.ones(num_envs, k, dtype=torch.bool) for h, k in HEAD_SIZES.items()}
+        adds = [dict(
+            env_id=env,
+            state=torch.randn(STATE_DIM, generator=g).to(device),
+            actions={h: int(torch.randint(0, k, (), generator=g)) for h, k in HEAD_SIZES.items()},
+            log_probs={h: float(-torch.rand((), generator=g)) for h in HEAD_NAMES},
+            value=float(torch.randn((), generator=g)),
+            reward=float(torch.randn((), generator=g)),
+            done=t == max_steps - 1,
+            hidden_h=torch.randn(1, 1, HIDDEN, generator=g).to(device),
+            hidden_c=torch.randn(1, 1, HIDDEN, generator=g).to(device),
+            truncated=t == max_steps - 1,
+            bootstrap_value=float(torch.randn((), generator=g)),
+        ) for env in range(num_envs)]
+        # on the CPU there is no transfer: each env's rows are views, taken here once
+        cpu_rows = ([{h: m[env] for h, m in host_masks.items()} for env in range(num_envs)]
+                    if device.type == "cpu" else None)
+        steps.append((host_masks, adds, cpu_rows))
     buffers = {
         kind: RolloutBuffer(num_envs, max_steps, STATE_DIM, lstm_hidden_dim=HIDDEN,
                             device=device, variants=Variants(step_counts=kind))
@@ -51,8 +59,15 @@ def _make_call(variant: str, inputs: dict):
 
     def rollout():
         buffer.reset()
-        for step in steps:
-            buffer.add(**step)
+        for host_masks, adds, cpu_rows in steps:
+            if cpu_rows is None:
+                # as the trainer: the step's masks reach the device in one transfer
+                masks = masks_to_device(host_masks, device)
+                rows = [{h: m[env] for h, m in masks.items()} for env in range(len(adds))]
+            else:
+                rows = cpu_rows
+            for add, env_masks in zip(adds, rows):
+                buffer.add(**add, masks=env_masks)
         return buffer.get_batched_sequences(device)
 
     return rollout
@@ -86,5 +101,7 @@ register(Finding(
         "One timed call = a full rollout of num_envs x max_steps add() calls into a buffer "
         "on the run's device, then get_batched_sequences() on that device.",
         "Both variants must produce identical batches (the list variant is the reference).",
+        "Action masks come from the host as the envs give them and reach the device in one "
+        "transfer per step, as in the trainer: on CUDA that copy is part of the timed call.",
     ),
 ))

@@ -35,7 +35,8 @@ def _host_blocked(variant: str, trainers: dict) -> dict[str, float]:
     trainer._blocked_seconds = 0.0
     for _ in range(STEPS_FOR_BLOCKED_TIME):
         trainer.env_phase()
-    return {"host_blocked_s_per_step": trainer._blocked_seconds / STEPS_FOR_BLOCKED_TIME}
+    return {"host_blocked_s_per_step": trainer._blocked_seconds / STEPS_FOR_BLOCKED_TIME,
+            "env_streams": trainer.env_streams}
 
 
 def _skip(variant: str, case: Case, device: torch.device) -> str | None:
@@ -62,6 +63,8 @@ register(Finding(
         "CUDA stream, then the host reads the metrics.",
         f"Host-blocked time is the host's wait in synchronize / metric reads, averaged over "
         f"{STEPS_FOR_BLOCKED_TIME} steps.",
+        "env_streams is how many distinct CUDA streams the envs ran on: torch.cuda.Stream() "
+        "cycles through a pool of 32 per device, so above 32 envs some share one.",
         "On a machine without CUDA every row reads 'needs CUDA'.",
     ),
 ))

@@ -3,6 +3,23 @@
 One profiled call of a function under `torch.profiler` with memory profiling. The counts
 are deterministic for a given input and code path, which makes them usable by the CI gate
 as exact checks where timings cannot be.
+
+"Host syncs" is not the same quantity on the two devices:
+
+- on the CPU nothing blocks, so it counts the value reads that *would* block on a device:
+  `aten::_local_scalar_dense`, behind `.item()`, `bool(t)`, `float(t)`, `int(t)`;
+- on CUDA it counts every call that blocks the host until the device catches up:
+  `cudaStreamSynchronize`, `cudaDeviceSynchronize`, `cudaEventSynchronize` (and their
+  driver-API forms), and synchronous copies (`cudaMemcpy`). PyTorch's blocking copies
+  (`.cpu()`, `.item()`, `.tolist()` of a CUDA tensor, a blocking host-to-device `.to()`)
+  are a `cudaMemcpyAsync` closed by a `cudaStreamSynchronize`, so each counts once.
+  A `.cpu()` or a blocking upload counts on CUDA but not on the CPU. Not counted: a
+  `cudaMemcpyAsync` into pageable host memory with no sync after it
+  (`pageable.copy_(cuda_tensor, non_blocking=True)`), which CUDA also completes before
+  returning.
+
+A CUDA profile that lacks the events the profiled window must contain (CUPTI missing, or
+held by nsys or ncu) raises `IncompleteProfileError` instead of counting zeros.
 """
 
 from __future__ import annotations
@@ -11,30 +28,64 @@ import collections
 import contextlib
 import os
 import sys
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 #: ops that copy a device value to the host and block on it (`.item()`, `bool(t)`, ...).
 HOST_SYNC_OPS = ("aten::_local_scalar_dense",)
-#: CUDA runtime calls that block the host until the device catches up.
+#: the call `profile_call` closes its CUDA window with (`torch.cuda.synchronize`): present
+#: exactly once in a complete profile, and not counted as a sync of the profiled code.
+CLOSING_SYNC = "cudaDeviceSynchronize"
+#: CUDA runtime and driver calls that block the host until the device catches up.
 CUDA_SYNC_CALLS = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
     "cudaEventSynchronize",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+    "cudaMemcpy",  # the synchronous copy (PyTorch uses cudaMemcpyAsync + a stream sync)
 )
+#: kernel launches through the runtime API (PyTorch's kernels) and the driver API (Triton's).
 KERNEL_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+class IncompleteProfileError(RuntimeError):
+    """A CUDA profile lacks events every profiled window has: its counts would be wrong."""
+
+
+@dataclass(frozen=True)
+class ProfiledEvent:
+    """One profiler event, as far as the counters read it."""
+
+    name: str
+    """The op, runtime call or kernel name (`aten::add`, `cudaLaunchKernel`, `[memory]`)."""
+    nbytes: int = 0
+    """For a `[memory]` event: bytes allocated (> 0) or freed (< 0)."""
+    on_device: bool = False
+    """Whether the event ran on the GPU (a kernel, a copy, a memset), not on the host."""
+
+
+def kineto_events(prof: profile) -> list[ProfiledEvent]:
+    """The raw Kineto events of a finished profiler run."""
+    return [
+        ProfiledEvent(event.name(), event.nbytes(), event.device_type() != DeviceType.CPU)
+        for event in prof.profiler.kineto_results.events()
+    ]
 
 
 @dataclass(frozen=True)
 class Counters:
     """What one call did, counted by the profiler.
 
-    `host_syncs` counts blocking CUDA runtime calls on CUDA; on the CPU, where nothing
-    blocks, it counts the value reads (`aten::_local_scalar_dense`, behind `.item()`,
-    `bool(t)`, `float(t)`) that would block on a device. `kernel_launches` is None on CPU.
+    `host_syncs` counts blocking CUDA calls on CUDA and value reads on the CPU (see the
+    module docstring: the two are different quantities). `kernel_launches` is None on CPU.
     Allocation counts come from the caching allocator on CUDA and the CPU allocator on
     CPU, so they are comparable within one device only.
     """
@@ -57,26 +108,35 @@ class Counters:
         }
 
 
-def count_events(prof: profile, on_cuda: bool) -> Counters:
-    """Counters from a finished profiler run (its raw Kineto events)."""
+def count_events(
+    events: Iterable[ProfiledEvent], on_cuda: bool, profiler_log: str = ""
+) -> Counters:
+    """Counters from the events of one `profile_call` window.
+
+    On CUDA the window must end with the one `cudaDeviceSynchronize` that `profile_call`
+    issues (it is not counted as a sync), and launched kernels must show up on the device;
+    otherwise the profile is empty or partial and `IncompleteProfileError` says so, with
+    `profiler_log` (what the profiler printed) appended.
+    """
     names: collections.Counter[str] = collections.Counter()
-    allocations = allocated_bytes = 0
-    for event in prof.profiler.kineto_results.events():
-        name = event.name()
-        if name == "[memory]":
-            if event.nbytes() > 0:  # frees are recorded as negative sizes
+    allocations = allocated_bytes = device_events = 0
+    for event in events:
+        if event.name == "[memory]":
+            if event.nbytes > 0:  # frees are recorded as negative sizes
                 allocations += 1
-                allocated_bytes += event.nbytes()
+                allocated_bytes += event.nbytes
             continue
-        names[name] += 1
+        names[event.name] += 1
+        device_events += event.on_device
     ops = {n: c for n, c in names.items() if n.startswith("aten::")}
     if on_cuda:
-        # every blocking runtime call, less the one that closes the profiled window
-        syncs = sum(names[n] for n in CUDA_SYNC_CALLS) - 1
+        launches = sum(names[n] for n in KERNEL_LAUNCH_CALLS)
+        _check_complete(names, launches, device_events, profiler_log)
+        syncs = sum(names[n] for n in CUDA_SYNC_CALLS) - 1  # less the closing sync
     else:
         # no device to wait for: count the value reads that would block on one
         syncs = sum(names[n] for n in HOST_SYNC_OPS)
-    launches = sum(names[n] for n in KERNEL_LAUNCH_CALLS) if on_cuda else None
+        launches = None
     return Counters(
         op_calls=sum(ops.values()),
         host_syncs=syncs,
@@ -87,37 +147,71 @@ def count_events(prof: profile, on_cuda: bool) -> Counters:
     )
 
 
+def _check_complete(
+    names: collections.Counter[str], launches: int, device_events: int, profiler_log: str
+) -> None:
+    """IncompleteProfileError unless a CUDA window holds its closing sync and, when it
+    launched kernels, some device activity."""
+    said = f"; the profiler said: {profiler_log.strip()}" if profiler_log.strip() else ""
+    why = ("CUPTI is missing or unusable, or another tool (nsys, ncu) holds it; "
+           "profile without it, or read counts from that tool")
+    if names[CLOSING_SYNC] == 0:
+        state = "empty" if not names else "partial"
+        raise IncompleteProfileError(
+            f"CUDA profile is {state}: the closing {CLOSING_SYNC} of the profiled window "
+            f"is not in it ({sum(names.values())} events recorded), so host syncs and "
+            f"kernel launches cannot be counted; {why}{said}"
+        )
+    if launches > 0 and device_events == 0:
+        raise IncompleteProfileError(
+            f"CUDA profile is partial: {launches} kernel launches were recorded on the host "
+            f"but no activity on the device; {why}{said}"
+        )
+
+
 @contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null: Kineto prints a line at every profiler start
-    and stop from C++, which Python's sys.stderr cannot catch and which breaks progress bars."""
+def _native_stderr_captured(into: list[str]) -> Iterator[None]:
+    """Send file descriptor 2 to a temporary file and append what was written to `into`.
+
+    Kineto prints a line at every profiler start and stop from C++, which Python's
+    sys.stderr cannot catch and which breaks progress bars; its warnings (CUPTI missing)
+    are kept this way for the error that reports an incomplete profile.
+    """
     sys.stderr.flush()
     saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace").strip()
+            if text:
+                into.append(text)
 
 
 @contextlib.contextmanager
-def profiling(device: torch.device | str = "cpu", **kwargs) -> Iterator[profile]:
+def profiling(
+    device: torch.device | str = "cpu", *, messages: list[str] | None = None, **kwargs
+) -> Iterator[profile]:
     """`torch.profiler.profile` with CPU (+ CUDA on a CUDA device) activities, quietly.
 
-    Only the profiler's start and stop are silenced, not the profiled code.
+    Only the profiler's start and stop are kept off the terminal, not the profiled code;
+    what the profiler printed then is appended to `messages` when given.
     """
     activities = [ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+    printed = messages if messages is not None else []
     prof = profile(activities=activities, **kwargs)
-    with _native_stderr_silenced():
+    with _native_stderr_captured(printed):
         prof.__enter__()
     try:
         yield prof
     finally:
-        with _native_stderr_silenced():
+        with _native_stderr_captured(printed):
             prof.__exit__(None, None, None)
 
 
@@ -128,15 +222,19 @@ def profile_call(
 ) -> Counters:
     """Run `fn` once under torch.profiler (memory profiling on) and count what it did.
 
-    `trace_path`, when given, receives a Chrome trace (open it in Perfetto).
+    On CUDA the window is closed by synchronizing `device` (the device in use, not the
+    current one). `trace_path`, when given, receives a Chrome trace (open it in Perfetto).
+    Raises `IncompleteProfileError` when a CUDA profile came back empty or partial.
     """
-    on_cuda = torch.device(device).type == "cuda"
+    device = torch.device(device)
+    on_cuda = device.type == "cuda"
     if on_cuda:
-        torch.cuda.synchronize()  # keep earlier work out of the profiled window
-    with profiling(device, profile_memory=True) as prof:
+        torch.cuda.synchronize(device)  # keep earlier work out of the profiled window
+    messages: list[str] = []
+    with profiling(device, messages=messages, profile_memory=True) as prof:
         fn()
         if on_cuda:
-            torch.cuda.synchronize()  # the window ends when the device is done
+            torch.cuda.synchronize(device)  # the window ends when the device is done
     if trace_path is not None:
         prof.export_chrome_trace(trace_path)
-    return count_events(prof, on_cuda)
+    return count_events(kineto_events(prof), on_cuda, "\n".join(messages))

@@ -83,34 +83,39 @@ class CpuClock:
 
 
 class CudaEventClock:
-    """Device time between two CUDA events recorded on the current stream.
+    """Device time between two CUDA events recorded on the device's current stream.
 
     Work that `fn` queues on other streams is covered only if `fn` joins it back into
     the current stream (`wait_event`/`wait_stream`) or synchronizes on the host.
+    `cuda` is the CUDA API the clock calls (`torch.cuda`: `is_available`,
+    `current_device`, `device`, `current_stream`, `Event`); tests pass a stand-in.
     """
 
     name = "cuda_event"
 
-    def __init__(self, device: torch.device | str = "cuda") -> None:
+    def __init__(self, device: torch.device | str = "cuda", *, cuda=torch.cuda) -> None:
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: expected a cuda device; got {str(device)!r}")
-        if not torch.cuda.is_available():
+        if not cuda.is_available():
             raise CudaUnavailableError(
                 "CudaEventClock needs CUDA, but torch.cuda.is_available() is False "
                 f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
                 "time on the CPU with make_clock(torch.device('cpu'))"
             )
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device.index if device.index is not None else cuda.current_device()
         self.device = torch.device("cuda", index)
+        self._cuda = cuda
 
     def time(self, fn: Callable[[], object], number: int) -> float:
         """Total seconds for `number` back-to-back calls of `fn`, read from CUDA events."""
         _check_number(number)
-        with torch.cuda.device(self.device):
-            stream = torch.cuda.current_stream(self.device)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+        cuda = self._cuda
+        with cuda.device(self.device):
+            # both events on the stream `fn`'s work lands on: the device's current stream
+            stream = cuda.current_stream(self.device)
+            start = cuda.Event(enable_timing=True)
+            end = cuda.Event(enable_timing=True)
             start.record(stream)
             for _ in range(number):
                 fn()
