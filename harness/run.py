@@ -410,6 +410,9 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
                                 cell["summary"], cell["samples"], **extra)
     if len(outcomes) > 1:
         writer.metadata["ranks"] = [o["rank"] for o in outcomes]
+    shared = shared_streams(writer.summary)
+    if shared:
+        writer.metadata["env_streams_shared"] = shared
     if pyspy:  # after the timing, so that it disturbs nothing
         writer.metadata["pyspy"] = record_flamegraph(writer.folder)
         print(f"py-spy: {writer.metadata['pyspy']['status']}: "
@@ -425,6 +428,17 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
                   "remaining cells are marked failed", file=sys.stderr)
     bad = table["status"].isin(["mismatch", "failed"]).any() if not table.empty else False
     return 1 if bad else 0
+
+
+def shared_streams(summary: list[dict]) -> list[dict]:
+    """Cells whose envs ran on fewer CUDA streams than envs (torch's pool holds 32 per
+    priority, `esper.trainer.make_env_streams`): recorded in the run's metadata, because
+    envs that share a stream serialise and their timings say so."""
+    return [{"finding": r["finding"], "case": r["case"], "variant": r["variant"],
+             "num_envs": r["p_num_envs"], "env_streams": r["env_streams"]}
+            for r in summary
+            if r.get("env_streams") is not None and r.get("p_num_envs") is not None
+            and r["env_streams"] < r["p_num_envs"]]
 
 
 def _cell_detail(summary: list[dict]) -> str:

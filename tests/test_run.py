@@ -199,3 +199,15 @@ def test_paired_finding_interval_over_rounds_whose_work_varies():
     # one call per sample and the same calls in the same order: rounds are aligned
     assert m["single"].number_per_sample == m["double"].number_per_sample == 1
     assert cell.inputs["calls"]["single"] == cell.inputs["calls"]["double"]
+
+
+def test_envs_sharing_cuda_streams_are_named_for_the_run_metadata():
+    from harness.run import shared_streams
+
+    rows = [{"finding": "E2E-iteration", "case": "num_envs=48", "variant": "original",
+             "p_num_envs": 48, "env_streams": 32},
+            {"finding": "E2E-iteration", "case": "num_envs=4", "variant": "original",
+             "p_num_envs": 4, "env_streams": 4},
+            {"finding": "B4-CR-03", "case": "x", "variant": "scan", "p_num_envs": 64}]
+    assert shared_streams(rows) == [{"finding": "E2E-iteration", "case": "num_envs=48",
+                                     "variant": "original", "num_envs": 48, "env_streams": 32}]
