@@ -19,6 +19,7 @@ from harness.measure.counters import (
     ProfiledEvent,
     _native_stderr_captured,
     count_events,
+    peak_live_bytes,
     profile_call,
 )
 
@@ -76,6 +77,30 @@ def test_allocations_count_positive_memory_events_only():
               ProfiledEvent("[memory]", 64), ProfiledEvent("aten::empty")]
     counters = count_events(events, on_cuda=False)
     assert (counters.allocations, counters.allocated_bytes, counters.op_calls) == (2, 576, 1)
+
+
+def test_peak_is_the_most_live_bytes_in_time_order_on_the_host():
+    def memory(nbytes: int, at: int, on_device: bool = False) -> ProfiledEvent:
+        return ProfiledEvent("[memory]", nbytes, on_device, start_ns=at)
+
+    # given out of order: +100 @1, +300 @2, -100 @3, +50 @4, -300 @5 -> live 100, 400, 300, 350
+    events = [memory(-100, 3), memory(300, 2), memory(100, 1), memory(-300, 5), memory(50, 4),
+              memory(10_000, 2, on_device=True)]  # the GPU's memory is not the host's peak
+    assert peak_live_bytes(events) == 400
+    assert count_events(events, on_cuda=False).peak_bytes == 400
+    assert peak_live_bytes([memory(-64, 1)]) == 0  # freeing what it found costs nothing
+
+
+def test_profile_call_on_the_cpu_reports_the_peak_of_a_real_call():
+    def call():
+        a = torch.empty(1000, dtype=torch.float64)  # 8000 bytes
+        b = torch.empty(2000, dtype=torch.float64)  # 16000 bytes, both alive: 24000
+        del a, b
+        return torch.empty(100, dtype=torch.float64)
+
+    counters = profile_call(call)
+    assert counters.peak_bytes >= 24_000 and counters.peak_bytes < 24_000 + 4096
+    assert counters.as_row()["peak_bytes"] == counters.peak_bytes
 
 
 def test_an_empty_cuda_profile_fails_and_says_why():

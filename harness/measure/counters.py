@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
@@ -69,15 +70,31 @@ class ProfiledEvent:
     nbytes: int = 0
     """For a `[memory]` event: bytes allocated (> 0) or freed (< 0)."""
     on_device: bool = False
-    """Whether the event ran on the GPU (a kernel, a copy, a memset), not on the host."""
+    """Whether the event ran on the GPU (a kernel, a copy, a memset), not on the host; for
+    a `[memory]` event, whether the memory is the GPU's."""
+    start_ns: int = 0
+    """When the event started (orders allocations and frees for the peak)."""
 
 
 def kineto_events(prof: profile) -> list[ProfiledEvent]:
     """The raw Kineto events of a finished profiler run."""
     return [
-        ProfiledEvent(event.name(), event.nbytes(), event.device_type() != DeviceType.CPU)
+        ProfiledEvent(event.name(), event.nbytes(), event.device_type() != DeviceType.CPU,
+                      event.start_ns())
         for event in prof.profiler.kineto_results.events()
     ]
+
+
+def peak_live_bytes(events: Iterable[ProfiledEvent]) -> int:
+    """The most bytes the window held allocated at once on the host (CPU `[memory]`
+    events, in time order): what the call needed on top of what it found allocated.
+    Memory the call frees but did not allocate only lowers the running total."""
+    live = peak = 0
+    for event in sorted((e for e in events if e.name == "[memory]" and not e.on_device),
+                        key=lambda e: e.start_ns):
+        live += event.nbytes
+        peak = max(peak, live)
+    return peak
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,10 @@ class Counters:
     allocations: int
     allocated_bytes: int
     kernel_launches: int | None
+    peak_bytes: int = 0
+    """The most bytes the call held allocated at once: on the CPU from the profiler's
+    memory events (`peak_live_bytes`); on CUDA `torch.cuda.max_memory_allocated` of the
+    device, reset before the call, less what was allocated before it."""
     ops: dict[str, int] = field(default_factory=dict, compare=False)
 
     def as_row(self) -> dict[str, int | None]:
@@ -104,6 +125,7 @@ class Counters:
             "host_syncs": self.host_syncs,
             "allocations": self.allocations,
             "allocated_bytes": self.allocated_bytes,
+            "peak_bytes": self.peak_bytes,
             "kernel_launches": self.kernel_launches,
         }
 
@@ -118,6 +140,7 @@ def count_events(
     otherwise the profile is empty or partial and `IncompleteProfileError` says so, with
     `profiler_log` (what the profiler printed) appended.
     """
+    events = list(events)
     names: collections.Counter[str] = collections.Counter()
     allocations = allocated_bytes = device_events = 0
     for event in events:
@@ -143,6 +166,7 @@ def count_events(
         allocations=allocations,
         allocated_bytes=allocated_bytes,
         kernel_launches=launches,
+        peak_bytes=peak_live_bytes(events),
         ops=ops,
     )
 
@@ -230,6 +254,8 @@ def profile_call(
     on_cuda = device.type == "cuda"
     if on_cuda:
         torch.cuda.synchronize(device)  # keep earlier work out of the profiled window
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
     messages: list[str] = []
     with profiling(device, messages=messages, profile_memory=True) as prof:
         fn()
@@ -237,4 +263,8 @@ def profile_call(
             torch.cuda.synchronize(device)  # the window ends when the device is done
     if trace_path is not None:
         prof.export_chrome_trace(trace_path)
-    return count_events(kineto_events(prof), on_cuda, "\n".join(messages))
+    counters = count_events(kineto_events(prof), on_cuda, "\n".join(messages))
+    if on_cuda:  # the device's own allocator knows its peak; the host's events do not
+        peak = torch.cuda.max_memory_allocated(device) - before
+        counters = dataclasses.replace(counters, peak_bytes=peak)
+    return counters
