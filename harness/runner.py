@@ -196,6 +196,7 @@ class CaseRun:
                     min_sample_time=None if f.paired else 1e-3,
                     warmup_budget_s=math.inf if f.paired else 0.1,
                     after_sample=self._read_sample_metrics if f.sample_metrics else None,
+                    alternate=f.paired,
                 )
                 return
             except VariantError as err:  # drop it and time the others again

@@ -131,15 +131,16 @@ def test_on_the_cpu_the_trainer_and_the_e2e_rows_keep_host_time_only():
     stats = trainer.iteration()
     assert stats.phase_device_seconds == {}
     assert "device" not in stats.line()
-    row = phase_seconds(trainer)
+    row = phase_seconds("x", {"trainers": {"x": trainer}, "last": {"x": stats}})
     assert set(row) == {f"phase_{p}_s" for p in PHASES} | {"gae_share"}
+    assert row["phase_gae_s"] == stats.phase_seconds["gae"]
 
 
 def test_e2e_rows_on_cuda_put_device_time_beside_host_time():
     trainer = small_trainer()
     on_simulated_cuda(trainer)
     trainer.env_streams = 2  # what a CUDA trainer records
-    row = phase_seconds(trainer)
+    row = phase_seconds("x", {"trainers": {"x": trainer}, "last": {"x": trainer.iteration()}})
     assert {f"phase_{p}_device_s" for p in PHASES} | {"gae_share_device", "env_streams"} \
         <= set(row)
     assert row["phase_gae_device_s"] == pytest.approx(1e-3)

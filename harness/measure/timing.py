@@ -427,9 +427,11 @@ def _sample_round(
     prepared: Mapping[str, _Prepared],
     samples: dict[str, list[float]],
     after_sample: Callable[[str], None] | None,
+    reverse: bool = False,
 ) -> None:
-    """Append one sample (seconds per call) to each variant's list, in `fns` order."""
-    for name, fn in fns.items():
+    """Append one sample (seconds per call) to each variant's list, in `fns` order (or
+    the reverse order)."""
+    for name, fn in (reversed(fns.items()) if reverse else fns.items()):
         number = prepared[name].number
         with _attributed(name, "sampling"):
             samples[name].append(clock.time(fn, number) / number)
@@ -518,6 +520,7 @@ def measure_interleaved(
     min_sample_time: float | None = 1e-3,
     warmup_budget_s: float = 0.1,
     after_sample: Callable[[str], None] | None = None,
+    alternate: bool = False,
     now: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Measurement]:
     """Time every variant in `fns` (name -> zero-argument callable), interleaved.
@@ -535,7 +538,8 @@ def measure_interleaved(
     `min_sample_time=None` takes one call per sample without calibrating, so that every
     variant makes the same calls in the same order (paired measurements of stateful
     work, e.g. training iterations). `after_sample(name)`, when given, runs after each
-    sample of `name`, outside the clock (to read what that call did).
+    sample of `name`, outside the clock (to read what that call did). `alternate` reverses
+    the order every other round (A B, B A, ...), so that no variant always goes first.
 
     Returns name -> Measurement, keyed by `finding`, `case`, the clock's device and
     the torch thread count in effect; with a `precision`, each carries the widest
@@ -556,7 +560,9 @@ def measure_interleaved(
                      budget_spent=lambda: now() - started >= time_budget_s)
     stopped_by = None
     while stopped_by is None:
-        _sample_round(fns, clock, prepared, samples, after_sample)
+        rounds = len(next(iter(samples.values())))
+        _sample_round(fns, clock, prepared, samples, after_sample,
+                      reverse=alternate and rounds % 2 == 1)
         stopped_by = rule(samples)
     threads = torch.get_num_threads()
     return {
