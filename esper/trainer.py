@@ -66,7 +66,7 @@ class TrainConfig:
     num_envs: int = 4
     """Parallel environments, one rollout row each."""
     max_steps: int = 25
-    """Steps (host epochs) per episode; one episode per env per iteration, ending truncated."""
+    """Steps (host epochs) per episode; one episode per env per iteration (see time_limit)."""
     seed: int = 0
     """Seeds policy init, action sampling and the environments."""
     variants: Variants = field(default_factory=Variants.original)

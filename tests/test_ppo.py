@@ -127,11 +127,11 @@ def hand_batch():
     }, causal_head_table())
 
 
-def hand_eval(batch, log_ratios: dict[tuple[str, int, int], float] = {}) -> EvalOutput:
+def hand_eval(batch, log_ratios: dict[tuple[str, int, int], float] | None = None) -> EvalOutput:
     """New log-probs = stored ones plus `log_ratios[(head, env, step)]`; the table's entropies
     and new values; NaN in padding, which no term may read."""
     log_probs = {h: batch.old_log_probs[h].clone() for h in HEAD_NAMES}
-    for (head, env, step), shift in log_ratios.items():
+    for (head, env, step), shift in (log_ratios or {}).items():
         log_probs[head][env, step] += shift
     entropy = {h: torch.tensor([[0.2, 0.4, 0.6], [0.8, 1.0, NAN]]) for h in HEAD_NAMES}
     for lp in log_probs.values():
