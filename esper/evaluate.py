@@ -1,4 +1,6 @@
-"""Mean episode return of a policy, or of uniformly random masked actions, on chosen env seeds.
+"""Mean episode return of a policy, of uniformly random masked actions or of always waiting,
+on chosen env seeds; and `train_and_evaluate`, a whole run from a training seed to its
+held-out return.
 
 An evaluation episode is one full episode (`max_steps` epochs) of a fresh `MorphoEnv`
 built from `env_config` with its `seed` replaced by one of `seeds` (env index 0). A
@@ -20,9 +22,10 @@ from typing import Callable, Sequence
 import torch
 
 from esper.env import EnvConfig, MorphoEnv
-from esper.heads import HEAD_NAMES
+from esper.heads import HEAD_NAMES, OP_INDEX
 from esper.normalizer import RunningNormalizer
 from esper.policy import FactoredRecurrentActorCritic
+from esper.trainer import TrainConfig, VectorizedTrainer
 
 
 @dataclass(frozen=True)
@@ -118,3 +121,43 @@ def evaluate_policy(policy: FactoredRecurrentActorCritic, normalizer: RunningNor
         return {h: a.cpu() for h, a in out.actions.items()}
 
     return _run_episodes(env_config, seeds, choose)
+
+
+def evaluate_always_wait(env_config: EnvConfig, seeds: Sequence[int]) -> EvalResult:
+    """Returns of the fixed policy that always chooses WAIT (the host is never changed);
+    every other head takes its first allowed action, which WAIT ignores."""
+
+    def choose(obs: torch.Tensor, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        actions = {h: m.int().argmax(-1) for h, m in masks.items()}  # first True: [N, K] -> [N]
+        actions["op"] = torch.full_like(actions["op"], OP_INDEX["WAIT"])
+        return actions
+
+    return _run_episodes(env_config, seeds, choose)
+
+
+def train_and_evaluate(config: TrainConfig, iterations: int, seeds: Sequence[int],
+                       device: torch.device | str = "cpu", sample_seed: int = 0) -> EvalResult:
+    """Train a fresh `VectorizedTrainer(config)` for `iterations` iterations, then return
+    the trained policy's returns on the env `seeds` (`evaluate_policy`).
+
+    `config.seed` is the training seed: it seeds the policy, the action draws and the
+    training envs. The evaluation seeds must be held out, so `config.seed` may not be
+    one of them (an evaluation env with seed s is the training env 0 of seed s). Torch's
+    thread count is the caller's choice. Used to compare training choices, e.g.
+    `TrainConfig.time_limit`, over several training seeds.
+
+    Raises:
+        ValueError: `iterations` is not a positive int, or `seeds` is empty, holds a
+            negative or non-int seed, or holds the training seed.
+    """
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations: expected a positive int; got {iterations!r}")
+    seeds = _check_seeds(seeds)
+    if config.seed in seeds:
+        raise ValueError(f"seeds: expected held-out env seeds, without the training seed "
+                         f"{config.seed}; got {list(seeds)}")
+    trainer = VectorizedTrainer(config, device)
+    for _ in range(iterations):
+        trainer.iteration()
+    return evaluate_policy(trainer.policy, trainer.normalizer, config.env_config, seeds,
+                           device, sample_seed)

@@ -267,6 +267,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         actions: dict[str, torch.Tensor],
         masks: dict[str, torch.Tensor],
         initial_hidden: Hidden,
+        dones: torch.Tensor | None = None,
     ) -> EvalOutput:
         """Re-run whole sequences from their first hidden state (BPTT), with gradients.
 
@@ -275,17 +276,28 @@ class FactoredRecurrentActorCritic(nn.Module):
             actions: head -> `[B, T]` int64 actions taken.
             masks: head -> `[B, T, K]` bool allowed actions.
             initial_hidden: `(h, c)`, each `[L, B, H]`: the state before step 0.
+            dones: `[B, T]` bool, True at a step that ends an episode (terminal or
+                truncated), or None when no episode ends before its row's last step.
 
-        The state is carried through the whole row, never reset inside it: a row is one
-        episode (as in the original, episode length = rollout length), and steps past a
-        row's end cannot change earlier outputs, the LSTM being causal.
+        A row may hold several episodes: the step after a done starts from a zero state,
+        as a rollout that restarts an episode inside a row must have acted (it zeroes the
+        env's state after storing the done step). Without an end inside any row the
+        whole batch is one LSTM call; otherwise the time axis is cut where some row
+        starts a new episode, one LSTM call per stretch, the restarting rows zeroed at
+        each cut (dones aligned across rows cost as few calls as one row's). Reading the
+        cut positions is one host sync; pass `dones=None` when the caller knows there
+        is no interior end. Steps past a row's end cannot change earlier outputs, the
+        LSTM being causal.
         """
         self._check_inputs(obs_seq, True, masks, initial_hidden)
         if set(actions) != set(HEAD_NAMES):
             raise ValueError(
                 f"actions: expected one tensor per head {list(HEAD_NAMES)}; got {sorted(actions)}"
             )
-        features, _ = self._trunk(obs_seq, initial_hidden)  # [B, T, H]
+        if dones is None:
+            features, _ = self._trunk(obs_seq, initial_hidden)  # [B, T, H]
+        else:
+            features = self._trunk_with_restarts(obs_seq, initial_hidden, dones)
         log_probs, entropy = {}, {}
         for head in HEAD_NAMES:
             dist = self._distribution(head, features, masks[head])
@@ -293,6 +305,34 @@ class FactoredRecurrentActorCritic(nn.Module):
             entropy[head] = dist.entropy()
         values = self.value_head(features).squeeze(-1).float()  # [B, T, 1] -> [B, T]
         return EvalOutput(log_probs=log_probs, entropy=entropy, values=values)
+
+    def _trunk_with_restarts(
+        self, obs_seq: torch.Tensor, hidden: Hidden, dones: torch.Tensor
+    ) -> torch.Tensor:
+        """Features `[B, T, H]` of `obs_seq [B, T, D]`, the LSTM state zeroed in a row
+        after each of its `dones [B, T]`."""
+        expected = tuple(obs_seq.shape[:2])
+        if dones.dtype != torch.bool or tuple(dones.shape) != expected:
+            raise ValueError(
+                f"dones: expected a bool tensor of shape {expected}; "
+                f"got {dones.dtype} {tuple(dones.shape)}"
+            )
+        restarts = dones[:, :-1]  # [B, T-1]: True where step t + 1 starts an episode
+        # host sync: the cut positions decide how many LSTM calls run
+        cuts = (restarts.any(0).nonzero().flatten() + 1).tolist()
+        if not cuts:
+            return self._trunk(obs_seq, hidden)[0]
+        encoded = self.encoder(obs_seq)  # [B, T, H]
+        bounds = [0, *cuts, obs_seq.shape[1]]
+        pieces = []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            if start > 0:
+                keep = ~restarts[:, start - 1].view(1, -1, 1)  # [B] -> [1, B, 1]
+                zero = torch.zeros((), dtype=hidden[0].dtype, device=hidden[0].device)
+                hidden = (torch.where(keep, hidden[0], zero), torch.where(keep, hidden[1], zero))
+            out, hidden = self.lstm(encoded[:, start:end], hidden)
+            pieces.append(out)
+        return self.lstm_norm(torch.cat(pieces, dim=1))
 
     @torch.inference_mode()
     def value(self, obs: torch.Tensor, hidden: Hidden) -> torch.Tensor:

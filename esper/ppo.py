@@ -1,8 +1,11 @@
 """The PPO update for the recurrent factored policy: one batch = the whole rollout.
 
 Read top to bottom: `PPOConfig` (hyper-parameters) -> `prepare_batch` (padding made
-inert, causal head masks) -> `ppo_losses` (pure function of tensors) -> `PPOAgent.update`
-(GAE, epochs of full-sequence BPTT, KL early stop, clipped Adam steps).
+inert, per-head relevance masks) -> `ppo_losses` (pure function of tensors) ->
+`PPOAgent.update` (GAE, epochs of full-sequence BPTT, KL early stop, clipped Adam steps).
+
+By default the per-head terms are reduced as the reviewed system (esper-lite) reduces
+them (`PPOConfig.objective = "reviewed"`); `"joint"` is this project's earlier objective.
 
 Shapes: `n` environments, `m` the buffer's max steps, `D` state_dim, `L` LSTM layers,
 `H` hidden size, `K` a head's number of actions.
@@ -10,8 +13,8 @@ Shapes: `n` environments, `m` the buffer's max steps, `D` state_dim, `L` LSTM la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -21,9 +24,13 @@ from esper.heads import HEAD_NAMES, HEADS_FOR_OP, OPS
 from esper.policy import EvalOutput, FactoredRecurrentActorCritic
 
 
+#: How `ppo_losses` reduces the 8 per-head terms (see `PPOConfig.objective`).
+OBJECTIVES: tuple[str, ...] = ("reviewed", "joint")
+
+
 @dataclass(frozen=True)
 class PPOConfig:
-    """Hyper-parameters of the update (the original system's values by default)."""
+    """Hyper-parameters of the update (the original system's values and objective by default)."""
 
     gamma: float = 0.995
     """Discount per step."""
@@ -54,6 +61,26 @@ class PPOConfig:
     """Run the policy forward of the update under bf16 autocast (losses stay float32).
     bf16 has float32's exponent range, so no GradScaler is needed (the original's fp16
     update ran without one)."""
+    objective: str = "reviewed"
+    """How the per-head terms are reduced, with `m_h` a head's relevance mask over the
+    stored steps (the steps whose op uses the head), `n_h = max(1, sum m_h)` and `N` the
+    number of stored steps:
+
+    - `"reviewed"` (esper-lite's): policy loss `sum_h -sum(m_h * surrogate_h) / n_h`, each
+      head a mean over the steps where it matters; entropy term
+      `sum_h coef_h * sum(m_h * H_h) / n_h` (a sum over heads, so up to 8); approximate KL
+      the mean of the per-head KLs `sum(m_h * kl_h) / n_h` weighted by `n_h / sum n_h`.
+    - `"joint"` (this project's earlier objective): the head surrogates summed and divided
+      by `N`, as the joint log-prob they factor (rare heads weigh `n_h / N` of the
+      reviewed weight); entropy term `mean_h coef_h * sum(valid * H_h) / N` (a mean over
+      heads of means over every stored step, so each head's bonus is 8x weaker); KL of
+      the joint log-ratio (the relevant heads' log-ratios summed per step), mean over
+      stored steps: 4-6x the reviewed KL, so `target_kl` stops earlier.
+
+    Both use the same clipped per-head ratios, value loss and `kl_i = (e^x - 1) - x`."""
+    head_entropy_coefs: Mapping[str, float] = field(default_factory=dict)
+    """head -> `coef_h`, the weight of that head's entropy in the entropy term; heads left
+    out get 1.0 (esper-lite's default). Stored with every head filled in."""
 
     def __post_init__(self) -> None:
         for name in ("gamma", "gae_lambda"):
@@ -68,6 +95,25 @@ class PPOConfig:
             raise ValueError(
                 f"PPOConfig.update_epochs: expected a positive int; got {self.update_epochs!r}"
             )
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"PPOConfig.objective: expected one of {', '.join(OBJECTIVES)}; "
+                f"got {self.objective!r}"
+            )
+        object.__setattr__(self, "head_entropy_coefs", _full_head_coefs(self.head_entropy_coefs))
+
+
+def _full_head_coefs(coefs: Mapping[str, float]) -> dict[str, float]:
+    """Check `coefs` and return it with every head, missing ones at 1.0, in `HEAD_NAMES` order."""
+    if not isinstance(coefs, Mapping):
+        raise ValueError("PPOConfig.head_entropy_coefs: expected a mapping of head name to "
+                         f"coefficient; got {type(coefs).__name__}")
+    for head, coef in coefs.items():
+        if head not in HEAD_NAMES:
+            raise ValueError(f"PPOConfig.head_entropy_coefs: expected keys among "
+                             f"{', '.join(HEAD_NAMES)}; got {head!r}")
+        _check_range(f"head_entropy_coefs[{head!r}]", coef, ">= 0", lambda v: v >= 0)
+    return {head: float(coefs.get(head, 1.0)) for head in HEAD_NAMES}
 
 
 def _check_range(name: str, value: float, expected: str, ok: Callable[[float], bool]) -> None:
@@ -76,7 +122,8 @@ def _check_range(name: str, value: float, expected: str, ok: Callable[[float], b
 
 
 def causal_head_table(device: torch.device | str = "cpu") -> torch.Tensor:
-    """`[len(OPS), len(HEAD_NAMES)]` bool: True where that op's outcome depends on that head."""
+    """`[len(OPS), len(HEAD_NAMES)]` bool: True where that op's outcome depends on that head
+    (the reviewed system's relevance masks)."""
     table = torch.zeros(len(OPS), len(HEAD_NAMES), dtype=torch.bool)
     for op_index, op in enumerate(OPS):
         for head in HEADS_FOR_OP[op]:
@@ -104,9 +151,14 @@ class UpdateBatch(NamedTuple):
     valid: torch.Tensor
     """`[n, m]` bool, True on stored steps."""
     causal: dict[str, torch.Tensor]
-    """head -> `[n, m]` bool: a stored step whose op uses the head."""
+    """head -> `[n, m]` bool: a stored step whose op uses the head (its relevance mask)."""
     initial_hidden: tuple[torch.Tensor, torch.Tensor]
     """`(h, c)`, each `[L, n, H]` float32: the state before step 0, 0 for empty envs."""
+    dones: torch.Tensor | None
+    """`[n, m]` bool: a step that ends an episode (done or truncated) and is followed by
+    another stored step of its row, which the policy starts from a zero state. Ends at a
+    row's last stored step are left out: nothing follows them. `PPOAgent` sets it to
+    None when there is none (the usual case: one LSTM call per epoch)."""
 
 
 def prepare_batch(sequences: dict, causal_table: torch.Tensor) -> UpdateBatch:
@@ -141,7 +193,15 @@ def prepare_batch(sequences: dict, causal_table: torch.Tensor) -> UpdateBatch:
             torch.where(started, sequences[k], torch.zeros((), device=valid.device))
             for k in ("initial_hidden_h", "initial_hidden_c")
         ),
+        dones=_interior_episode_ends(sequences["dones"] | sequences["truncated"], valid),
     )
+
+
+def _interior_episode_ends(ends: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`ends [n, m]` bool kept where the next step of the row is stored: `[n, m]` bool."""
+    followed = torch.zeros_like(valid)
+    followed[:, :-1] = valid[:, 1:]
+    return ends & followed
 
 
 class PPOLosses(NamedTuple):
@@ -165,42 +225,57 @@ def ppo_losses(ev: EvalOutput, batch: UpdateBatch, config: PPOConfig) -> PPOLoss
     """Clipped factored surrogate, clipped value loss and entropy bonus over stored steps.
 
     Each head has its own ratio `exp(clamp(logp_new - logp_old, -20, 20))` and its own
-    clipped surrogate, counted only on steps whose op uses the head (elsewhere the head's
-    choice had no effect, so its log-prob must not carry the advantage). Head surrogates
-    are summed and averaged over all stored steps, like the joint log-prob they factor.
-    The entropy bonus is the mean over heads of each head's mean normalised entropy.
-    The approximate KL `(e^x - 1) - x` uses the joint log-ratio x (sum over causal heads).
+    clipped surrogate, counted only on the steps where the head is relevant (its op uses
+    it; elsewhere its choice had no effect, so its log-prob must not carry the
+    advantage). `config.objective` decides how the heads' terms are reduced (see
+    `PPOConfig.objective`); `total = policy + value_coef * value - entropy_coef * entropy`.
+    `clip_fraction` is the share of relevant (head, step) entries whose ratio was clipped.
     """
     valid = batch.valid
-    num_valid = valid.sum().clamp(min=1)
-    policy_loss = torch.zeros((), device=valid.device)
+    zero = torch.zeros((), device=valid.device)
     joint_log_ratio = torch.zeros(valid.shape, device=valid.device)
-    clipped = torch.zeros((), device=valid.device)
-    num_causal = torch.zeros((), device=valid.device)
+    surrogates, entropies, kls, counts, clipped = [], [], [], [], []
     for head in HEAD_NAMES:
-        causal = batch.causal[head]
+        relevant = batch.causal[head]
         log_ratio = (ev.log_probs[head] - batch.old_log_probs[head]).clamp(-20.0, 20.0)
-        log_ratio = torch.where(causal, log_ratio, torch.zeros_like(log_ratio))
+        log_ratio = torch.where(relevant, log_ratio, zero)
         ratio = log_ratio.exp()
-        advantage = torch.where(causal, batch.advantages, torch.zeros_like(batch.advantages))
+        advantage = torch.where(relevant, batch.advantages, zero)
         bounded = ratio.clamp(1.0 - config.clip_ratio, 1.0 + config.clip_ratio)
-        surrogate = torch.min(ratio * advantage, bounded * advantage)
-        policy_loss = policy_loss - surrogate.sum() / num_valid
-        joint_log_ratio = joint_log_ratio + log_ratio.detach()
-        clipped = clipped + (((ratio.detach() - 1.0).abs() > config.clip_ratio) & causal).sum()
-        num_causal = num_causal + causal.sum()
+        surrogates.append(torch.min(ratio * advantage, bounded * advantage).sum())
+        detached = log_ratio.detach()
+        kls.append((torch.expm1(detached) - detached).sum())  # 0 where not relevant
+        joint_log_ratio = joint_log_ratio + detached
+        entropy_steps = relevant if config.objective == "reviewed" else valid
+        entropies.append(torch.where(entropy_steps, ev.entropy[head], zero).sum())
+        counts.append(relevant.sum())
+        clipped.append((((ratio.detach() - 1.0).abs() > config.clip_ratio) & relevant).sum())
+
+    # per head, [8] each: summed surrogate, entropy, KL, and the relevant steps
+    surrogate, entropy_sum, kl_sum = (torch.stack(x) for x in (surrogates, entropies, kls))
+    count = torch.stack(counts).float()
+    coefs = [config.head_entropy_coefs[h] for h in HEAD_NAMES]
+    if config.objective == "reviewed":
+        per_head = count.clamp(min=1)  # n_h
+        policy_loss = -(surrogate / per_head).sum()
+        entropy = sum(c * e for c, e in zip(coefs, entropy_sum / per_head))
+        weights = per_head / per_head.sum()  # a head relevant nowhere: n_h = 1, its KL 0
+        approx_kl = (weights * kl_sum.detach() / per_head).sum()
+    else:
+        num_valid = valid.sum().clamp(min=1)  # N
+        policy_loss = -surrogate.sum() / num_valid
+        entropy = sum(c * e for c, e in zip(coefs, entropy_sum / num_valid)) / len(HEAD_NAMES)
+        approx_kl = masked_mean(torch.expm1(joint_log_ratio) - joint_log_ratio, valid)
 
     value_loss = _clipped_value_loss(ev.values, batch, config.value_clip)
-    entropy = torch.stack([masked_mean(ev.entropy[h], valid) for h in HEAD_NAMES]).mean()
     total = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
-    approx_kl = masked_mean(torch.expm1(joint_log_ratio) - joint_log_ratio, valid)
     return PPOLosses(
         total=total,
         policy=policy_loss.detach(),
         value=value_loss.detach(),
         entropy=entropy.detach(),
         approx_kl=approx_kl,
-        clip_fraction=clipped / num_causal.clamp(min=1),
+        clip_fraction=torch.stack(clipped).sum() / count.sum().clamp(min=1),
     )
 
 
@@ -272,17 +347,19 @@ class PPOAgent:
         buffer.compute_advantages_and_returns(self.config.gamma, self.config.gae_lambda)
         buffer.normalize_advantages()
         batch = prepare_batch(buffer.get_batched_sequences(self.device), self._causal_table)
-        # host sync: once per update, so an empty rollout fails loudly instead of a no-op
-        if not bool(batch.valid.any()):
+        # host sync: once per update, so an empty rollout fails loudly instead of a no-op,
+        # and so that rows holding one episode each (the usual case) take one LSTM call
+        any_step, interior_end = torch.stack([batch.valid.any(), batch.dones.any()]).tolist()
+        if not any_step:
             raise ValueError("buffer: expected at least one stored step; got none")
-        return batch
+        return batch if interior_end else batch._replace(dones=None)
 
     def _evaluate_losses(self, batch: UpdateBatch) -> PPOLosses:
         with torch.autocast(
             device_type=self.device.type, dtype=torch.bfloat16, enabled=self.config.amp_bf16
         ):
             ev = self.policy.evaluate(
-                batch.states, batch.actions, batch.masks, batch.initial_hidden
+                batch.states, batch.actions, batch.masks, batch.initial_hidden, batch.dones
             )
         # losses in float32, outside autocast: evaluate returns float32 outputs
         return ppo_losses(ev, batch, self.config)

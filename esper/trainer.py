@@ -59,6 +59,9 @@ PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
 STREAM_POOL_SIZE = 32
 _warned_shared_streams = False
 
+#: How an episode's end at `max_steps` is stored (see `TrainConfig.time_limit`).
+TIME_LIMITS = ("truncated", "terminal")
+
 
 def resolve_device(device: str) -> torch.device:
     """`auto` -> cuda when available, else cpu; `cuda` without CUDA is an error."""
@@ -78,7 +81,7 @@ class TrainConfig:
     num_envs: int = 4
     """Parallel environments, one rollout row each."""
     max_steps: int = 25
-    """Steps (host epochs) per episode; one episode per env per iteration, ending truncated."""
+    """Steps (host epochs) per episode; one episode per env per iteration (see time_limit)."""
     seed: int = 0
     """Seeds policy init, action sampling and the environments."""
     variants: Variants = field(default_factory=Variants.original)
@@ -89,12 +92,21 @@ class TrainConfig:
     """Environment sizes; None: `EnvConfig` defaults with this num_envs, max_steps and seed."""
     hidden_dim: int = 128
     """LSTM hidden size of the policy."""
+    time_limit: str = "truncated"
+    """How the last step of an episode (always cut at `max_steps`) is stored.
+    `truncated` (the reviewed system's behaviour): a truncation, bootstrapping from
+    V(s_T) computed with the carried LSTM state, although the value head is never
+    trained on s_T. `terminal`: a true terminal, no bootstrap (and no bootstrap forward):
+    the observation holds the epoch counter, so the time limit is part of the task."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "max_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"TrainConfig.{name}: expected a positive int; got {value!r}")
+        if self.time_limit not in TIME_LIMITS:
+            raise ValueError(f"TrainConfig.time_limit: expected one of {', '.join(TIME_LIMITS)}; "
+                             f"got {self.time_limit!r}")
 
     @property
     def env_config(self) -> EnvConfig:
@@ -110,6 +122,7 @@ class TrainConfig:
             "max_steps": self.max_steps,
             "seed": self.seed,
             "hidden_dim": self.hidden_dim,
+            "time_limit": self.time_limit,
             "ppo": dataclasses.asdict(self.ppo),
             "env": dataclasses.asdict(self.env_config),
         }
@@ -247,7 +260,11 @@ class VectorizedTrainer:
     # ------------------------------------------------------------------ rollout
 
     def rollout(self) -> float:
-        """Fill the buffer with one episode per env; returns the mean episode return."""
+        """Fill the buffer with one episode per env; returns the mean episode return.
+
+        Each row is one episode, so the LSTM state is reset only here, at the row's start
+        (a rollout running several episodes per row would zero an env's state after
+        storing its done step, as `FactoredRecurrentActorCritic.evaluate` assumes)."""
         n, steps = self.config.num_envs, self.config.max_steps
         self.buffer.reset()
         obs = self.envs.reset()  # [N, D] raw, CPU
@@ -277,21 +294,22 @@ class VectorizedTrainer:
             returns += torch.tensor(rewards)
             seen.append(next_obs)
             last = t == steps - 1
+            truncated = last and self.config.time_limit == "truncated"
             bootstrap = torch.zeros(n)
-            if last:
+            if truncated:
                 with self._phase("policy_forward"):
                     # the carried state after this step, on the normalised next observation
                     bootstrap = self.policy.value(
                         self.normalizer.normalize(next_obs).to(self.device), out.hidden
                     ).cpu()
             with self._phase("buffer_add"):
-                self._add_step(norm_obs, packed, rewards, masks, last, bootstrap)
+                self._add_step(norm_obs, packed, rewards, masks, last, truncated, bootstrap)
             self.hidden = out.hidden
             obs = next_obs
         self.normalizer.update(torch.cat(seen))  # after the rollout: frozen during it
         return float(returns.mean())
 
-    def _add_step(self, obs, packed, rewards, masks, last, bootstrap) -> None:
+    def _add_step(self, obs, packed, rewards, masks, last, truncated, bootstrap) -> None:
         """obs [N, D] normalised, on the device: the observations the actions were sampled on;
         masks {head: [N, K]} on the device, so that add() copies device to device."""
         heads = len(HEAD_NAMES)
@@ -310,7 +328,7 @@ class VectorizedTrainer:
                 masks={hd: m[i] for hd, m in masks.items()},
                 hidden_h=h[:, i : i + 1],  # [L, N, H] -> [L, 1, H]
                 hidden_c=c[:, i : i + 1],
-                truncated=last,
+                truncated=truncated,
                 bootstrap_value=boot[i],
             )
 

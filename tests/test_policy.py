@@ -180,6 +180,80 @@ def test_evaluate_reproduces_a_sequence_of_act_calls(policy):
         policy.value(obs[:, -1], steps_out[-2].hidden), steps_out[-1].value
     )
 
+def act_step_by_step(policy, obs, masks, dones, gen):
+    """The rollout side of several episodes per row: `act` one step at a time, zeroing an
+    env's LSTM state after a step that ends its episode. Returns the start state and the
+    per-step outputs."""
+    batch, steps = dones.shape
+    hidden = start = policy.initial_hidden(batch)
+    outputs = []
+    for t in range(steps):
+        out = policy.act(obs[:, t], {h: m[:, t] for h, m in masks.items()}, hidden, gen)
+        outputs.append(out)
+        keep = ~dones[:, t].view(1, batch, 1)  # [B] -> [1, B, 1] over [L, B, H]
+        hidden = tuple(torch.where(keep, s, torch.zeros(())) for s in out.hidden)
+    return start, outputs
+
+
+def test_evaluate_restarts_from_a_zero_state_after_each_done(policy):
+    gen = torch.Generator().manual_seed(11)
+    batch, steps = 3, 7
+    obs = torch.randn(batch, steps, STATE_DIM, generator=gen)
+    masks = random_masks((batch, steps), gen)
+    dones = torch.zeros(batch, steps, dtype=torch.bool)
+    dones[0, 2] = True  # env 0: episodes of 3 and 4 steps
+    dones[1, [3, 4, 6]] = True  # env 1: 4 steps, a single-step episode, 2 steps
+    start, outputs = act_step_by_step(policy, obs, masks, dones, gen)
+    actions = {h: torch.stack([o.actions[h] for o in outputs], 1) for h in HEAD_NAMES}
+
+    ev = policy.evaluate(obs, actions, masks, start, dones=dones)
+    for head in HEAD_NAMES:
+        acted = torch.stack([o.log_probs[head] for o in outputs], 1)
+        torch.testing.assert_close(ev.log_probs[head], acted, atol=1e-5, rtol=1e-5)
+    acted_values = torch.stack([o.value for o in outputs], 1)
+    torch.testing.assert_close(ev.values, acted_values, atol=1e-5, rtol=1e-5)
+
+    # without the dones the state is carried across the ends: later steps differ
+    carried = policy.evaluate(obs, actions, masks, start)
+    assert (carried.values[0, 3:] - acted_values[0, 3:]).abs().min() > 1e-4
+    assert (carried.values[1, 4:] - acted_values[1, 4:]).abs().min() > 1e-4
+    torch.testing.assert_close(carried.values[2], acted_values[2], atol=1e-5, rtol=1e-5)
+
+
+def test_evaluate_runs_one_lstm_call_unless_an_episode_ends_inside_a_row(policy):
+    gen = torch.Generator().manual_seed(12)
+    batch, steps = 2, 5
+    obs = torch.randn(batch, steps, STATE_DIM, generator=gen)
+    masks = random_masks((batch, steps), gen)
+    actions = {h: torch.zeros(batch, steps, dtype=torch.int64) for h in HEAD_NAMES}
+    start = policy.initial_hidden(batch)
+    calls = []
+    policy.lstm.register_forward_hook(lambda _, inputs, __: calls.append(inputs[0].shape[1]))
+
+    plain = policy.evaluate(obs, actions, masks, start)
+    last_only = torch.zeros(batch, steps, dtype=torch.bool)
+    last_only[:, -1] = True  # ends at the last step change nothing inside the rows
+    same = policy.evaluate(obs, actions, masks, start, dones=last_only)
+    assert calls == [steps, steps]
+    torch.testing.assert_close(same.values, plain.values, rtol=0, atol=0)
+
+    calls.clear()
+    interior = last_only.clone()
+    interior[0, 1] = interior[1, 1] = interior[1, 3] = True  # new episodes at steps 2 and 4
+    policy.evaluate(obs, actions, masks, start, dones=interior)
+    assert calls == [2, 2, 1]  # one call per stretch between the steps where some row restarts
+
+
+def test_evaluate_rejects_dones_of_another_shape(policy):
+    batch, steps = 2, 3
+    actions = {h: torch.zeros(batch, steps, dtype=torch.int64) for h in HEAD_NAMES}
+    masks = {h: torch.ones(batch, steps, k, dtype=torch.bool) for h, k in HEAD_SIZES.items()}
+    with pytest.raises(ValueError, match=r"dones: expected a bool tensor of shape \(2, 3\); "
+                                         r"got torch.bool \(2, 2\)"):
+        policy.evaluate(torch.zeros(batch, steps, STATE_DIM), actions, masks,
+                        policy.initial_hidden(batch), dones=torch.zeros(2, 2, dtype=torch.bool))
+
+
 def test_same_generator_seed_gives_same_actions(policy):
     masks = random_masks((64,), torch.Generator().manual_seed(9))
     obs = torch.randn(64, STATE_DIM)
