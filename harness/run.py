@@ -37,7 +37,7 @@ from harness.runner import CaseRun, RunOptions
 
 #: options a resumed run keeps from the run it continues (dest -> flag)
 MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--findings",
-                       "findings_module": "--findings-module",
+                       "findings_module": "--findings-module", "all": "--all",
                        "time_budget": "--time-budget", "precision": "--precision",
                        "no_profile": "--no-profile",
                        "seed": "--seed", "threads": "--threads"}
@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                    help="where to run (default auto: cuda when available)")
     p.add_argument("--quick", action="store_true", help="small cases and budgets (CI-sized)")
-    p.add_argument("--findings", nargs="+", metavar="ID", help="only these finding ids")
+    p.add_argument("--findings", nargs="+", metavar="ID",
+                   help="only these finding ids (long findings run only when named, or with --all)")
+    p.add_argument("--all", action="store_true",
+                   help="every finding, the long ones too (learning runs; see --list)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
                         "own findings; repeatable)")
@@ -112,10 +115,15 @@ def resolve_device(name: str) -> torch.device:
 
 def list_findings(quick: bool) -> str:
     lines = []
-    for f in registry.select(None):
+    for f in registry.select(None, include_long=True):
         cases = f.cases(quick)
+        duration = ""
+        if f.duration_s is not None:
+            duration = (f"; about {format_seconds(f.duration_s[0])} quick, "
+                        f"{format_seconds(f.duration_s[1])} default")
+        kind = "long: runs when named or with --all" if f.long else "in the default run"
         lines.append(f"{f.id:16s} {f.title}\n{'':16s} variants: {', '.join(f.variants)} "
-                     f"(baseline {f.baseline}); {len(cases)} cases; from "
+                     f"(baseline {f.baseline}); {len(cases)} cases; {kind}{duration}; from "
                      f"{registry.ORIGINS.get(f.id, 'register()')}")
     return "\n".join(lines)
 
@@ -176,12 +184,16 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
     )
 
 
-def _select(ids: list[str] | None, modules: list[str] | None) -> list[registry.Finding]:
+def _select(ids: list[str] | None, modules: list[str] | None,
+            include_long: bool = False) -> list[registry.Finding]:
     """The findings to measure, after importing the users' finding modules."""
+    if ids and include_long:
+        raise UsageError(f"--all: expected without --findings (it names every finding); "
+                         f"got --findings {' '.join(ids)}")
     try:
         for module in modules or ():
             registry.load_findings_module(module)
-        return registry.select(ids)
+        return registry.select(ids, include_long)
     except ValueError as err:
         raise UsageError(str(err)) from err
 
@@ -204,7 +216,7 @@ def _main(argv: list[str] | None = None) -> int:
         args = _recorded_args(args, resumed.metadata)
         requested = launch.device(args.device) if launch.distributed else args.device
     device = resolve_device(requested)
-    selected = _select(args.findings, args.findings_module)
+    selected = _select(args.findings, args.findings_module, args.all)
     options = _options(args, device)
     # every input is checked on every rank before the first collective: a rank that
     # stopped alone would leave the others waiting

@@ -211,3 +211,25 @@ def test_envs_sharing_cuda_streams_are_named_for_the_run_metadata():
             {"finding": "B4-CR-03", "case": "x", "variant": "scan", "p_num_envs": 64}]
     assert shared_streams(rows) == [{"finding": "E2E-iteration", "case": "num_envs=48",
                                      "variant": "original", "num_envs": 48, "env_streams": 32}]
+
+
+def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys):
+    import dataclasses
+
+    registry.select(None)
+    long = dataclasses.replace(_tiny_finding(), id="TEST-long", variants=("good", "twice"),
+                               long=True, duration_s=(20.0, 600.0))
+    registry.FINDINGS["TEST-long"] = long
+    try:
+        assert "TEST-long" not in [f.id for f in registry.select(None)]
+        assert "TEST-long" in [f.id for f in registry.select(None, include_long=True)]
+        assert main(["--list"]) == 0
+        listed = capsys.readouterr().out
+        assert "TEST-long" in listed and "long: runs when named or with --all; about 20 s quick, 600 s default" in listed
+        assert main(["--findings", "TEST-long", "--time-budget", "0.05", "--no-profile",
+                     "--no-report", "--out", str(tmp_path)]) == 0
+        assert set(load_run(None, tmp_path).summary["finding"]) == {"TEST-long"}
+        assert main(["--all", "--findings", "TEST-long"]) == 2
+        assert "--all: expected without --findings" in capsys.readouterr().err
+    finally:
+        del registry.FINDINGS["TEST-long"]

@@ -87,6 +87,12 @@ class Finding:
     min_bytes: Callable[[Case], int] | None = None
     """case -> bytes one call must read and write at least; with the run's copy bandwidth,
     rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
+    long: bool = False
+    """A long finding (learning runs, many episodes): it runs only when named with
+    `--findings` or with `--all`, never in the default run; its quick cases stay CI-sized."""
+    duration_s: tuple[float, float] | None = None
+    """About how many seconds its quick and its default cases take on a 2-core CPU
+    (`harness.run --list` shows it; a long finding should say)."""
     ticket: str = ""
     """Where the claim comes from (a review ticket file name)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -162,11 +168,12 @@ def load_findings_module(name: str) -> list[str]:
     return [i for i in FINDINGS if i not in before]
 
 
-def select(ids: list[str] | None) -> list[Finding]:
-    """The findings named by `ids` (all when None), in registry order."""
+def select(ids: list[str] | None, include_long: bool = False) -> list[Finding]:
+    """The findings named by `ids`, in registry order; when None, every finding that is
+    not `long` (all of them with `include_long`)."""
     _load_builtin()
     if not ids:
-        return list(FINDINGS.values())
+        return [f for f in FINDINGS.values() if include_long or not f.long]
     unknown = [i for i in ids if i not in FINDINGS]
     if unknown:
         raise ValueError(
