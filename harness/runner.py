@@ -207,8 +207,14 @@ class CaseRun:
         self.sample_metrics[variant].append(dict(self.finding.sample_metrics(variant, self.inputs)))
 
     def _profile(self, trace_path: Path | None) -> None:
-        device = self.options.device
+        device, limit = self.options.device, self.finding.profile_max_s
         for variant in list(self.measurements):
+            median = self.measurements[variant].median
+            if limit is not None and median > limit:
+                self.cells[variant]["profile_note"] = (
+                    f"not profiled: one call takes {median:.3g} s and this finding profiles "
+                    f"calls up to {limit:g} s (the profiler slows op-heavy calls ~20x)")
+                continue
             try:
                 counters = profile_call(self.finding.make_call(variant, self.inputs), device)
             except Exception as err:

@@ -233,3 +233,21 @@ def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys):
         assert "--all: expected without --findings" in capsys.readouterr().err
     finally:
         del registry.FINDINGS["TEST-long"]
+
+
+def test_calls_over_the_findings_profile_limit_get_no_counters_and_say_why():
+    import dataclasses
+    import time as time_module
+
+    from harness.runner import CaseRun, RunOptions
+
+    finding = dataclasses.replace(
+        _tiny_finding(), variants=("good", "twice"), profile_max_s=0.02,
+        make_call=lambda variant, x: ((lambda: (x * 2).sum()) if variant == "good"
+                                      else (lambda: (time_module.sleep(0.03), (x * 2).sum())[1])),
+    )
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3)
+    rows = {r["variant"]: r for r in CaseRun(finding, Case.of(n=64), options).run().summary}
+    assert rows["good"]["op_calls"] >= 1 and "profile_note" not in rows["good"]
+    assert "op_calls" not in rows["twice"] and rows["twice"]["status"] == "ok"
+    assert rows["twice"]["profile_note"].startswith("not profiled: one call takes 0.03")

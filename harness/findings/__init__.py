@@ -87,6 +87,10 @@ class Finding:
     min_bytes: Callable[[Case], int] | None = None
     """case -> bytes one call must read and write at least; with the run's copy bandwidth,
     rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
+    profile_max_s: float | None = None
+    """Calls slower than this (median seconds) get no profiling pass, so no counters: the
+    profiler slows a call by the number of ops it records (about 20x for a Python loop of
+    small ops), and such a call's counts scale with its size. None: profile every call."""
     long: bool = False
     """A long finding (learning runs, many episodes): it runs only when named with
     `--findings` or with `--all`, never in the default run; its quick cases stay CI-sized."""
