@@ -386,11 +386,16 @@ def test_an_index_the_report_did_not_write_is_never_overwritten(quick, tmp_path,
     assert "which harness.report did not write" in capsys.readouterr().err
     assert (tmp_path / "index.html").read_text() == mine
     assert not (tmp_path / "r").exists()
+    # an index written before the generator tag existed (its title and footer) is ours
+    (tmp_path / "index.html").write_text(
+        "<html><head><title>esper-bench reports</title></head><body><footer>Rendered by "
+        "<code>python -m harness.report</code> from the runs' files</footer></body></html>")
     # an index the report wrote is rewritten: a second report is listed beside the first
-    (tmp_path / "index.html").unlink()
     for name in ("one", "two"):
         assert report_main([str(quick["run"]), "--out", str(tmp_path / name)]) == 0
     assert {"one/index.html", "two/index.html"} <= set(parse(tmp_path / "index.html").links)
+    assert '<meta name="generator" content="esper-bench harness.report index">' in \
+        (tmp_path / "index.html").read_text()
 
 
 def test_report_has_version_and_lists_its_exit_codes():
