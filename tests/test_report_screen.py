@@ -17,7 +17,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -161,6 +160,9 @@ def test_each_section_opens_with_its_answer_chart_and_keeps_the_detail_folded(qu
     for table_id, section, folded in page.tables:
         if section:  # the full table, crossovers and counters
             assert folded, f"a table of {section} is not in a <details> block"
+    # every chart on the page reads: no overlapping labels, legend over data, ...
+    marker = json.loads((quick["page"].parent / "report.json").read_text())
+    assert marker["layout_problems"] == []
 
 
 # --- the headline, from hand-made rows ----------------------------------------------------
@@ -398,15 +400,17 @@ def test_an_index_the_report_did_not_write_is_never_overwritten(quick, tmp_path,
         (tmp_path / "index.html").read_text()
 
 
-def test_report_has_version_and_lists_its_exit_codes():
-    done = subprocess.run([sys.executable, "-m", "harness.report", "--help"],
-                          capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0
-    assert "exit status:\n  0    report written" in done.stdout
-    assert "  2    usage or input error" in done.stdout
-    done = subprocess.run([sys.executable, "-m", "harness.report", "--version"],
-                          capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0 and done.stdout.startswith("python -m harness.report ")
+def test_report_has_version_and_lists_its_exit_codes(capsys):
+    with pytest.raises(SystemExit) as done:
+        report_main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "exit status:\n  0    report written" in text
+    assert "  2    usage or input error" in text
+    with pytest.raises(SystemExit) as done:
+        report_main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("python -m harness.report ")
 
 
 # --- markdown for CI ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure as MplFigure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from harness.report.data import COUNTERS, PhaseBreakdown, param_columns
 from harness.report.summary import format_seconds
@@ -180,10 +180,15 @@ def _log_labels(axis, limits: tuple[float, float], label) -> None:
     decades alone would leave one label or none) still reads."""
     formatter = FuncFormatter(lambda v, _: label(v))
     decades = math.log10(limits[1] / limits[0]) if limits[0] > 0 else math.inf
-    if decades < 3:
+    if decades < 0.7:  # less than a factor of 5: round values, 1 among them where in range
+        low, high = math.floor(math.log10(limits[0])), math.ceil(math.log10(limits[1]))
+        ticks = [m * 10.0 ** e for e in range(low, high + 1)
+                 for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)]
+        axis.set_major_locator(FixedLocator([t for t in ticks if limits[0] <= t <= limits[1]]))
+    elif decades < 3:
         axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(formatter)
-    axis.set_minor_formatter(formatter if decades < 0.7 else NullFormatter())
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _case_ticks(ax, labels: list[str]) -> None:
@@ -320,8 +325,8 @@ def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: li
         for r in compared.to_dict("records")}
     colours = _colours(variants)
     width = 0.8 / len(others)
-    width = 3.0 + 0.45 * len(cases) * len(others) + 1.2 * len(cases)
-    fig = _new_figure(min(MAX_WIDTH_PX / DPI, width), 4.4)
+    inches = 3.0 + 0.45 * len(cases) * len(others) + 1.2 * len(cases)
+    fig = _new_figure(min(MAX_WIDTH_PX / DPI, inches), 4.4)
     ax = fig.subplots()
     for j, variant in enumerate(others):
         v = compared[compared["variant"] == variant].set_index("case")
@@ -368,8 +373,8 @@ def counters_figure(finding: str, rows: pd.DataFrame, variants: list[str],
     present_variants = [v for v in variants if v in set(counted["variant"])]
     colours = _colours(variants)
     width = 0.8 / len(present_variants)
-    width = 2.0 + (1.0 + 0.3 * len(present_variants)) * len(cases)
-    fig = _new_figure(min(MAX_WIDTH_PX / DPI, width),
+    inches = 2.0 + (1.0 + 0.3 * len(present_variants)) * len(cases)
+    fig = _new_figure(min(MAX_WIDTH_PX / DPI, inches),
                       2.9 * len(shown) + 0.6)
     axes = np.atleast_1d(fig.subplots(len(shown), 1, sharex=True, squeeze=False)).ravel()
     for ax, counter in zip(axes, shown):

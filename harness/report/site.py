@@ -3,7 +3,7 @@ of all reports.
 
 A report folder is self-contained and opens from disk: `index.html`, the PNG figures
 next to it, copies of small traces and the flamegraph, and `report.json` (what the
-folder holds, read back by the index). The folder is disposable: rendering again
+folder holds, read back by the index, and any chart's layout problems). The folder is disposable: rendering again
 replaces it. The index is rewritten only when it carries INDEX_GENERATOR's meta tag
 (this module wrote it). Nothing here measures; everything comes from the runs' files.
 
@@ -186,8 +186,17 @@ def render_run(run: Run, out: Path) -> Path:
         format_seconds=format_seconds, counters=COUNTERS,
     )
     atomic_write_text(out / "index.html", page)
-    atomic_write_text(out / MARKER, _marker("run", run))
+    atomic_write_text(out / MARKER, _marker("run", run, layout_problems=_layout_problems(sections)))
     return out / "index.html"
+
+
+def _layout_problems(sections: list[dict]) -> list[str]:
+    """'file: problem' for every chart of the page that `plots.layout_problems` faulted."""
+    figures = []
+    for s in sections:
+        figures += [s["answer"], s["counters_figure"], *s["figures"],
+                    *(item["figure"] for item in s["e2e"])]
+    return [f"{f.file}: {problem}" for f in figures if f is not None for problem in f.problems]
 
 
 def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
