@@ -113,14 +113,30 @@ def quick(tmp_path_factory) -> dict:
     return {"base": base, "run": folder, "page": base / "reports" / folder.name / "index.html"}
 
 
-def copy_run(source: Path, results: Path, name: str, edit) -> Path:
-    """Copy a run folder under `results/name`, changing its run.json with `edit(document)`."""
+def copy_run(source: Path, results: Path, name: str, metadata: dict, row=None) -> Path:
+    """Copy a run folder to `results/name` with `metadata` changed in its run.json, and each
+    summary and sample row through `row(kind, row) -> row or None (dropped)`, kind
+    'summary' or 'samples', wherever the run keeps rows (run.json, a cell journal)."""
     target = results / name
     shutil.copytree(source, target)
+    keep = row or (lambda kind, r: r)
+
+    def rows(kind: str, items: list[dict]) -> list[dict]:
+        return [r for r in (keep(kind, dict(item)) for item in items) if r is not None]
+
     document = json.loads((target / "run.json").read_text())
-    document["run_id"] = name
-    edit(document)
+    document.update(run_id=name, **metadata)
+    document["summary"], document["rows"] = rows("summary", document["summary"]), \
+        rows("samples", document["rows"])
     (target / "run.json").write_text(json.dumps(document))
+    for path in sorted((target / "cells").glob("*.json")):  # a journal of cells, if any
+        journal = json.loads(path.read_text())
+        journal["summary"] = rows("summary", journal["summary"])
+        journal["samples"] = rows("samples", journal["samples"])
+        if journal["summary"]:
+            path.write_text(json.dumps(journal))
+        else:
+            path.unlink()
     return target
 
 
@@ -287,20 +303,22 @@ def test_charts_read_at_the_default_runs_size(tmp_path):
 
 def test_an_interrupted_run_is_rendered_with_a_banner_and_its_partial_findings(quick, tmp_path,
                                                                                capsys):
-    kept_cases = ["num_envs=16,max_steps=25,dones=episode", "num_envs=16,max_steps=150,dones=episode"]
+    kept_cases = ["num_envs=16,max_steps=25,dones=episode",
+                  "num_envs=16,max_steps=150,dones=episode"]
 
-    def interrupt(document):
-        document.update(status="interrupted", cells_done=3, cells_total=6)
-        keep = [r for r in document["summary"]
-                if (r["finding"] == "B4-CR-03" and r["case"] in kept_cases)
-                or (r["finding"] == "B4-DRL-03" and r["variant"] == "clone"
-                    and r["case"] == document["summary"][-1]["case"])]
-        document["summary"] = keep
-        cells = {(r["finding"], r["case"], r["variant"]) for r in keep}
-        document["rows"] = [r for r in document["rows"]
-                            if (r["finding"], r["case"], r["variant"]) in cells]
+    last_case = load_run(quick["run"]).summary["case"].iloc[-1]  # B4-DRL-03's last case
 
-    run = copy_run(quick["run"], tmp_path / "results", "stopped", interrupt)
+    def partial(kind, row):
+        """B4-CR-03 at two of its cases; B4-DRL-03 only its baseline at one case."""
+        if row["finding"] == "B4-CR-03" and row["case"] in kept_cases:
+            return row
+        if row["finding"] == "B4-DRL-03" and row["variant"] == "clone" \
+                and row["case"] == last_case:
+            return row
+        return None
+
+    run = copy_run(quick["run"], tmp_path / "results", "stopped",
+                   {"status": "interrupted", "cells_done": 3, "cells_total": 6}, partial)
     out = tmp_path / "reports" / "stopped"
     assert report_main([str(run), "--out", str(out), "--markdown"]) == 0
     markdown = capsys.readouterr().out
@@ -478,29 +496,32 @@ def history(quick) -> dict:
     results = base / "results"
     older, newer = two_commits()
 
-    def on(commit, created, cpu=None, slower=1.0):
-        def edit(document):
-            document.update(git_commit=commit, git_dirty=False, created=created)
-            if cpu:
-                document["cpu_model"] = cpu
-            for row in document["summary"]:
-                if row["variant"] == "scan" and row.get("ratio") is not None:
-                    # a tiny budget's interval can span 10x: narrowed to +-5%, so that
-                    # whether the planted step is found does not hang on this run's noise
-                    row["median_s"] *= slower
-                    row["ratio"] *= slower
-                    row["ci_low"], row["ci_high"] = row["ratio"] * 0.95, row["ratio"] * 1.05
-            for row in document["rows"]:
-                if row["variant"] == "scan":
-                    row["seconds"] *= slower
-        return edit
+    def scan_slower(factor):
+        def row(kind, r):
+            if r["variant"] != "scan":
+                return r
+            if kind == "samples":
+                return {**r, "seconds": r["seconds"] * factor}
+            if r.get("ratio") is not None:
+                # a tiny budget's interval can span 10x: narrowed to +-5%, so that
+                # whether the planted step is found does not hang on this run's noise
+                ratio = r["ratio"] * factor
+                r.update(median_s=r["median_s"] * factor, ratio=ratio, ci_low=ratio * 0.95,
+                         ci_high=ratio * 1.05)
+            return r
+        return row
+
+    def on(commit, created, **more):
+        return {"git_commit": commit, "git_dirty": False, "created": created, **more}
 
     # created dates in the opposite order to the commits: the page must follow the commits
-    copy_run(quick["run"], results, "run-older", on(older, "2030-01-02T00:00:00+00:00"))
-    copy_run(quick["run"], results, "run-newer", on(newer, "2030-01-01T00:00:00+00:00",
-                                                    slower=10.0))
-    copy_run(quick["run"], results, "run-other", on(newer, "2030-01-03T00:00:00+00:00",
-                                                    cpu="Some Other CPU"))
+    copy_run(quick["run"], results, "run-older", on(older, "2030-01-02T00:00:00+00:00"),
+             scan_slower(1.0))
+    copy_run(quick["run"], results, "run-newer", on(newer, "2030-01-01T00:00:00+00:00"),
+             scan_slower(10.0))
+    copy_run(quick["run"], results, "run-other",
+             on(newer, "2030-01-03T00:00:00+00:00", cpu_model="Some Other CPU"),
+             scan_slower(1.0))
     (results / "broken").mkdir()
     (results / "broken" / "run.json").write_text('{"schema_version": 1, "summ')
     out = base / "reports" / "history"
