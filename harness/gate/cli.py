@@ -15,6 +15,9 @@ change, verdict) on stdout:
 With none of them: --counters --invariants. `--update-baseline` measures the counters of
 the findings named (default: every gated one) and merges them into the baseline file.
 
+The table and its summary line are also appended to the file $GITHUB_STEP_SUMMARY names,
+when it names one (a GitHub Actions job summary).
+
 Every input is checked before anything is measured. Exit status (also in `--help`):
 0 pass; 1 a regression (or a variant that raises); 2 usage or input error, including a
 missing, unreadable, outdated or incomplete baseline (the message gives the command that
@@ -33,7 +36,10 @@ from pathlib import Path
 from harness import exits, findings as registry
 from harness.exits import UsageError
 from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
-from harness.gate.table import GateRow, Outcome, render_markdown, rows_document, summary_line
+from harness.gate.table import (
+    STEP_SUMMARY_VARIABLE, GateRow, Outcome, append_step_summary, render_markdown, rows_document,
+    step_summary_path, summary_line,
+)
 from harness.results import atomic_write_text
 
 
@@ -45,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
             "pass", "a regression, or a variant that raises on the current code") + (
             "\n(a counters baseline that is missing, unreadable, of another torch version or "
             "lacks measured cells is an input error, 2; the message gives the command that "
-            "fixes it)"),
+            "fixes it)\nThe table is also appended to the file $GITHUB_STEP_SUMMARY names, "
+            "when it is set (a GitHub Actions job summary)."),
     )
     exits.add_version(p)
     checks = p.add_argument_group("checks (default: --counters --invariants)")
@@ -124,6 +131,8 @@ def _check_options(args: argparse.Namespace) -> None:
                              f"got {name} {value} without --against")
     if args.json is not None:
         exits.check_writable(args.json, "--json")
+    if step_summary_path() is not None and not args.update_baseline:
+        exits.check_writable(step_summary_path(), f"${STEP_SUMMARY_VARIABLE}")
 
 
 def _update(args: argparse.Namespace) -> int:
@@ -199,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_line(rows))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(rows_document(rows), indent=1) + "\n")
+    if step_summary_path() is not None:
+        append_step_summary(rows, step_summary_path())
     if any(row.outcome in (Outcome.REGRESSION, Outcome.ERROR) for row in rows):
         return exits.FAILED
     if _runs(args)[0]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 from harness.exits import UsageError  # noqa: F401 (re-exported: the gate's error, exit 2)
 from harness.measure.stats import RatioCI
@@ -114,3 +116,20 @@ def summary_line(rows: Iterable[GateRow]) -> str:
     order = sorted(Outcome, key=lambda o: not o.fails)  # stable: enum order within each group
     parts = [f"{counts[o]} {o.value}" for o in order if counts[o]]
     return ("FAIL: " if failed else "PASS: ") + (", ".join(parts) or "no rows")
+
+
+#: the environment variable through which GitHub Actions names a job's summary file
+STEP_SUMMARY_VARIABLE = "GITHUB_STEP_SUMMARY"
+
+
+def step_summary_path() -> Path | None:
+    """The file $GITHUB_STEP_SUMMARY names, or None when it is unset or empty."""
+    value = os.environ.get(STEP_SUMMARY_VARIABLE, "")
+    return Path(value) if value else None
+
+
+def append_step_summary(rows: list[GateRow], path: Path) -> None:
+    """Append the gate's table and its summary line to `path` (a job summary: markdown
+    that GitHub shows on the run's page), keeping what earlier steps wrote there."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(f"### harness.gate\n\n{render_markdown(rows)}\n\n{summary_line(rows)}\n\n")

@@ -9,14 +9,16 @@ are refused unless forced: their times say more about the machines than the code
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import pandas as pd
 
 from harness.measure.machine import fingerprint
-from harness.report.data import ReportError
+from harness.report.data import ReportError, finding_headline
+from harness.report.headline import CounterChange, counter_changes
 from harness.results import Run
 from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
-from harness.report.verdicts import case_phrase
+from harness.report.verdicts import case_phrase, present
 
 DEFAULT_FACTOR = 1.05
 KEY = ["finding", "case", "variant"]
@@ -67,7 +69,8 @@ def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
     return differences
 
 
-def _samples(rows: pd.DataFrame) -> dict[tuple, list[float]]:
+def samples_by_key(rows: pd.DataFrame) -> dict[tuple, list[float]]:
+    """A run's timing samples (its `rows`) grouped by (finding, case, variant)."""
     if rows.empty:
         return {}
     return {key: group["seconds"].tolist() for key, group in rows.groupby(KEY, sort=False)}
@@ -92,7 +95,7 @@ def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
     """
     if not factor >= 1.0:
         raise ReportError(f"--factor: expected a factor >= 1.0; got {factor!r}")
-    old_samples, new_samples = _samples(old.rows), _samples(new.rows)
+    old_samples, new_samples = samples_by_key(old.rows), samples_by_key(new.rows)
     old_summary = {tuple(r[k] for k in KEY): r for r in old.summary.to_dict("records")}
     new_summary = {tuple(r[k] for k in KEY): r for r in new.summary.to_dict("records")}
     out = []
@@ -110,3 +113,83 @@ def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
         change = _change(row["old_status"], row["new_status"], verdict)
         out.append({**row, "change": change.value})
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+#: changes a compare summary counts per finding, worst first
+NOTABLE = (Change.NEW_FAILURE, Change.REGRESSED, Change.FIXED, Change.IMPROVED)
+
+
+@dataclass(frozen=True)
+class CompareHeadline:
+    """One finding in a run-vs-run summary: its headline variant at its headline case
+    (from the new run, else the old), new against old, and the changes of all its rows."""
+
+    finding: str
+    claim: str
+    where: str
+    variant: str | None
+    ratio: float | None
+    """Median time new / old of the headline variant there; its 95% interval below."""
+    ci_low: float | None
+    ci_high: float | None
+    change: str
+    """The headline row's `Change` value."""
+    changes: tuple[tuple[str, int], ...]
+    """(Change value, count) of the finding's rows, NOTABLE ones only, where non-zero."""
+    rows: int
+    counters: tuple[CounterChange, ...]
+    """The headline variant's counters that differ, old -> new."""
+
+    def ratio_text(self) -> str:
+        """'scan: new / old 0.98 [0.95-1.01], no difference'."""
+        words = self.change.replace("_", " ")
+        if self.ratio is None:
+            return f"{self.variant or '-'}: {words}"
+        return (f"{self.variant}: new / old {self.ratio:.3g} [{self.ci_low:.3g}-"
+                f"{self.ci_high:.3g}], {words}")
+
+    def changes_text(self) -> str:
+        """'2 regressed, 1 improved of 36 rows', or 'no change of 36 rows'."""
+        found = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in self.changes)
+        return f"{found or 'no change'} of {self.rows} rows"
+
+    def counters_text(self) -> str:
+        return ", ".join(c.text() for c in self.counters) or "unchanged"
+
+
+def _summary_row(run: Run, finding: str, case: str | None, variant: str | None) -> dict | None:
+    """The summary row of `run` for finding x case x variant, or None."""
+    s = run.summary
+    if s.empty:
+        return None
+    hit = s[(s["finding"] == finding) & (s["case"] == case) & (s["variant"] == variant)]
+    return hit.iloc[0].to_dict() if len(hit) else None
+
+
+def compare_headlines(new: Run, old: Run, table: pd.DataFrame) -> list[CompareHeadline]:
+    """One CompareHeadline per finding of `table` (`compare_runs(new, old)`), in its order:
+    what the compare page's summary table and `--markdown` both show."""
+    out = []
+    for finding in dict.fromkeys(table["finding"]):
+        rows = table[table["finding"] == finding]
+        source = new if not new.summary.empty and finding in set(new.summary["finding"]) else old
+        summary = source.summary[source.summary["finding"] == finding]
+        head = finding_headline(finding, summary, source.metadata)
+        at = rows[(rows["case"] == head.case) & (rows["variant"] == head.variant)]
+        row = at.iloc[0].to_dict() if len(at) else {}
+        counts = rows["change"].value_counts()
+        counters = ()
+        before, after = (_summary_row(r, finding, head.case, head.variant) for r in (old, new))
+        if before is not None and after is not None:
+            counters = counter_changes(after, before)[0]
+        out.append(CompareHeadline(
+            finding=finding, claim=head.claim, where=head.where, variant=head.variant,
+            ratio=row.get("ratio") if present(row.get("ratio")) else None,
+            ci_low=row.get("ci_low") if present(row.get("ci_low")) else None,
+            ci_high=row.get("ci_high") if present(row.get("ci_high")) else None,
+            change=row.get("change", Change.NOT_COMPARABLE.value),
+            changes=tuple((c.value, int(counts[c.value])) for c in NOTABLE
+                          if counts.get(c.value, 0)),
+            rows=len(rows), counters=counters,
+        ))
+    return out

@@ -8,33 +8,51 @@ receive the plain dicts and dataclasses built here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import pandas as pd
 
 from harness import findings as registry
-from harness.results import Run, load_run
+from harness.exits import UsageError, read_json
+from harness.results import SCHEMA_VERSION, Run, load_run, resolve_run_folder
 from harness.measure.stats import Verdict
+from harness.report.headline import COUNTERS, Headline, headline
 from harness.report.summary import format_seconds, verdict_word
 from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
-#: per-call counters shown in tables and the counters chart: column -> label
-COUNTERS = {"allocations": "allocations", "host_syncs": "host syncs",
-            "kernel_launches": "kernel launches"}
 #: the E2E-iteration phases, in the order an iteration runs them
 PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
 E2E_ID = "E2E-iteration"
 
 
-class ReportError(Exception):
-    """Bad input to the report (missing run, other schema, other machine): one line, exit 2."""
+class ReportError(UsageError):
+    """Bad input to the report (missing or corrupt run, other schema, other machine, an
+    --out it cannot write): one line, exit 2."""
 
 
 def open_run(run, results_dir) -> Run:
-    """`load_run`, with its not-found and wrong-schema errors turned into a ReportError."""
+    """`load_run`, with every way a run cannot be read turned into a ReportError that
+    names the file (missing, not UTF-8, empty, truncated, not a run, another schema)."""
     try:
         return load_run(run, results_dir)
-    except (FileNotFoundError, ValueError) as err:
-        raise ReportError(str(err)) from err
+    except (FileNotFoundError, ValueError, KeyError, AttributeError, UsageError) as err:
+        raise ReportError(_unreadable(run, results_dir, err)) from err
+
+
+def _unreadable(run, results_dir, err: Exception) -> str:
+    """Why `run` cannot be read, naming its run.json."""
+    try:
+        path = resolve_run_folder(run, results_dir) / "run.json"
+    except FileNotFoundError as missing:
+        return str(missing)
+    if str(path) in str(err):
+        return str(err)
+    try:
+        read_json(path)  # tells a missing, non-UTF-8, empty or truncated file apart
+    except UsageError as bad:
+        return str(bad)
+    return f"{path}: expected a run document (schema {SCHEMA_VERSION}); got one that fails " \
+           f"to load ({type(err).__name__}: {err})"
 
 
 @dataclass(frozen=True)
@@ -161,40 +179,50 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _workload(row: dict, params: list[str]) -> float:
-    """Product of a row's numeric params: which case is the largest."""
-    size = 1.0
-    for p in params:
-        value = row.get(p)
-        if isinstance(value, (int, float)) and present(value):
-            size *= float(value)
-    return size
+def sentences(rows: pd.DataFrame, text: FindingText,
+              case: str | None) -> tuple[list[str], list[str]]:
+    """(verdict sentences, every sentence) for a finding's rows.
 
-
-def sentences(rows: pd.DataFrame, text: FindingText) -> tuple[list[str], list[str]]:
-    """(headlines, all sentences) for a finding's rows.
-
-    A headline per non-baseline variant: its row at the largest case where it has a time
-    ratio, else its first row (why it was not measured); mismatches and failures always.
+    The verdict sentences: one per non-baseline variant at the headline `case`, then
+    every failure and mismatch of the other cases.
     """
-    params = param_columns(rows)
-    every, headline = [], []
-    by_variant: dict[str, list[dict]] = {}
+    every, verdict = [], []
+    broken = (Verdict.FAILED.value, Verdict.MISMATCH.value)
     for row in records(rows):
         sentence = verdict_sentence(row, against=text.baseline, claim=text.claim_factor)
         every.append(sentence)
-        if row["variant"] != text.baseline:
-            by_variant.setdefault(row["variant"], []).append({**row, "_sentence": sentence})
-    for variant_rows in by_variant.values():
-        broken = [r for r in variant_rows
-                  if r.get("status") in (Verdict.FAILED.value, Verdict.MISMATCH.value)]
-        compared = [r for r in variant_rows if present(r.get("ratio"))]
-        if compared:
-            headline.append(max(compared, key=lambda r: _workload(r, params))["_sentence"])
-        elif not broken:
-            headline.append(variant_rows[0]["_sentence"])
-        headline += [r["_sentence"] for r in broken]
-    return headline, every
+        if row["variant"] == text.baseline:
+            continue
+        if row["case"] == case or row.get("status") in broken:
+            verdict.append(sentence)
+    return verdict, every
+
+
+def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict) -> Headline:
+    """The headline of `finding_id` in a run (its rows and the run's metadata)."""
+    text = finding_text(finding_id, rows)
+    known = registry.FINDINGS.get(finding_id)
+    expected = None
+    if known is not None and metadata.get("quick") is not None:
+        expected = len(known.cases(bool(metadata["quick"])))
+    return headline(finding_id, rows, claim=text.claim, baseline=text.baseline,
+                    claim_factor=text.claim_factor, peers=known.peers if known else (),
+                    cases_expected=expected)
+
+
+def run_headlines(run: Run) -> list[Headline]:
+    """One headline per finding in the run, in run order: the summary table's rows."""
+    if run.summary.empty:
+        return []
+    return [finding_headline(f, run.summary[run.summary["finding"] == f], run.metadata)
+            for f in dict.fromkeys(run.summary["finding"])]
+
+
+def counters_at(rows: pd.DataFrame, case: str | None) -> list[dict]:
+    """Per variant at `case`: its counters as strings (variant, then one per COUNTERS key)."""
+    at = rows[rows["case"] == case] if case is not None else rows.iloc[0:0]
+    return [{"variant": r["variant"], **{k: _number(r, k, "{:,.0f}") for k in COUNTERS}}
+            for r in records(at)]
 
 
 @dataclass(frozen=True)
@@ -268,6 +296,62 @@ def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
                 measured_ci=(float(row["ci_low"]), float(row["ci_high"])),
             ))
     return out
+
+
+def format_date(stamp: str | None) -> str | None:
+    """'2026-11-24T03:05:00+00:00' -> '2026-11-24 03:05 UTC' (as written if unreadable)."""
+    try:
+        moment = datetime.fromisoformat(stamp or "")
+    except ValueError:
+        return stamp or None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return f"{moment:%Y-%m-%d %H:%M} UTC"
+
+
+def metadata_line(metadata: dict) -> str:
+    """Where and how a run was measured, in one line: device, threads, versions, commit,
+    date, budget."""
+    commit = (metadata.get("git_commit") or "unknown")[:10]
+    if metadata.get("git_dirty"):
+        commit += " (uncommitted changes)"
+    parts = [metadata.get("device_name") or metadata.get("device"),
+             f"{metadata['threads']} torch threads" if metadata.get("threads") else None,
+             f"torch {metadata['torch']}" if metadata.get("torch") else None,
+             f"CUDA {metadata['cuda']}" if metadata.get("cuda") else None,
+             f"Python {metadata['python']}" if metadata.get("python") else None,
+             f"commit {commit}",
+             format_date(metadata.get("created")),
+             ("quick, " if metadata.get("quick") else "")
+             + (f"{metadata['time_budget_s']:g} s per case"
+                if present(metadata.get("time_budget_s")) else "default budget")]
+    return " \u00b7 ".join(p for p in parts if p)
+
+
+#: how a run that did not finish is described: status -> (what happened, why)
+UNFINISHED = {"running": ("is still running", ", or its process stopped without saying so"),
+              "interrupted": ("was interrupted", ""),
+              "killed": ("was killed", " (its process died without finishing)")}
+
+
+def status_banner(metadata: dict) -> str | None:
+    """A warning for a run that is not complete: how far it got and how to resume it,
+    e.g. 'This run was interrupted after 7 of 36 cells; resume it with python -m
+    harness.run --resume RUN_ID. ...'; None for a complete run."""
+    status = metadata.get("status")
+    if status == "complete":
+        return None
+    what, why = UNFINISHED.get(status, (f"has status {status!r}, not complete", ""))
+    done, total = metadata.get("cells_done"), metadata.get("cells_total")
+    progress = ""
+    if present(done):
+        progress = f"{done:g} of {total:g} cells" if present(total) else f"{done:g} cells"
+        progress = f" ({progress} so far)" if status == "running" else f" after {progress}"
+    text = f"This run {what}{progress}{why}"
+    if status in ("interrupted", "killed"):
+        text += (f"; resume it with python -m harness.run --resume "
+                 f"{metadata.get('run_id', 'RUN_ID')}")
+    return text + ". The report shows what it had measured: some findings may lack cases."
 
 
 def metadata_panel(metadata: dict) -> list[tuple[str, str]]:

@@ -4,6 +4,11 @@ Each `*_figure` function takes a finding's summary rows, writes one PNG into `fo
 and returns a `Figure` describing it, or returns None when the data cannot support the
 plot (one case only, no ratios, no counters). Figures are built on `matplotlib.figure`
 objects with the Agg canvas: no pyplot state, no display needed.
+
+Every chart must read at a glance at the default run's size: `layout_problems` checks a
+drawn figure for overlapping labels, more than MAX_SERIES series in a panel, a legend
+over data and a width beyond the page's column, and each `Figure` carries what it found
+(the tests require none).
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure as MplFigure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from harness.report.data import COUNTERS, PhaseBreakdown, param_columns
 from harness.report.summary import format_seconds
@@ -29,6 +37,12 @@ AXIS_LABELS = {"num_envs": "environments (num_envs)",
 CHANGE_COLOURS = {"improved": "#2a9d3f", "regressed": "#c0392b"}
 NEUTRAL = "#7f8c8d"
 DPI = 110
+#: the most series (variants, lines) one panel may hold and still be told apart
+MAX_SERIES = 12
+#: the widest figure the page shows at full size, in pixels (its content column)
+MAX_WIDTH_PX = 1150
+#: a chart with more bars than this per panel (cases x variants) is drawn another way
+MAX_BARS = 40
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,8 @@ class Figure:
     file: str
     title: str
     caption: str
+    problems: tuple[str, ...] = ()
+    """What `layout_problems` found when it was drawn; empty for a readable chart."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +101,78 @@ def _new_figure(width: float, height: float) -> MplFigure:
     return fig
 
 
-def _save(fig: MplFigure, folder: Path, name: str) -> str:
+def _save(fig: MplFigure, folder: Path, name: str, title: str, caption: str) -> Figure:
+    """Write `fig` as `folder/name` and describe it, with its layout problems."""
     fig.savefig(folder / name, dpi=DPI)
-    return name
+    return Figure(name, title, caption, tuple(layout_problems(fig)))
+
+
+def _overlapping(boxes: list) -> bool:
+    """Whether any two display boxes overlap by more than a pixel each way."""
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if (min(a.x1, b.x1) - max(a.x0, b.x0) > 1) and (min(a.y1, b.y1) - max(a.y0, b.y0) > 1):
+                return True
+    return False
+
+
+def _data_points(ax) -> np.ndarray:
+    """Display coordinates [n, 2] of what `ax` plots: line vertices, scatter points and
+    the corners and centre of every bar."""
+    points = [np.empty((0, 2))]
+    for line in ax.get_lines():
+        xy = line.get_xydata()
+        if len(xy):
+            points.append(line.get_transform().transform(xy))
+    for collection in ax.collections:
+        offsets = collection.get_offsets()
+        if len(offsets):
+            points.append(collection.get_offset_transform().transform(offsets))
+    for patch in ax.patches:
+        box = patch.get_window_extent()
+        points.append(np.array([[box.x0, box.y0], [box.x1, box.y1], [box.x0, box.y1],
+                                [box.x1, box.y0], [(box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2]]))
+    return np.concatenate(points)
+
+
+def layout_problems(fig: MplFigure) -> list[str]:
+    """What makes a drawn figure hard to read, one line each; [] when it reads well.
+
+    Checks: the width against MAX_WIDTH_PX (wider is shown shrunk); tick labels of an
+    axis that overlap; texts inside a panel that overlap (cell labels); more than
+    MAX_SERIES labelled series in a panel; a legend over plotted data.
+    """
+    fig.canvas.draw()  # final positions (constrained layout runs at draw time)
+    renderer = fig.canvas.get_renderer()
+    problems = []
+    width = fig.get_figwidth() * fig.dpi
+    if width > MAX_WIDTH_PX:
+        problems.append(f"{width:.0f} px wide: shown shrunk in a {MAX_WIDTH_PX} px column")
+    for n, ax in enumerate(a for a in fig.axes if a.get_visible()):
+        name = ax.get_title() or ax.get_ylabel() or f"panel {n}"
+        for axis in ("x", "y"):
+            labels = getattr(ax, f"get_{axis}ticklabels")(which="both")
+            boxes = [t.get_window_extent(renderer) for t in labels
+                     if t.get_visible() and t.get_text()]
+            if _overlapping(boxes):
+                problems.append(f"{name}: {axis} tick labels overlap")
+        texts = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text()]
+        if _overlapping(texts):
+            problems.append(f"{name}: labels inside the panel overlap")
+        series = {label for label in ax.get_legend_handles_labels()[1]}
+        if len(series) > MAX_SERIES:
+            problems.append(f"{name}: {len(series)} series in one panel (at most {MAX_SERIES})")
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            points = _data_points(ax)
+            inside = ((points[:, 0] > box.x0) & (points[:, 0] < box.x1)
+                      & (points[:, 1] > box.y0) & (points[:, 1] < box.y1))
+            if inside.any():
+                problems.append(f"the legend covers data of {ax.get_title() or 'a panel'}")
+                break
+    return problems
 
 
 def _log_labels(axis, limits: tuple[float, float], label) -> None:
@@ -95,16 +180,23 @@ def _log_labels(axis, limits: tuple[float, float], label) -> None:
     decades alone would leave one label or none) still reads."""
     formatter = FuncFormatter(lambda v, _: label(v))
     decades = math.log10(limits[1] / limits[0]) if limits[0] > 0 else math.inf
-    if decades < 3:
+    if decades < 0.7:  # less than a factor of 5: round values, 1 among them where in range
+        low, high = math.floor(math.log10(limits[0])), math.ceil(math.log10(limits[1]))
+        ticks = [m * 10.0 ** e for e in range(low, high + 1)
+                 for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)]
+        axis.set_major_locator(FixedLocator([t for t in ticks if limits[0] <= t <= limits[1]]))
+    elif decades < 3:
         axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(formatter)
-    axis.set_minor_formatter(formatter if decades < 0.7 else NullFormatter())
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _case_ticks(ax, labels: list[str]) -> None:
-    """Case names under grouped bars; slanted when more than three would collide."""
-    slant = len(labels) > 3
-    ax.set_xticks(range(len(labels)), labels, rotation=(30 if len(labels) > 8 else 20) * slant,
+    """Case names under grouped bars, the setting in brackets on a second line; slanted
+    only when more than six would not fit side by side."""
+    labels = [label.replace(" (", "\n(").replace(" [", "\n[") for label in labels]
+    slant = len(labels) > 6
+    ax.set_xticks(range(len(labels)), labels, rotation=30 * slant, fontsize=9,
                   ha="right" if slant else "center", rotation_mode="anchor")
 
 
@@ -147,7 +239,8 @@ def scaling_figure(finding: str, rows: pd.DataFrame, param: str, variants: list[
     colours = _colours(variants)
     columns = min(3, len(slices))
     grid_rows = math.ceil(len(slices) / columns)
-    fig = _new_figure(4.6 * columns + 0.6, 3.6 * grid_rows + 0.5)
+    panel_width = 3.3
+    fig = _new_figure(panel_width * columns + 0.5, 3.0 * grid_rows + 1.0)
     axes = np.atleast_1d(fig.subplots(grid_rows, columns, sharey=True, squeeze=False)).ravel()
     found: list[Crossover] = []
     for ax, (label, group) in zip(axes, slices):
@@ -163,7 +256,7 @@ def scaling_figure(finding: str, rows: pd.DataFrame, param: str, variants: list[
         ax.set_xscale("log")
         ax.set_yscale("log")
         ticks = sorted(group[param].unique())
-        ax.set_xticks(ticks, [format_param(t) for t in ticks])
+        ax.set_xticks(ticks, _spaced_labels(ticks, panel_width - 0.7))
         ax.xaxis.set_minor_formatter(NullFormatter())
         _log_labels(ax.yaxis, ax.get_ylim(), format_seconds)
         ax.set_title(label or "all cases", fontsize=10)
@@ -176,14 +269,27 @@ def scaling_figure(finding: str, rows: pd.DataFrame, param: str, variants: list[
     for ax in axes[:len(slices)]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(lab, h)
-    fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=len(legend),
-               title="variant")
+    fig.legend(legend.values(), legend.keys(), loc="outside lower center",
+               ncols=min(len(legend), 6), title="variant", fontsize=8)
     fig.suptitle(f"{finding}: time per call vs {name} (log-log)")
-    file = _save(fig, folder, f"{finding}-scaling-{name}.png")
     caption = (f"Median time per call against {name}, both axes logarithmic; one line per "
                f"variant, one panel per setting of the other parameters."
                + (" Crosses mark where two variants' lines cross." if found else ""))
-    return Figure(file, f"Scaling with {name}", caption), found
+    return _save(fig, folder, f"{finding}-scaling-{name}.png", f"Scaling with {name}",
+                 caption), found
+
+
+def _spaced_labels(ticks: list[float], axis_inches: float, label_inches: float = 0.3) -> list[str]:
+    """Labels for log-axis ticks, blank where a label would touch the one before it
+    (`label_inches`: the width of a label of about four digits at 8-10 pt)."""
+    decades = math.log10(ticks[-1] / ticks[0]) if ticks[0] > 0 and len(ticks) > 1 else 0.0
+    min_ratio = 10 ** (label_inches * decades / axis_inches) if decades else 1.0
+    labels, last = [], None
+    for t in ticks:
+        keep = last is None or t / last >= min_ratio
+        labels.append(format_param(t) if keep else "")
+        last = t if keep else last
+    return labels
 
 
 def _mark_crossovers(ax, curves: dict, name: str, label: str) -> list[Crossover]:
@@ -219,7 +325,8 @@ def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: li
         for r in compared.to_dict("records")}
     colours = _colours(variants)
     width = 0.8 / len(others)
-    fig = _new_figure(min(18.0, 3.0 + 0.45 * len(cases) * len(others) + 1.2 * len(cases)), 4.4)
+    inches = 3.0 + 0.45 * len(cases) * len(others) + 1.2 * len(cases)
+    fig = _new_figure(min(MAX_WIDTH_PX / DPI, inches), 4.4)
     ax = fig.subplots()
     for j, variant in enumerate(others):
         v = compared[compared["variant"] == variant].set_index("case")
@@ -248,8 +355,7 @@ def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: li
     ax.set_title(f"{finding}: speed-up over {baseline}, with 95% bootstrap CI")
     ax.grid(True, axis="y", which="major", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    file = _save(fig, folder, f"{finding}-speedup.png")
-    return Figure(file, f"Speed-up over {baseline}",
+    return _save(fig, folder, f"{finding}-speedup.png", f"Speed-up over {baseline}",
                   "Bars: median baseline time / median variant time. Whiskers: 95% bootstrap "
                   "interval. Above the solid line the variant is faster. A case marked "
                   "[vs X] did not time the baseline: its bars are over X.")
@@ -267,7 +373,8 @@ def counters_figure(finding: str, rows: pd.DataFrame, variants: list[str],
     present_variants = [v for v in variants if v in set(counted["variant"])]
     colours = _colours(variants)
     width = 0.8 / len(present_variants)
-    fig = _new_figure(min(18.0, 2.0 + (1.0 + 0.3 * len(present_variants)) * len(cases)),
+    inches = 2.0 + (1.0 + 0.3 * len(present_variants)) * len(cases)
+    fig = _new_figure(min(MAX_WIDTH_PX / DPI, inches),
                       2.9 * len(shown) + 0.6)
     axes = np.atleast_1d(fig.subplots(len(shown), 1, sharex=True, squeeze=False)).ravel()
     for ax, counter in zip(axes, shown):
@@ -289,8 +396,7 @@ def counters_figure(finding: str, rows: pd.DataFrame, variants: list[str],
     axes[-1].set_xlabel("case")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", title="variant")
     fig.suptitle(f"{finding}: counts per call (profiling pass; symmetric log scale)")
-    file = _save(fig, folder, f"{finding}-counters.png")
-    return Figure(file, "Counters per call",
+    return _save(fig, folder, f"{finding}-counters.png", "Counters per call",
                   "Counts from the separate profiling pass, per call; they do not depend on "
                   "timing noise. The scale is logarithmic above 1 and linear below, so 0 shows.")
 
@@ -317,8 +423,8 @@ def phases_figure(finding: str, breakdown: PhaseBreakdown, folder: Path,
     fig.legend(handles[1:] + handles[:1], labels[1:] + labels[:1], loc="outside right upper",
                fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
-    file = _save(fig, folder, f"{finding}-phases-{index}.png")
-    return Figure(file, f"Phases: {breakdown.baseline} vs {breakdown.variant}",
+    return _save(fig, folder, f"{finding}-phases-{index}.png",
+                 f"Phases: {breakdown.baseline} vs {breakdown.variant}",
                   "Stacked bars: seconds of each phase in one profiled iteration (profiling "
                   "adds overhead). Diamonds: the unprofiled median time per iteration.")
 
@@ -351,7 +457,157 @@ def compare_figure(rows: pd.DataFrame, factor: float, folder: Path) -> Figure | 
     ax.set_title(f"Run vs run: ratio of medians with 95% bootstrap CI "
                  f"(dotted: the {factor:g}x factor)")
     ax.grid(True, axis="x", which="both", alpha=0.3)
-    file = _save(fig, folder, "compare.png")
-    return Figure(file, "New vs old",
+    return _save(fig, folder, "compare.png", "New vs old",
                   "Green: improved; red: regressed; grey: no measurable change or within the "
                   "factor.")
+
+
+#: what a heat-map cell says when it has no speed-up: verdict or status -> word
+CELL_WORDS = {"baseline": "ref", "needs_cuda": "CUDA", "not_timed": "skip", "failed": "ERROR",
+              "mismatch": "FAIL"}
+
+
+def _speed_label(speedup: float) -> str:
+    """11.83 -> '11.8x', 0.5 -> '0.5x', 1234.5 -> '1234x'."""
+    return f"{speedup:.0f}x" if speedup >= 100 else f"{speedup:.3g}x"
+
+
+def speedup_heatmap(finding: str, rows: pd.DataFrame, baseline: str, variants: list[str],
+                    folder: Path) -> Figure | None:
+    """Speed-up over the baseline per case (a row) x variant (a column): a colour on a log
+    scale (green faster, red slower, grey no measurable difference) and the number.
+
+    A case where the baseline was not timed is compared with the runner's stand-in
+    (`compared_to`), named in the row label; untimed cells say why in a word.
+    """
+    columns = [v for v in variants if v != baseline and v in set(rows["variant"])]
+    cases = list(dict.fromkeys(rows["case"]))
+    if not columns or "ratio" not in rows or rows["ratio"].isna().all():
+        return None
+    by = {(r["case"], r["variant"]): r for r in rows.to_dict("records")}
+    log_speed = np.full((len(cases), len(columns)), np.nan)  # [cases, variants]
+    no_difference = np.zeros_like(log_speed, dtype=bool)
+    words = [["" for _ in columns] for _ in cases]
+    labels = []
+    for i, case in enumerate(cases):
+        stand_in = None
+        for j, variant in enumerate(columns):
+            row = by.get((case, variant))
+            if row is None:
+                continue
+            if present(row.get("ratio")):
+                log_speed[i, j] = -math.log10(row["ratio"])
+                no_difference[i, j] = row.get("verdict") == "no_difference"
+                words[i][j] = _speed_label(1.0 / row["ratio"])
+                if isinstance(row.get("compared_to"), str) and row["compared_to"] != baseline:
+                    stand_in = row["compared_to"]
+            else:
+                words[i][j] = CELL_WORDS.get(row.get("verdict") or row.get("status"), "-")
+        first = next(r for (c, _), r in by.items() if c == case)
+        labels.append(case_phrase(first) + (f"  [vs {stand_in}]" if stand_in else ""))
+    limit = min(2.0, max(math.log10(2.0), float(np.nanmax(np.abs(log_speed)))))
+    norm = Normalize(-limit, limit)
+    cmap = colormaps["RdYlGn"]
+    colours = np.ones((len(cases), len(columns), 4))  # white where there is no number
+    for i, j in zip(*np.nonzero(~np.isnan(log_speed))):
+        colours[i, j] = (0.87, 0.87, 0.87, 1.0) if no_difference[i, j] else \
+            cmap(norm(log_speed[i, j]))
+    label_width = 0.075 * max(len(t) for t in labels) + 0.3  # inches at 8 pt
+    cell_width = min(0.75, (MAX_WIDTH_PX / DPI - label_width - 1.2) / len(columns))
+    fig = _new_figure(label_width + cell_width * len(columns) + 1.2, 1.4 + 0.22 * len(cases))
+    ax = fig.subplots()
+    ax.imshow(colours, aspect="auto", interpolation="nearest")
+    for i in range(len(cases)):
+        for j in range(len(columns)):
+            if not words[i][j]:
+                continue
+            r, g, b, _ = colours[i, j]
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.45  # white text on dark cells
+            ax.text(j, i, words[i][j], ha="center", va="center", fontsize=7.5,
+                    color="white" if dark else "black",
+                    style="italic" if np.isnan(log_speed[i, j]) else "normal")
+    ax.set_xticks(range(len(columns)), columns, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(len(cases)), labels, fontsize=8)
+    ax.tick_params(which="both", length=0)
+    ax.set_xticks(np.arange(len(columns) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(cases) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02, aspect=30,
+                       shrink=min(1.0, 6 / len(cases) + 0.3))
+    ticks = [t for t in (-2, -1, -math.log10(2), 0, math.log10(2), 1, 2) if abs(t) <= limit + 1e-9]
+    bar.set_ticks(ticks, labels=[_speed_label(10 ** t) for t in ticks], fontsize=8)
+    bar.set_label(f"speed-up over {baseline} (log scale)", fontsize=8)
+    ax.set_title(f"{finding}: speed-up over {baseline} per case and variant", fontsize=10)
+    return _save(fig, folder, f"{finding}-speedup-map.png", f"Speed-up over {baseline}",
+                 f"Each cell: the median time of {baseline} over that of the variant, at "
+                 "that case (green: faster, red: slower, on a log scale; grey: no measurable "
+                 "difference, the 95% interval contains 1). A row marked [vs X] did not time "
+                 f"{baseline}: its cells are over X, marked ref. skip: not timed, ERROR: "
+                 "raised, FAIL: wrong output, CUDA: needs a GPU (the table below says why).")
+
+
+def history_figure(finding: str, points: pd.DataFrame, machines: list[int], baseline: str,
+                   folder: Path) -> Figure | None:
+    """Across runs (x, in commit-time order): the speed-up over the baseline at the
+    headline case with its 95% interval (left) and the median times (right), one line per
+    variant, one row of panels per machine; rings mark step changes."""
+    rows = points[points["finding"] == finding]
+    if rows.empty or rows["median_s"].isna().all():
+        return None
+    shown = [m for m in machines if m in set(rows["machine"])]
+    variants = list(dict.fromkeys(rows["variant"]))
+    colours = _colours(variants)
+    fig = _new_figure(MAX_WIDTH_PX / DPI, 0.6 + 3.0 * len(shown))
+    axes = np.atleast_2d(fig.subplots(len(shown), 2, squeeze=False))
+    orders = sorted(rows["order"].unique())
+    labels = {r["order"]: (r["commit"][:7] or "?") + ("*" if r["dirty"] else "")
+              for r in rows.to_dict("records")}
+    stride = max(1, math.ceil(len(orders) / 6))  # at most six commit labels a panel
+    for (ratio_ax, time_ax), machine in zip(axes, shown):
+        mine = rows[rows["machine"] == machine]
+        for variant in variants:
+            v = mine[mine["variant"] == variant].sort_values("order")
+            timed = v[v["median_s"].notna()]
+            if not timed.empty:
+                time_ax.plot(timed["order"], timed["median_s"], marker="o", markersize=4,
+                             color=colours[variant], label=variant)
+                steps = timed[timed["time_step"]]
+                time_ax.scatter(steps["order"], steps["median_s"], s=110, facecolors="none",
+                                edgecolors="black", linewidths=1.3, zorder=3, label="step change")
+            compared = v[v["ratio"].notna()]
+            if variant == baseline or compared.empty:
+                continue
+            speed = 1.0 / compared["ratio"].to_numpy(float)
+            err = [speed - 1.0 / compared["ci_high"].to_numpy(float),
+                   1.0 / compared["ci_low"].to_numpy(float) - speed]
+            ratio_ax.errorbar(compared["order"], speed, yerr=err, marker="o", markersize=4,
+                              capsize=2, color=colours[variant], label=variant)
+            steps = compared[compared["ratio_step"]]
+            ratio_ax.scatter(steps["order"], 1.0 / steps["ratio"].to_numpy(float), s=110,
+                             facecolors="none", edgecolors="black", linewidths=1.3, zorder=3,
+                             label="step change")
+        ratio_ax.axhline(1.0, color="black", linewidth=0.8)
+        for ax, scale_label in ((ratio_ax, lambda v: f"{v:g}x"), (time_ax, format_seconds)):
+            ax.set_yscale("log")
+            _log_labels(ax.yaxis, ax.get_ylim(), scale_label)
+            ticks = orders[::stride]
+            ax.set_xticks(ticks, [labels[t] for t in ticks], fontsize=8)
+            ax.set_xlim(orders[0] - 0.5, orders[-1] + 0.5)
+            ax.grid(True, which="major", alpha=0.3)
+        ratio_ax.set_title(f"machine {machine}: speed-up over {baseline}", fontsize=9)
+        time_ax.set_title(f"machine {machine}: median time per call", fontsize=9)
+    axes[-1][0].set_xlabel("commit (in commit-time order; * uncommitted changes)")
+    axes[-1][1].set_xlabel("commit")
+    legend = {}
+    for ax in axes.ravel():
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=8)
+    fig.suptitle(f"{finding} across runs, at {rows['where'].iloc[0]}", fontsize=10)
+    return _save(fig, folder, f"{finding}-history.png", f"{finding} across runs",
+                 f"Left: how many times faster than {baseline} each variant is, with its 95% "
+                 "interval; right: the median times behind it. One line per variant, one row "
+                 "per machine; rings: step changes (see the method above).")

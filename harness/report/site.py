@@ -1,9 +1,15 @@
-"""Writes report folders: a run's page, a run-vs-run page, and the index of all reports.
+"""Writes report folders: a run's page, a run-vs-run page, the history page, and the index
+of all reports.
 
 A report folder is self-contained and opens from disk: `index.html`, the PNG figures
 next to it, copies of small traces and the flamegraph, and `report.json` (what the
-folder holds, read back by the index). The folder is disposable: rendering again
-replaces it. Nothing here measures; everything comes from the runs' files.
+folder holds, read back by the index, and any chart's layout problems). The folder is disposable: rendering again
+replaces it. The index is rewritten only when it carries INDEX_GENERATOR's meta tag
+(this module wrote it). Nothing here measures; everything comes from the runs' files.
+
+A run's page opens with the summary table (one `Headline` per finding) and the run's
+metadata in a line; each finding's section with its answer chart and verdicts, the
+rest folded into `<details>` blocks.
 """
 
 from __future__ import annotations
@@ -16,17 +22,34 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import jinja2
+import pandas as pd
 
 from harness.report import plots
-from harness.report.compare import DEFAULT_FACTOR, Change, check_comparable, compare_runs
-from harness.report.data import (
-    E2E_ID, ReportError, finding_text, has_bandwidth, metadata_panel, param_columns,
-    phase_breakdowns, sentences, table_rows,
+from harness.report.compare import (
+    DEFAULT_FACTOR, Change, check_comparable, compare_headlines, compare_runs,
 )
+from harness.report.data import (
+    COUNTERS, E2E_ID, ReportError, counters_at, finding_text, format_date, has_bandwidth,
+    metadata_line,
+    metadata_panel, param_columns, phase_breakdowns, run_headlines, sentences, status_banner,
+    table_rows,
+)
+from harness.report.headline import Headline
+from harness.report.history import MACHINE_FIELDS, STEP_FACTOR, History
+from harness.report.summary import verdict_word
+from harness.report.verdicts import present
 from harness.results import Run, atomic_write_text
 from harness.report.summary import format_seconds
 
 MARKER = "report.json"
+#: marks an index page this module wrote, and so may rewrite
+INDEX_GENERATOR = "esper-bench harness.report index"
+INDEX_TAG = f'<meta name="generator" content="{INDEX_GENERATOR}">'
+#: what every index written before INDEX_TAG existed holds: those are ours too
+LEGACY_INDEX = ("<title>esper-bench reports</title>",
+                "Rendered by <code>python -m harness.report</code>")
+#: the most variants compared in grouped bars; more read better as a heat map or table
+BAR_VARIANTS = 3
 #: files up to this size are copied into the report; larger ones are linked where they are
 COPY_LIMIT_BYTES = 2 * 1024 * 1024
 _TEMPLATES = jinja2.Environment(
@@ -77,32 +100,52 @@ def attach(source: Path, out: Path, subfolder: str = "") -> Attachment:
     return Attachment(source.name, href, _size(source), False)
 
 
-def _finding_section(run: Run, finding_id: str, out: Path) -> dict:
+def _answer_figure(finding_id: str, rows: pd.DataFrame, text, variants: list[str],
+                   out: Path) -> plots.Figure | None:
+    """The one chart that carries a finding's answer: speed-up bars with their intervals
+    for a few variants (BAR_VARIANTS) over few enough cases (MAX_BARS), else the
+    case x variant heat map."""
+    compared = rows[rows["ratio"].notna()] if "ratio" in rows else rows.iloc[0:0]
+    bars = compared["variant"].nunique() * compared["case"].nunique()
+    if bars <= plots.MAX_BARS and compared["variant"].nunique() <= BAR_VARIANTS:
+        return plots.speedup_figure(finding_id, rows, text.baseline, variants,
+                                    text.claim_factor, out)
+    return plots.speedup_heatmap(finding_id, rows, text.baseline, variants, out)
+
+
+def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -> dict:
+    """What a finding's section shows: its answer chart and verdicts first, the rest in
+    collapsed blocks (the full table, crossovers, scaling charts, counters, the trace)."""
     rows = run.summary[run.summary["finding"] == finding_id]
     text = finding_text(finding_id, rows)
     variants = list(dict.fromkeys(rows["variant"]))
-    headlines, every = sentences(rows, text)
+    verdicts, every = sentences(rows, text, headline.case)
+    e2e, answer = [], None
+    if finding_id == E2E_ID:
+        for index, breakdown in enumerate(phase_breakdowns(rows, text.baseline)):
+            e2e.append({"breakdown": breakdown,
+                        "figure": plots.phases_figure(finding_id, breakdown, out, index)})
+        # the breakdown at the headline case carries the answer; the others go below
+        e2e.sort(key=lambda item: (item["breakdown"].case != headline.where,
+                                   item["breakdown"].variant != headline.variant))
+    else:
+        answer = _answer_figure(finding_id, rows, text, variants, out)
     figures, crossovers = [], []
     for param in param_columns(rows):
         drawn = plots.scaling_figure(finding_id, rows, param, variants, out)
         if drawn is not None:
             figures.append(drawn[0])
-            crossovers += [c.sentence() for c in drawn[1]]
-    for figure in (plots.speedup_figure(finding_id, rows, text.baseline, variants,
-                                        text.claim_factor, out),
-                   plots.counters_figure(finding_id, rows, variants, out)):
-        if figure is not None:
-            figures.append(figure)
-    e2e = []
-    if finding_id == E2E_ID:
-        for index, breakdown in enumerate(phase_breakdowns(rows, text.baseline)):
-            e2e.append({"breakdown": breakdown,
-                        "figure": plots.phases_figure(finding_id, breakdown, out, index)})
+            crossovers += drawn[1]
+    counted = (rows["case"].nunique() * len(variants) <= plots.MAX_BARS
+               and len(variants) <= BAR_VARIANTS + 1)
     trace = run.folder / "traces" / f"{finding_id}.json.gz"
     return {
-        "text": text, "headlines": headlines, "sentences": every, "figures": figures,
-        "crossovers": crossovers, "table": table_rows(rows), "e2e": e2e,
-        "bandwidth": has_bandwidth(rows),
+        "text": text, "headline": headline, "answer": answer, "verdicts": verdicts,
+        "sentences": every, "figures": figures, "crossovers": crossovers,
+        "table": table_rows(rows), "e2e": e2e, "bandwidth": has_bandwidth(rows),
+        "counters_figure": plots.counters_figure(finding_id, rows, variants, out)
+        if counted else None,
+        "counters_at": counters_at(rows, headline.case),
         "trace": attach(trace, out, "traces") if trace.is_file() else None,
     }
 
@@ -134,15 +177,26 @@ def render_run(run: Run, out: Path) -> Path:
     """Write the report of `run` into `out` (replacing an earlier one); returns its page."""
     out = Path(out)
     prepare_folder(out)
-    findings = list(dict.fromkeys(run.summary["finding"])) if not run.summary.empty else []
-    sections = [_finding_section(run, f, out) for f in findings]
+    headlines = run_headlines(run)
+    sections = [_finding_section(run, h.finding, h, out) for h in headlines]
     page = _TEMPLATES.get_template("run.html.j2").render(
         run_id=run.run_id, metadata=metadata_panel(run.metadata), meta=run.metadata,
-        sections=sections, flame=_flamegraph(run, out), format_seconds=format_seconds,
+        meta_line=metadata_line(run.metadata), banner=status_banner(run.metadata),
+        headlines=headlines, sections=sections, flame=_flamegraph(run, out),
+        format_seconds=format_seconds, counters=COUNTERS,
     )
     atomic_write_text(out / "index.html", page)
-    atomic_write_text(out / MARKER, _marker("run", run))
+    atomic_write_text(out / MARKER, _marker("run", run, layout_problems=_layout_problems(sections)))
     return out / "index.html"
+
+
+def _layout_problems(sections: list[dict]) -> list[str]:
+    """'file: problem' for every chart of the page that `plots.layout_problems` faulted."""
+    figures = []
+    for s in sections:
+        figures += [s["answer"], s["counters_figure"], *s["figures"],
+                    *(item["figure"] for item in s["e2e"])]
+    return [f"{f.file}: {problem}" for f in figures if f is not None for problem in f.problems]
 
 
 def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
@@ -155,7 +209,11 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
     counts = table["change"].value_counts().to_dict()
     page = _TEMPLATES.get_template("compare.html.j2").render(
         new=new, old=old, factor=factor, differences=differences,
-        rows=table.astype(object).where(table.notna(), None).to_dict("records"), counts=[(c.value, counts.get(c.value, 0)) for c in Change],
+        headlines=compare_headlines(new, old, table),
+        banners=[(label, status_banner(r.metadata)) for label, r in (("new", new), ("old", old))
+                 if status_banner(r.metadata)],
+        rows=table.astype(object).where(table.notna(), None).to_dict("records"),
+        counts=[(c.value, counts.get(c.value, 0)) for c in Change],
         figure=plots.compare_figure(table, factor, out),
         new_meta=dict(metadata_panel(new.metadata)), old_meta=dict(metadata_panel(old.metadata)),
         format_seconds=format_seconds,
@@ -163,6 +221,52 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
     atomic_write_text(out / "index.html", page)
     atomic_write_text(out / MARKER, _marker("compare", new, old_run_id=old.run_id))
     return out / "index.html"
+
+
+def render_history(history: History, out: Path, results_dir: Path) -> Path:
+    """Write the history page of `history` into `out`; returns its page."""
+    out = Path(out)
+    prepare_folder(out)
+    points = history.points
+    findings = []
+    for finding in dict.fromkeys(points["finding"]):
+        rows = points[points["finding"] == finding]
+        baseline = next(iter(rows.loc[rows["baseline"], "variant"]), "baseline")
+        newest = rows[rows["order"] == rows["order"].max()]
+        variant = history.headline_variants.get(finding)
+        head = newest[newest["variant"] == variant].to_dict("records")
+        findings.append({
+            "id": finding, "where": rows["where"].iloc[0], "baseline": baseline,
+            "variants": ", ".join(dict.fromkeys(rows["variant"])),
+            "runs": rows["run_id"].nunique(),
+            "steps": int(rows["ratio_step"].sum() + rows["time_step"].sum()),
+            "newest": _speedup_text(head[0]) if head else "-",
+            "figure": plots.history_figure(finding, points, [m.number for m in history.machines],
+                                           baseline, out),
+            "points": [{**p, "speedup": _speedup_text(p),
+                        "steps": ", ".join(name for name, hit in (("speed-up", p["ratio_step"]),
+                                                                  ("time", p["time_step"])) if hit)}
+                       for p in rows.astype(object).where(rows.notna(), None).to_dict("records")],
+        })
+    rendered = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    page = _TEMPLATES.get_template("history.html.j2").render(
+        runs=history.runs, machines=history.machines, skipped=history.skipped,
+        findings=findings, results=str(results_dir), rendered=format_date(rendered),
+        factor=STEP_FACTOR,
+        machine_fields=MACHINE_FIELDS, format_seconds=format_seconds,
+    )
+    atomic_write_text(out / "index.html", page)
+    atomic_write_text(out / MARKER, json.dumps({"kind": "history", "runs": len(history.runs),
+                                                "created": rendered}, indent=1))
+    return out / "index.html"
+
+
+def _speedup_text(point: dict) -> str:
+    """'scan 11.8x [11.2-13.9]' style speed-up of a history point, or its verdict."""
+    if point.get("ratio") is None or not present(point.get("ratio")):
+        return f"{point['variant']}: {verdict_word(point)}"
+    return (f"{point['variant']} {1 / point['ratio']:.3g}x "
+            f"[{1 / point['ci_high']:.3g}-{1 / point['ci_low']:.3g}]")
 
 
 def _created(entry: dict) -> datetime:
@@ -174,20 +278,41 @@ def _created(entry: dict) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
+def check_index(reports_dir: Path) -> None:
+    """ReportError (exit 2) when `reports_dir/index.html` exists but this module did not
+    write it (it lacks the INDEX_GENERATOR meta tag): that page is someone else's."""
+    index = Path(reports_dir) / "index.html"
+    if not index.exists() and not index.is_symlink():
+        return
+    text = index.read_bytes().decode("utf-8", errors="replace") if index.is_file() else ""
+    if INDEX_TAG not in text and not all(mark in text for mark in LEGACY_INDEX):
+        raise ReportError(
+            f"--out: expected a folder whose parent holds no index.html or one written by "
+            f"harness.report; got {index}, which harness.report did not write (no {INDEX_TAG}). "
+            "Choose another --out, or move that file away."
+        )
+
+
 def update_index(reports_dir: Path) -> Path:
-    """Rewrite `reports_dir/index.html`: every report folder in it, newest first."""
+    """Rewrite `reports_dir/index.html`: every report folder in it, newest first, and a
+    link to the history page when there is one. Refuses an index it did not write."""
     reports_dir = Path(reports_dir)
+    check_index(reports_dir)
     entries = []
     for marker in sorted(reports_dir.glob(f"*/{MARKER}")):
         entry = json.loads(marker.read_text())
-        if entry.get("kind") not in ("run", "compare"):
+        if entry.get("kind") not in ("run", "compare", "history"):
             continue  # a render that did not finish
         entries.append({**entry, "href": f"{marker.parent.name}/index.html",
                         "folder": marker.parent.name})
     entries.sort(key=_created, reverse=True)
+    histories = [e for e in entries if e["kind"] == "history"]
     page = _TEMPLATES.get_template("index.html.j2").render(
         runs=[e for e in entries if e["kind"] == "run"],
         compares=[e for e in entries if e["kind"] == "compare"],
+        history={**histories[0], "rendered": format_date(histories[0].get("created"))}
+        if histories else None,
+        generator=INDEX_GENERATOR,
     )
     atomic_write_text(reports_dir / "index.html", page)
     return reports_dir / "index.html"

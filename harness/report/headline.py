@@ -1,0 +1,270 @@
+"""A finding's headline: one case, one variant, its verdict and the counter that moved most.
+
+The summary table at the top of a report, the first lines of a finding's section, the
+markdown summary (`--markdown`) and the history page all read the same `Headline`, so
+that they cannot disagree.
+
+- The headline case is the case nearest the trainer's default size (`TrainConfig`:
+  4 envs x 25 steps), the size the reviewed code runs at, among the cases where the
+  baseline was timed (else among all cases); ties go to the first in run order.
+- The headline variant is the one the review proposed (`Variants.optimized()` on the
+  finding's axis: `scan` for the GAE methods, `mask` for resets); for a finding that is
+  not one axis, its only other variant, or else its fastest at the headline case.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import pandas as pd
+
+from esper.trainer import TrainConfig
+from esper.variants import AXES, Variants
+from harness.measure.stats import Verdict
+from harness.report.verdicts import case_phrase, present
+
+#: per-call counters a headline reports: column -> label
+COUNTERS = {"allocations": "allocations", "host_syncs": "host syncs",
+            "kernel_launches": "kernel launches"}
+#: the size the reviewed training loop runs at by default: where the headline case sits
+DEFAULT_SIZE = {"p_num_envs": TrainConfig.num_envs, "p_max_steps": TrainConfig.max_steps}
+_COMPARED = {Verdict.FASTER.value, Verdict.SLOWER.value, Verdict.WITHIN_FACTOR.value,
+             Verdict.NO_DIFFERENCE.value}
+_BROKEN = {Verdict.FAILED.value, Verdict.MISMATCH.value}
+
+
+@dataclass(frozen=True)
+class CounterChange:
+    """One per-call counter of the headline variant against the baseline, same case."""
+
+    name: str
+    """A COUNTERS label: 'host syncs'."""
+    baseline: float
+    variant: float
+
+    @property
+    def size(self) -> float:
+        """How much it moved: |log((variant + 1) / (baseline + 1))| (+1 so that 0 counts)."""
+        return abs(math.log((self.variant + 1) / (self.baseline + 1)))
+
+    def text(self) -> str:
+        """'host syncs 204 -> 0'."""
+        return f"{self.name} {self.baseline:,.0f} \u2192 {self.variant:,.0f}"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What a finding answers, at one case, for one variant against the baseline."""
+
+    finding: str
+    claim: str
+    baseline: str
+    case: str | None
+    """The case label in the results (`num_envs=4,max_steps=25,dones=episode`); None when
+    the run holds no row of this finding."""
+    where: str
+    """The case in words: '4 envs x 25 steps (dones=episode)'."""
+    variant: str | None
+    verdict: str | None
+    """A `Verdict` value of the headline row (None: no such row)."""
+    ratio: float | None
+    """Time ratio variant / baseline; with its bootstrap 95% interval below."""
+    ci_low: float | None
+    ci_high: float | None
+    reason: str
+    """Why the headline row has no ratio (needs CUDA, skipped, the error)."""
+    claim_factor: float | None
+    """The speed-up the ticket estimated ('~4x' -> 4.0), or None."""
+    counters: tuple[CounterChange, ...]
+    """Counters that changed, the largest change first."""
+    counted: bool
+    """Whether the headline row and its baseline carry counters at all (a profiled run)."""
+    fastest: tuple[str, float] | None
+    """Another variant clearly faster than the headline one here (its interval lies
+    wholly below the headline's): (name, speed-up over the baseline)."""
+    broken: tuple[str, ...]
+    """Variants that failed or disagreed with the reference in any case."""
+    cases_measured: int
+    cases_expected: int | None
+    """How many cases the finding has in a run of this kind (quick or not), if known."""
+
+    @property
+    def speedup(self) -> tuple[float, float, float] | None:
+        """(speed-up, low, high) = 1 / (ratio, ci_high, ci_low); None without a ratio."""
+        if self.ratio is None:
+            return None
+        return 1.0 / self.ratio, 1.0 / self.ci_high, 1.0 / self.ci_low
+
+    def ratio_text(self) -> str:
+        """'11.8x faster [11.2-13.9]', '1.3x slower [1.2-1.4]', 'no difference: time ratio
+        1.02 [0.97-1.08]'; '' without a ratio."""
+        if self.ratio is None:
+            return ""
+        if self.verdict == Verdict.NO_DIFFERENCE.value:
+            return (f"no measurable difference: time ratio {self.ratio:.3g} "
+                    f"[{self.ci_low:.3g}-{self.ci_high:.3g}]")
+        if self.ratio < 1.0:
+            speed, low, high = self.speedup
+            text = f"{speed:.3g}x faster [{low:.3g}-{high:.3g}]"
+        else:
+            text = f"{self.ratio:.3g}x slower [{self.ci_low:.3g}-{self.ci_high:.3g}]"
+        if self.verdict == Verdict.WITHIN_FACTOR.value:
+            text += ", below the factor that counts"
+        return text
+
+    def verdict_text(self) -> str:
+        """'scan 11.8x faster [11.2-13.9]; ticket said ~4x; fastest: numba 90x'."""
+        if self.case is None:
+            return "not measured: the run holds no row of this finding"
+        if self.variant is None:
+            return f"not compared: only {self.baseline} has a row at {self.where}"
+        if self.ratio is not None:
+            separator = ": " if self.verdict == Verdict.NO_DIFFERENCE.value else " "
+            parts = [f"{self.variant}{separator}{self.ratio_text()}"]
+            if self.claim_factor is not None:
+                parts.append(f"ticket said ~{self.claim_factor:g}x")
+            if self.fastest is not None:
+                parts.append(f"fastest: {self.fastest[0]} {self.fastest[1]:.3g}x")
+        else:
+            parts = [f"{self.variant}: {_status_words(self.verdict, self.reason)}"]
+        if self.broken:
+            parts.append(f"{len(self.broken)} variant{'s' * (len(self.broken) > 1)} failed "
+                         f"or disagreed ({', '.join(self.broken)})")
+        return "; ".join(parts)
+
+    def counter_text(self) -> str:
+        """The counter that moved most ('host syncs 204 -> 0'), 'unchanged' or 'not counted'."""
+        if self.counters:
+            return self.counters[0].text()
+        return "unchanged" if self.counted else "not counted"
+
+    def counters_text(self) -> str:
+        """Every counter that moved, largest change first ('-' if none)."""
+        return ", ".join(c.text() for c in self.counters) or self.counter_text()
+
+    def coverage_text(self) -> str:
+        """'7 of 27 cases' when the run measured fewer cases than the finding has, else ''."""
+        if self.cases_expected is not None and self.cases_measured < self.cases_expected:
+            return f"{self.cases_measured} of {self.cases_expected} cases"
+        return ""
+
+    @property
+    def css(self) -> str:
+        """The verdict as a CSS class (colours the summary row)."""
+        return self.verdict or "not_timed"
+
+
+def _status_words(verdict: str | None, reason: str) -> str:
+    words = {Verdict.NEEDS_CUDA.value: "needs CUDA, not measured on this machine",
+             Verdict.FAILED.value: f"failed ({reason})",
+             Verdict.MISMATCH.value: f"disagrees with the reference ({reason})",
+             Verdict.NOT_TIMED.value: f"not timed ({reason})"}
+    return words.get(verdict, f"{verdict or 'no verdict'} ({reason})" if reason else
+                     verdict or "no verdict")
+
+
+def _value(row: dict, key: str):
+    value = row.get(key)
+    return value if present(value) else None
+
+
+def headline_case(rows: pd.DataFrame, baseline: str) -> str | None:
+    """The case (label) nearest DEFAULT_SIZE where `baseline` was timed, else nearest of all.
+
+    Distance: the sum over the size params a case has of |log(value / default)|; ties
+    go to the first case in run order (so 'dones=episode' before 'random').
+    """
+    if rows.empty:
+        return None
+    cases = list(dict.fromkeys(rows["case"]))
+    timed = rows[(rows["variant"] == baseline) & rows.get("median_s", pd.Series(
+        dtype=float, index=rows.index)).notna()]
+    candidates = [c for c in cases if c in set(timed["case"])] or cases
+    first = {c: rows[rows["case"] == c].iloc[0] for c in candidates}
+
+    def distance(case: str) -> float:
+        row = first[case]
+        total = 0.0
+        for param, default in DEFAULT_SIZE.items():
+            value = row.get(param)
+            if present(value) and isinstance(value, numbers.Real) and value > 0:
+                total += abs(math.log(float(value) / default))
+        return total
+
+    return min(candidates, key=lambda c: (distance(c), candidates.index(c)))
+
+
+def proposed_variant(variants: list[str], baseline: str) -> str | None:
+    """The variant the review proposed for a finding that varies one axis of `Variants`:
+    that axis's value in `Variants.optimized()`, if it is one of `variants`."""
+    optimized = Variants.optimized()
+    for axis, values in AXES.items():
+        if baseline in values:
+            choice = getattr(optimized, axis)
+            return choice if choice in variants and choice != baseline else None
+    return None
+
+
+def counter_changes(row: dict, base: dict) -> tuple[tuple[CounterChange, ...], bool]:
+    """Counters of `row` that differ from `base` (same case), largest change first, and
+    whether both carry counters at all."""
+    changes, counted = [], False
+    for key, label in COUNTERS.items():
+        a, b = _value(base, key), _value(row, key)
+        if a is None or b is None:
+            continue
+        counted = True
+        if a != b:
+            changes.append(CounterChange(label, float(a), float(b)))
+    return tuple(sorted(changes, key=lambda c: -c.size)), counted
+
+
+def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
+             claim_factor: float | None = None, peers: tuple[str, ...] = (),
+             cases_expected: int | None = None) -> Headline:
+    """The headline of one finding from its summary rows (one row per case x variant)."""
+    empty = dict(finding=finding, claim=claim, baseline=baseline, claim_factor=claim_factor,
+                 cases_expected=cases_expected, counters=(), counted=False, fastest=None,
+                 ratio=None, ci_low=None, ci_high=None, reason="", variant=None, verdict=None)
+    case = headline_case(rows, baseline)
+    if case is None:
+        return Headline(case=None, where="", broken=(), cases_measured=0, **empty)
+    records = rows.to_dict("records")
+    broken = tuple(dict.fromkeys(r["variant"] for r in records if r.get("status") in _BROKEN))
+    at = {r["variant"]: r for r in records if r["case"] == case}
+    where = case_phrase(next(iter(at.values())))
+    common = dict(case=case, where=where, broken=broken,
+                  cases_measured=len(dict.fromkeys(rows["case"])))
+    others = [v for v in dict.fromkeys(rows["variant"]) if v != baseline]
+    if not others:
+        return Headline(**common, **empty)
+    compared = [v for v in others if v in at and at[v].get("verdict") in _COMPARED
+                and at[v].get("compared_to") in (None, baseline)]
+    variant = proposed_variant(others, baseline)
+    if variant is None:
+        own = [v for v in others if v not in peers]
+        if len(own) == 1:
+            variant = own[0]
+        else:
+            timed = [v for v in compared if v not in peers]
+            variant = min(timed, key=lambda v: at[v]["ratio"]) if timed else (own or others)[0]
+    row = at.get(variant, {})
+    fields = dict(empty, variant=variant,
+                  verdict=_value(row, "verdict") or _value(row, "status"),
+                  reason=str(_value(row, "error") or _value(row, "reason") or ""))
+    if variant in compared:
+        fields.update(ratio=float(row["ratio"]), ci_low=float(row["ci_low"]),
+                      ci_high=float(row["ci_high"]))
+        faster = [v for v in compared if v != variant
+                  and at[v]["ci_high"] < row["ci_low"]]
+        if faster:
+            best = min(faster, key=lambda v: at[v]["ratio"])
+            fields["fastest"] = (best, 1.0 / float(at[best]["ratio"]))
+    if baseline in at and variant in at:
+        fields["counters"], fields["counted"] = counter_changes(at[variant], at[baseline])
+    elif not row:
+        fields["verdict"] = None
+        fields["reason"] = f"the run has no {variant} row at {where}"
+    return Headline(**common, **fields)

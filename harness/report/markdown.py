@@ -1,0 +1,57 @@
+"""Short markdown summaries for CI (`python -m harness.report --markdown`).
+
+One table row per finding, from the same `Headline`s (a run) or `CompareHeadline`s (two
+runs) as the HTML page's summary table, so that the two cannot disagree; then the run's
+metadata in a line and a link to the HTML report.
+"""
+
+from __future__ import annotations
+
+from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
+from harness.report.data import metadata_line, run_headlines, status_banner
+from harness.results import Run
+
+
+def cell(text: str) -> str:
+    """Escape what would break a markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def run_markdown(run: Run, link: str) -> str:
+    """A run's summary: one row per finding (claim, headline case, verdict with the ratio
+    and its interval, counters that changed), the metadata line, the report's link."""
+    lines = [f"### esper-bench run {run.run_id}", ""]
+    banner = status_banner(run.metadata)
+    if banner:
+        lines += [f"> **Run not complete.** {banner}", ""]
+    rows = [(h.finding, h.claim, h.where + (f" ({h.coverage_text()})" if h.coverage_text() else ""),
+             h.verdict_text(), h.counters_text()) for h in run_headlines(run)]
+    lines += _table(("finding", "claim", "headline case", "verdict (time ratio, 95% CI)",
+                     "counters that changed"), rows) if rows else ["This run holds no rows."]
+    lines += ["", metadata_line(run.metadata), "", f"HTML report: [{link}]({link})"]
+    return "\n".join(lines)
+
+
+def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_FACTOR) -> str:
+    """Two runs' summary: per finding, its headline variant new against old with the
+    interval, how many of its rows changed, and the counters that changed."""
+    table = compare_runs(new, old, factor=factor)
+    rows = [(h.finding, h.where, h.ratio_text(), h.changes_text(), h.counters_text())
+            for h in compare_headlines(new, old, table)]
+    lines = [f"### esper-bench {new.run_id} (new) vs {old.run_id} (old)", ""]
+    for label, run in (("new", new), ("old", old)):
+        banner = status_banner(run.metadata)
+        if banner:
+            lines += [f"> **The {label} run is not complete.** {banner}", ""]
+    lines += _table(("finding", "headline case", f"headline variant, time new / old (95% CI; "
+                     f"a change passes {factor:g}x)", "rows changed", "counters that changed"),
+                    rows)
+    lines += ["", f"new: {metadata_line(new.metadata)}", "",
+              f"old: {metadata_line(old.metadata)}", "", f"HTML report: [{link}]({link})"]
+    return "\n".join(lines)
