@@ -53,8 +53,9 @@ def host_view(tensor: torch.Tensor) -> ctypes.Array:
 
 
 def host_item(tensor: torch.Tensor, index: int = 0) -> bool | int | float:
-    """Element `index` of CPU `tensor`, which has at most one dim (0-d: index 0), as a
-    Python bool, int or float. The caller keeps `index` in range (it is not checked).
+    """Element `index` of CPU `tensor`, which has at most one dim (0-d: index 0), or the
+    element of any one-element tensor (index 0), as a Python bool, int or float. The
+    caller keeps `index` in range (it is not checked).
 
     Reads the one element in place (any stride) for the dtypes `host_view` reads in
     place: no aten op, no copy; otherwise through `host_view`'s copy.
