@@ -258,22 +258,13 @@ class RolloutBuffer:
         self.hidden_c[env_id, step] = hidden_c.detach()[:, 0]
         self._counts_view[env_id] += 1
 
-    def validate_step(
-        self,
-        env_id: int,
-        state: Tensor,
-        actions: Mapping[str, int | Tensor],
-        log_probs: Mapping[str, Scalar],
-        value: Scalar,
-        reward: Scalar,
-        done: Flag,
-        masks: Mapping[str, Tensor],
-        hidden_h: Tensor,
-        hidden_c: Tensor,
-        truncated: Flag = False,
-        bootstrap_value: Scalar | None = None,
-    ) -> int:
-        """The checks `add` runs before writing; returns the step `add` would write.
+    def validate_step(self, env_id: int, state: Tensor, actions: Mapping[str, int | Tensor],
+                      log_probs: Mapping[str, Scalar], value: Scalar, reward: Scalar,
+                      done: Flag, masks: Mapping[str, Tensor], hidden_h: Tensor,
+                      hidden_c: Tensor, truncated: Flag = False,
+                      bootstrap_value: Scalar | None = None) -> int:
+        """The checks `add` runs before writing (same arguments); returns the step `add`
+        would write.
 
         Raises `ValueError` ("RolloutBuffer.add: env E step S: FIELD: expected ...; got
         ...") unless: env_id is an int in [0, num_envs) whose row is not full; state is
