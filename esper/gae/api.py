@@ -162,6 +162,7 @@ def _check_step_counts(step_counts: StepCounts, num_envs: int, max_steps: int) -
             array = np.ctypeslib.as_array(counts)
             low, high = int(array.min()), int(array.max())
         else:
+            counts = counts[:]  # a list: faster to scan than the ctypes array
             low, high = (min(counts), max(counts)) if num_envs else (0, 0)
         if low < 0 or high > max_steps:
             bad = [c for c in counts if not 0 <= c <= max_steps]
