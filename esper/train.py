@@ -73,7 +73,10 @@ def bounded_int(low: int, high: int):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that the
-    same `finally` blocks clean up."""
+    same `finally` blocks clean up. `signum` says which signal (as a caller's own
+    KeyboardInterrupt subclass may, for the exit status)."""
+
+    signum = signal.SIGTERM
 
 
 @contextlib.contextmanager
@@ -85,7 +88,7 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def raise_terminated(signum, frame):
-        raise Terminated("SIGTERM")
+        raise Terminated(signal.Signals(signum).name)
 
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
@@ -208,12 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_raises():
             return _train(argv)
-    except Terminated:
-        print("terminated (SIGTERM)", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print("interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Terminated
+        signum = getattr(err, "signum", signal.SIGINT)
+        print("interrupted (Ctrl-C)" if signum == signal.SIGINT
+              else f"terminated ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
     except Exception:  # a bug: the traceback, and exit 3, apart from bad input's 2
         traceback.print_exc()
         print(f"internal error (exit 3): an unexpected exception in esper.train "
