@@ -111,27 +111,41 @@ def device_checks(
     `actions`: head -> (action, mask [K] bool): the action is in [0, K) and allowed by
     the mask (an int action was range-checked on the host; a tensor one is looked up
     with `index_select`, which does not read it on the host). `log_probs`: head ->
-    tensor, finite and <= 0. `scalars`: name -> tensor, finite. Each assert's message
-    starts "RolloutBuffer.add: {where}{field}". On CUDA a failure surfaces at a later
-    synchronising call; on the CPU `_assert_async` raises `RuntimeError` at once.
+    tensor, finite and <= 0. `scalars`: name -> tensor, finite.
+
+    One assert per kind of check and device, over all of its fields at once (a handful
+    of small kernels per `add` rather than one per head); its message starts
+    "RolloutBuffer.add: {where}" and names the fields it covers. On CUDA a failure
+    surfaces at a later synchronising call; on the CPU `_assert_async` raises
+    `RuntimeError` at once.
     """
     prefix = f"RolloutBuffer.add: {where}"
+    allowed: list[Tensor] = []
     for head, (action, mask) in actions.items():
         size = mask.shape[0]
         if isinstance(action, Tensor):
             index = action.reshape(1).long()
             mask = mask.to(index.device, non_blocking=True)
-            allowed = mask.index_select(0, index.clamp(0, size - 1))[0]
-            ok = (index[0] >= 0) & (index[0] < size) & allowed
+            hit = mask.index_select(0, index.clamp(0, size - 1))[0]
+            allowed.append((index[0] >= 0) & (index[0] < size) & hit)
         else:
-            ok = mask[action]
-        torch._assert_async(ok, f"{prefix}actions[{head!r}]: expected an int in [0, {size}) "
-                                f"that masks[{head!r}] allows")
-    for head, log_prob in log_probs.items():
-        ok = (torch.isfinite(log_prob) & (log_prob <= 0)).all()
-        torch._assert_async(ok, f"{prefix}log_probs[{head!r}]: expected a finite number <= 0")
-    for name, number in scalars.items():
-        torch._assert_async(torch.isfinite(number).all(), f"{prefix}{name}: expected a finite number")
+            allowed.append(mask[action])
+    _assert_all(allowed, f"{prefix}actions[{', '.join(map(repr, actions))}]: expected ints "
+                         "in [0, K) that their masks allow")
+    log_prob_ok = [(torch.isfinite(lp) & (lp <= 0)).all() for lp in log_probs.values()]
+    _assert_all(log_prob_ok, f"{prefix}log_probs[{', '.join(map(repr, log_probs))}]: "
+                             "expected finite numbers <= 0")
+    finite = [torch.isfinite(number).all() for number in scalars.values()]
+    _assert_all(finite, f"{prefix}{', '.join(scalars)}: expected finite numbers")
+
+
+def _assert_all(conditions: list[Tensor], message: str) -> None:
+    """One `torch._assert_async` per device over 0-d bool `conditions`."""
+    by_device: dict[torch.device, list[Tensor]] = {}
+    for condition in conditions:
+        by_device.setdefault(condition.device, []).append(condition)
+    for group in by_device.values():
+        torch._assert_async(group[0] if len(group) == 1 else torch.stack(group).all(), message)
 
 
 class RolloutBuffer:

@@ -271,6 +271,8 @@ def test_device_checks_fire_on_bad_values_only():
         dict(log_probs={"op": torch.tensor(0.5)}),
         dict(log_probs={"op": torch.tensor(NAN)}),
         dict(scalars={"reward": torch.tensor(INF)}),
+        dict(actions={"op": (torch.tensor(1), mask), "slot": (2, mask), "style": (0, mask)}),
+        dict(scalars={"value": torch.tensor(1.0), "reward": torch.tensor([NAN])}),
     ]
     for kwargs in bad:
         with pytest.raises(RuntimeError, match="env 0 step 0: "):
