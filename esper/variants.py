@@ -58,15 +58,23 @@ class Variants:
     def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":
         """Parse `"gae=scan,reset=mask"` over `base` (default `original()`).
 
-        `spec` may also be `original` or `optimized`, optionally followed by overrides:
-        `"optimized,gae=batched"`.
+        `spec` may also name a preset, `original` or `optimized`, anywhere among the
+        `axis=value` overrides: the preset replaces `base` first, then every override
+        applies, whatever the order (`"gae=scan,original"` is `original` with gae=scan).
+        Two different presets, or one axis given two different values, are a
+        `ValueError` naming both.
         """
-        result = base if base is not None else cls.original()
+        presets: list[str] = []
+        overrides: dict[str, str] = {}
         for part in (p.strip() for p in spec.split(",")):
             if not part:
                 continue
             if part in ("original", "optimized"):
-                result = getattr(cls, part)()
+                if presets and presets[0] != part:
+                    raise ValueError(
+                        f"variant spec: expected at most one preset; got {presets[0]!r} and {part!r}"
+                    )
+                presets.append(part)
                 continue
             if "=" not in part:
                 raise ValueError(
@@ -77,8 +85,13 @@ class Variants:
                 raise ValueError(
                     f"variant spec: unknown axis {axis!r}; valid axes: {', '.join(AXES)}"
                 )
-            result = dataclasses.replace(result, **{axis: value})
-        return result
+            if overrides.get(axis, value) != value:
+                raise ValueError(
+                    f"variant spec: {axis}: expected one value; got {overrides[axis]!r} and {value!r}"
+                )
+            overrides[axis] = value
+        result = getattr(cls, presets[0])() if presets else base if base is not None else cls.original()
+        return dataclasses.replace(result, **overrides)
 
     def spec(self) -> str:
         """The inverse of `parse`: `"reset=clone,step_counts=list,gae=loop,sync=stream"`."""

@@ -17,7 +17,8 @@ class GaeCase:
     step_counts: list[int]
 
     def args(self, counts_as_tensor: bool = False) -> tuple:
-        counts = torch.tensor(self.step_counts) if counts_as_tensor else self.step_counts
+        counts = (torch.tensor(self.step_counts, dtype=torch.int64) if counts_as_tensor
+                  else self.step_counts)
         return (self.rewards, self.values, self.dones, self.truncated, self.bootstrap_values, counts)
 
 

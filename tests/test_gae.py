@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper.gae import METHODS, compute_gae
+from esper.gae import METHODS, NON_DIFFERENTIABLE, check_gae_inputs, compute_gae
+from esper.gae.api import device_count_check
 from esper.gae.reference import reference_gae
 from harness.measure.counters import profile_call
 from tests.gae_inputs import make_case
@@ -198,3 +200,181 @@ def test_numba_parallel_kernel_keeps_torchs_thread_count():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1"
+
+
+# ------------------------------------------------- bad inputs, edge cases, dtypes, autograd
+
+def _with_counts(case, counts):
+    return (*case.args()[:5], counts)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("counts", [[9, 4], [-1, 4], [5, 4]], ids=["past", "negative", "one-past"])
+@pytest.mark.parametrize("kind", ["list", "int64", "int32"])
+def test_out_of_range_step_counts_are_rejected(method, counts, kind):
+    """Counts past max_steps made scan/batched/compiled return wrong numbers and negative
+    counts all zeros; tensor counts are now range-checked like lists (on the CPU)."""
+    case = make_case(2, 4, seed=0, step_counts=[4, 4])
+    as_arg = counts if kind == "list" else torch.tensor(counts, dtype=getattr(torch, kind))
+    with pytest.raises(ValueError, match=r"step_counts.*\[0, 4\]") as err:
+        compute_gae(*_with_counts(case, as_arg), gamma=0.9, gae_lambda=0.9, method=method)
+    assert str(counts[0]) in str(err.value)
+
+
+@pytest.mark.parametrize("counts, got", [
+    ((c for c in [4, 4]), "generator"),
+    ({4}, "set"),
+    ({0: 4, 1: 4}, "dict"),
+    (None, "NoneType"),
+    (4, "int"),
+    ("44", "str"),
+    (torch.tensor([4, 4]).numpy(), "ndarray"),
+])
+def test_non_sequence_step_counts_are_rejected(counts, got):
+    """A generator used to be consumed by the length check and then read as empty."""
+    case = make_case(2, 4, seed=0, step_counts=[4, 4])
+    with pytest.raises(ValueError, match="step_counts") as err:
+        compute_gae(*_with_counts(case, counts), gamma=0.9, gae_lambda=0.9, method="scan")
+    assert got in str(err.value)
+
+
+@pytest.mark.parametrize("counts", [[True, 4], [4.0, 4], [4, "4"]])
+def test_step_counts_that_are_not_ints_are_rejected(counts):
+    case = make_case(2, 4, seed=0, step_counts=[4, 4])
+    with pytest.raises(ValueError, match="step_counts"):
+        compute_gae(*_with_counts(case, counts), gamma=0.9, gae_lambda=0.9, method="scan")
+
+
+def test_tuple_range_and_numpy_int_step_counts_are_accepted():
+    case = make_case(3, 4, seed=0, step_counts=[0, 1, 2])
+    want, _ = reference_gae(*case.args(), gamma=0.9, gae_lambda=0.9)
+    for counts in ((0, 1, 2), range(3), list(torch.arange(3).numpy())):
+        adv, _ = compute_gae(*_with_counts(case, counts), gamma=0.9, gae_lambda=0.9)
+        torch.testing.assert_close(adv, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["gamma", "gae_lambda"])
+@pytest.mark.parametrize("value", [float("nan"), -0.1, 1.5, float("inf"), "0.9", None, True,
+                                   torch.tensor(0.9)])
+def test_bad_discounts_are_rejected(name, value):
+    case = make_case(2, 4, seed=0)
+    kwargs = {"gamma": 0.9, "gae_lambda": 0.9, name: value}
+    with pytest.raises(ValueError, match=name):
+        compute_gae(*case.args(), **kwargs)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda a: a.__setitem__(0, a[0].tolist()), "rewards"),
+    (lambda a: a.__setitem__(0, a[0].long()), "rewards.dtype"),
+    (lambda a: a.__setitem__(1, a[1].tolist()), "values"),
+    (lambda a: a.__setitem__(2, None), "dones"),
+    (lambda a: a.__setitem__(5, torch.tensor([True, False, True])), "step_counts.dtype"),
+])
+def test_non_tensors_and_integer_rewards_are_rejected(mutate, field):
+    args = list(make_case(3, 10, seed=0).args())
+    mutate(args)
+    with pytest.raises(ValueError, match=re.escape(field)):
+        compute_gae(*args, gamma=0.9, gae_lambda=0.9)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("num_envs, max_steps", [(3, 0), (0, 5), (0, 0)])
+def test_empty_inputs_give_empty_outputs(method, num_envs, max_steps):
+    """`batched` with 0 steps raised IndexError where the others returned an empty result."""
+    case = make_case(num_envs, max_steps, seed=0, dtype=torch.float32,
+                     step_counts=[0] * num_envs)
+    for counts_as_tensor in (False, True):
+        adv, ret = compute_gae(*case.args(counts_as_tensor), gamma=0.9, gae_lambda=0.9,
+                               method=method)
+        assert adv.shape == ret.shape == (num_envs, max_steps)
+        assert adv.dtype == ret.dtype == torch.float32
+
+
+#: largest relative rounding error of a result cast to the dtype (unit roundoff)
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(method, dtype):
+    """numba/auto said only "NotImplementedError: float16". Every method now computes
+    float16/bfloat16 inputs in float32 and rounds the result once: each output is within
+    one rounding (unit roundoff x |value|) plus float32's tolerance of the float64
+    reference on the same (half-precision) inputs."""
+    case = make_case(5, 30, seed=4, dtype=dtype, step_counts=[30, 0, 17, 1, 29])
+    adv, ret = compute_gae(*case.args(), gamma=0.99, gae_lambda=0.95, method=method)
+    want_adv, want_ret = reference_gae(*case.args(), gamma=0.99, gae_lambda=0.95)
+    assert adv.dtype == ret.dtype == dtype
+    for got, want in ((adv, want_adv), (ret, want_ret)):
+        bound = UNIT_ROUNDOFF[dtype] * want.abs() + TOLERANCE[torch.float32] * max(1.0, want.abs().max())
+        assert ((got.double() - want).abs() <= bound).all(), (got.double() - want).abs().max()
+
+
+def test_unsupported_float_dtypes_are_rejected_listing_the_working_ones():
+    case = make_case(2, 4, seed=0)
+    args = [t.to(torch.float8_e5m2) if t.is_floating_point() else t for t in case.args()[:5]]
+    with pytest.raises(ValueError, match="rewards.dtype.*float32.*float64.*float16.*bfloat16"):
+        compute_gae(*args, case.step_counts, gamma=0.9, gae_lambda=0.9)
+
+
+DIFFERENTIABLE = [m for m in METHODS if m not in NON_DIFFERENTIABLE]
+
+
+def _grads(method, dtype=torch.float64):
+    """Gradients of sum(w * A) + sum(w * R) with respect to rewards, values, bootstrap."""
+    case = make_case(3, 12, seed=6, dtype=dtype, step_counts=[12, 7, 0], stale_padding=False)
+    leaves = [t.clone().requires_grad_() for t in (case.rewards, case.values, case.bootstrap_values)]
+    adv, ret = compute_gae(leaves[0], leaves[1], case.dones, case.truncated, leaves[2],
+                           case.step_counts, gamma=0.95, gae_lambda=0.9, method=method)
+    weights = torch.linspace(-1, 1, adv.numel(), dtype=dtype).reshape(adv.shape)
+    ((adv * weights).sum() + (ret * weights).sum()).backward()
+    return [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("method", DIFFERENTIABLE)
+def test_differentiable_methods_give_the_gradients_of_the_loop(method):
+    """Every method but numba and triton keeps autograd; `auto` picks among those when an
+    input requires grad, so its gradients are those of the others."""
+    for got, want in zip(_grads(method), _grads("loop")):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", sorted(NON_DIFFERENTIABLE & set(METHODS)))
+def test_non_differentiable_methods_refuse_inputs_that_require_grad(method):
+    """numba computes outside autograd: it used to drop the gradient silently."""
+    case = make_case(2, 5, seed=0)
+    values = case.values.clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"values.requires_grad.*no_grad"):
+        compute_gae(case.rewards, values, *case.args()[2:], gamma=0.9, gae_lambda=0.9,
+                    method=method)
+    with torch.no_grad():  # no graph is asked for: it runs
+        adv, _ = compute_gae(case.rewards, values, *case.args()[2:], gamma=0.9,
+                             gae_lambda=0.9, method=method)
+    assert adv.grad_fn is None
+
+
+def test_tensor_step_counts_on_the_cpu_are_checked_without_an_op_or_sync():
+    """The range check of a CPU count tensor reads its memory directly: the profiler
+    sees no aten op at all in the whole input check."""
+    args = make_case(16, 25, seed=2, step_counts=[25] * 16).args(counts_as_tensor=True)
+    counters = profile_call(lambda: check_gae_inputs(*args, 0.99, 0.95))
+    assert (counters.op_calls, counters.host_syncs) == (0, 0), counters.ops
+
+
+def test_device_side_count_check_fires_on_bad_counts_only():
+    """Stand-in for CUDA, which this machine lacks: `device_count_check` builds the
+    condition that CUDA tensors get checked with (`torch._assert_async`); on CPU tensors
+    `_assert_async` raises at once. It cannot prove that CUDA does not sync the host (the
+    CUDA test below does, where there is a GPU)."""
+    device_count_check(torch.tensor([0, 3, 4]), 4)
+    for bad in ([5, 0], [-1, 2]):
+        with pytest.raises(RuntimeError, match=r"step_counts.*\[0, 4\]"):
+            device_count_check(torch.tensor(bad), 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_count_check_adds_no_host_sync():
+    case = make_case(4, 25, seed=2, stale_padding=False, step_counts=[25] * 4)
+    args = [t.cuda() for t in case.args(counts_as_tensor=True)]
+    counters = profile_call(lambda: check_gae_inputs(*args, 0.99, 0.95))
+    assert counters.host_syncs == 0, counters.ops

@@ -1,6 +1,7 @@
 """Variants: presets, parsing and the errors that list the valid choices."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -32,3 +33,47 @@ def test_optional_gae_methods_parse_without_importing_gae_first():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "auto"
+
+
+@pytest.mark.parametrize("spec", ["gae=scan,original", "original,gae=scan", " gae = scan , original "])
+def test_presets_apply_first_then_overrides_whatever_the_order(spec):
+    """`gae=scan,original` used to drop gae=scan: the preset replaced what came before."""
+    assert Variants.parse(spec) == dataclasses.replace(Variants.original(), gae="scan")
+
+
+def test_an_override_after_or_before_optimized_wins():
+    want = dataclasses.replace(Variants.optimized(), reset="clone")
+    assert Variants.parse("reset=clone,optimized") == want
+    assert Variants.parse("optimized,reset=clone") == want
+
+
+def test_a_preset_replaces_the_base_and_overrides_apply_on_top():
+    base = Variants.optimized()
+    assert Variants.parse("gae=batched", base=base) == dataclasses.replace(base, gae="batched")
+    assert Variants.parse("original,sync=event", base=base) == dataclasses.replace(
+        Variants.original(), sync="event")
+
+
+def test_repeating_a_preset_or_an_axis_with_the_same_value_is_allowed():
+    assert Variants.parse("optimized,optimized") == Variants.optimized()
+    assert Variants.parse("gae=scan,gae=scan").gae == "scan"
+
+
+def test_two_presets_in_one_spec_are_an_error_naming_both():
+    with pytest.raises(ValueError, match="'original'.*'optimized'"):
+        Variants.parse("original,gae=scan,optimized")
+
+
+def test_one_axis_given_two_values_is_an_error_naming_both():
+    with pytest.raises(ValueError, match="gae.*'scan'.*'batched'"):
+        Variants.parse("gae=scan,reset=mask,gae=batched")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("gae=", "Variants.gae: expected one of"),
+    ("=scan", "unknown axis ''"),
+    ("gae=scan=x", "Variants.gae: expected one of"),
+])
+def test_malformed_pairs_name_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Variants.parse(spec)

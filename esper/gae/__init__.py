@@ -10,8 +10,12 @@ The semantics every method computes are in `esper.gae.api`'s docstring.
 """
 
 from esper.gae.api import (
+    COUNT_DTYPES,
     DEVICE_TYPES,
+    FLOAT_DTYPES,
+    HALF_DTYPES,
     METHODS,
+    NON_DIFFERENTIABLE,
     GaeFn,
     StepCounts,
     Tensor,
@@ -27,7 +31,8 @@ from esper.gae.api import (
 )
 
 __all__ = [
-    "DEVICE_TYPES", "METHODS", "GaeFn", "StepCounts", "Tensor", "affine_suffix_scan",
+    "COUNT_DTYPES", "DEVICE_TYPES", "FLOAT_DTYPES", "HALF_DTYPES", "METHODS",
+    "NON_DIFFERENTIABLE", "GaeFn", "StepCounts", "Tensor", "affine_suffix_scan",
     "check_gae_inputs", "compute_gae", "gae_batched", "gae_loop", "gae_recurrence_terms",
     "gae_scan", "step_counts_tensor", "valid_mask",
 ]

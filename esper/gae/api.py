@@ -29,9 +29,13 @@ import importlib
 import importlib.util
 import os
 import shutil
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from numbers import Integral, Real
 
+import numpy as np
 import torch
+
+from esper.host_view import host_view
 
 Tensor = torch.Tensor
 StepCounts = Sequence[int] | Tensor
@@ -40,8 +44,25 @@ GaeFn = Callable[..., tuple[Tensor, Tensor]]
 
 # ----------------------------------------------------------------------------- checks
 
+#: Float dtypes `compute_gae` takes; the half-precision ones are computed in float32.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+#: Computed in float32 by every method, the results cast back (`compute_gae`).
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: Integer dtypes a step-count tensor may have.
+COUNT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+#: Methods that compute outside autograd: they refuse inputs that require grad while
+#: grad mode is on (`auto` does not choose them then).
+NON_DIFFERENTIABLE = frozenset({"numba", "triton"})
+#: Below this many envs, CPU count tensors are range-checked in Python (no NumPy call).
+_PYTHON_RANGE_MAX = 64
+
+
 def _shape_error(field: str, expected: object, got: object) -> ValueError:
     return ValueError(f"compute_gae: {field}: expected {expected}; got {got}")
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
 def check_gae_inputs(
@@ -54,15 +75,61 @@ def check_gae_inputs(
     gamma: float,
     gae_lambda: float,
 ) -> None:
-    """Validate shapes, dtypes, devices and hyper-parameters; raise `ValueError` naming the field.
+    """Validate every argument; raise `ValueError` naming it, what was expected and what
+    was received. No host sync on any device.
 
-    Never reads tensor values (no host sync). List step counts are range-checked;
-    tensor step counts are not, because that would cost a host sync on CUDA.
+    What is checked where:
+
+    - tensors: type, shape, dtype (`FLOAT_DTYPES` for the floats, all alike; bool flags)
+      and device, from their metadata. Float *values* are not read: a NaN or inf at a
+      valid step spreads through its row's earlier steps, even across an episode end
+      (`RolloutBuffer.add` rejects them at the source); padding past a row's count may
+      hold anything.
+    - step counts given as a sequence (list, tuple, range): a Python int per env
+      (`bool` and other types rejected) in [0, max_steps]. Any other non-tensor
+      (a generator, a set, a NumPy array) is rejected.
+    - step counts given as a tensor: 1-D [num_envs] of a `COUNT_DTYPES` dtype; every
+      count in [0, max_steps]. A CPU tensor is read in place (`esper.host_view`: no aten
+      op, no sync). Any other device gets a device-side assert (`device_count_check`):
+      no host sync, so a bad count is reported at a later synchronising call as a
+      device-side assertion failure (on CUDA it also poisons the context), not as a
+      `ValueError` here.
+    - `gamma`, `gae_lambda`: Python (or NumPy) real numbers in [0, 1]; NaN, bools and
+      tensors (reading one would sync) are rejected.
     """
+    try:
+        shape = rewards.shape
+        dtype = rewards.dtype
+        device = rewards.device
+        tensors_ok = (
+            len(shape) == 2 and dtype in FLOAT_DTYPES
+            and values.shape == shape and values.dtype == dtype and values.device == device
+            and bootstrap_values.shape == shape and bootstrap_values.dtype == dtype
+            and bootstrap_values.device == device
+            and dones.shape == shape and dones.dtype == torch.bool and dones.device == device
+            and truncated.shape == shape and truncated.dtype == torch.bool
+            and truncated.device == device
+        )
+    except AttributeError:  # not a tensor
+        tensors_ok = False
+    if not tensors_ok:
+        _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values)
+    _check_step_counts(step_counts, *shape)
+    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+        if not (type(value) is float and 0.0 <= value <= 1.0):  # the usual case, fast
+            _check_discount(name, value)
+
+
+def _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values) -> None:
+    """Find and raise the error `check_gae_inputs`'s one-expression test saw."""
+    for name, tensor in (("rewards", rewards), ("values", values), ("dones", dones),
+                         ("truncated", truncated), ("bootstrap_values", bootstrap_values)):
+        if not isinstance(tensor, Tensor):
+            raise _shape_error(name, "a torch.Tensor", type(tensor).__name__)
     if rewards.dim() != 2:
         raise _shape_error("rewards", "a 2-D [num_envs, max_steps] tensor", tuple(rewards.shape))
-    if not rewards.is_floating_point():
-        raise _shape_error("rewards.dtype", "a floating dtype", rewards.dtype)
+    if rewards.dtype not in FLOAT_DTYPES:
+        raise _shape_error("rewards.dtype", f"one of {_dtype_names(FLOAT_DTYPES)}", rewards.dtype)
     shape = tuple(rewards.shape)
     for name, tensor, want_dtype in (
         ("values", values, rewards.dtype),
@@ -76,22 +143,82 @@ def check_gae_inputs(
             raise _shape_error(f"{name}.dtype", want_dtype, tensor.dtype)
         if tensor.device != rewards.device:
             raise _shape_error(f"{name}.device", rewards.device, tensor.device)
-    num_envs, max_steps = shape
+    raise AssertionError("check_gae_inputs: the fast test failed but no field is wrong")
+
+
+def _check_step_counts(step_counts: StepCounts, num_envs: int, max_steps: int) -> None:
+    in_range = f"ints in [0, {max_steps}]"
     if isinstance(step_counts, Tensor):
         if step_counts.dim() != 1 or step_counts.shape[0] != num_envs:
             raise _shape_error("step_counts.shape", (num_envs,), tuple(step_counts.shape))
-        if step_counts.is_floating_point() or step_counts.dtype == torch.bool:
-            raise _shape_error("step_counts.dtype", "an integer dtype", step_counts.dtype)
-    else:
-        counts = list(step_counts)
-        if len(counts) != num_envs:
-            raise _shape_error("len(step_counts)", num_envs, len(counts))
-        bad = [c for c in counts if not isinstance(c, int) or not 0 <= c <= max_steps]
-        if bad:
-            raise _shape_error("step_counts", f"ints in [0, {max_steps}]", bad[:5])
-    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-        if not 0.0 <= float(value) <= 1.0:
-            raise _shape_error(name, "a number in [0, 1]", value)
+        if step_counts.dtype not in COUNT_DTYPES:
+            raise _shape_error("step_counts.dtype", f"an integer dtype ({_dtype_names(COUNT_DTYPES)})",
+                               step_counts.dtype)
+        if not step_counts.is_cpu:
+            device_count_check(step_counts, max_steps)
+            return
+        counts = host_view(step_counts)
+        if num_envs > _PYTHON_RANGE_MAX:  # one NumPy pass beats Python's min and max
+            array = np.ctypeslib.as_array(counts)
+            low, high = int(array.min()), int(array.max())
+        else:
+            counts = counts[:]  # a list: faster to scan than the ctypes array
+            low, high = (min(counts), max(counts)) if num_envs else (0, 0)
+        if low < 0 or high > max_steps:
+            bad = [c for c in counts if not 0 <= c <= max_steps]
+            raise _shape_error("step_counts", in_range, f"{bad[:5]} in a {step_counts.dtype} tensor")
+        return
+    if not isinstance(step_counts, Sequence) or isinstance(step_counts, (str, bytes)):
+        hint = " (a NumPy array: pass torch.from_numpy(counts))" if isinstance(step_counts, np.ndarray) else ""
+        raise _shape_error("step_counts", "a list or tuple of ints, or a 1-D integer tensor"
+                           + hint, type(step_counts).__name__)
+    if len(step_counts) != num_envs:
+        raise _shape_error("len(step_counts)", num_envs, len(step_counts))
+    for count in step_counts:
+        if type(count) is not int and (isinstance(count, bool) or not isinstance(count, Integral)):
+            raise _shape_error("step_counts", in_range, f"{count!r} ({type(count).__name__})")
+    if num_envs and (min(step_counts) < 0 or max(step_counts) > max_steps):
+        bad = [c for c in step_counts if not 0 <= c <= max_steps]
+        raise _shape_error("step_counts", in_range, bad[:5])
+
+
+def device_count_check(step_counts: Tensor, max_steps: int) -> None:
+    """Assert on `step_counts`' own device that every count is in [0, max_steps]:
+    `torch._assert_async`, no host sync (a few small kernels). On CUDA a failure surfaces
+    at a later synchronising call as a device-side assertion; on the CPU it raises
+    `RuntimeError` at once (so the condition can be tested without a GPU)."""
+    in_range = ((step_counts >= 0) & (step_counts <= max_steps)).all()
+    torch._assert_async(in_range, f"compute_gae: step_counts: expected ints in [0, {max_steps}]")
+
+
+def _check_discount(name: str, value: object) -> None:
+    if (isinstance(value, bool) or not isinstance(value, Real)
+            or not 0.0 <= float(value) <= 1.0):  # NaN fails both comparisons
+        got = f"{value!r} ({type(value).__name__})" if not isinstance(value, Real) else repr(value)
+        raise _shape_error(name, "a number in [0, 1]", got)
+
+
+def first_requiring_grad(rewards: Tensor, values: Tensor, bootstrap_values: Tensor) -> str | None:
+    """The name of the first float input autograd would track (grad mode on and
+    `requires_grad`), or None: where a non-differentiable method must not run."""
+    if not torch.is_grad_enabled():
+        return None
+    for name, tensor in (("rewards", rewards), ("values", values),
+                         ("bootstrap_values", bootstrap_values)):
+        if tensor.requires_grad:
+            return name
+    return None
+
+
+def refuse_grad(method: str, rewards: Tensor, values: Tensor, bootstrap_values: Tensor) -> None:
+    """`ValueError` when a method of `NON_DIFFERENTIABLE` gets an input that requires grad."""
+    name = first_requiring_grad(rewards, values, bootstrap_values)
+    if name is not None:
+        raise ValueError(
+            f"gae_{method}: {name}.requires_grad: expected False ({method} computes outside "
+            f"autograd: use method 'scan' or 'auto', which keep the graph, or call it under "
+            f"torch.no_grad()); got True"
+        )
 
 
 def step_counts_tensor(step_counts: StepCounts, device: torch.device) -> Tensor:
@@ -231,7 +358,7 @@ def gae_batched(
         rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
     )
     advantages = torch.empty_like(delta)
-    last_gae = torch.zeros_like(delta[:, 0])  # [num_envs]
+    last_gae = delta.new_zeros(delta.shape[0])  # [num_envs]; delta[:, 0] fails at 0 steps
     for t in reversed(range(delta.shape[1])):
         last_gae = torch.addcmul(delta[:, t], coef[:, t], last_gae)
         advantages[:, t] = last_gae
@@ -310,21 +437,34 @@ def compute_gae(
     """Advantages and returns for a ragged batch of rollouts (semantics: module docstring).
 
     Args:
-        rewards, values, bootstrap_values: [num_envs, max_steps] float32 or float64.
+        rewards, values, bootstrap_values: [num_envs, max_steps], one dtype of
+            `FLOAT_DTYPES` (float32, float64, float16, bfloat16).
         dones, truncated: [num_envs, max_steps] bool. `dones` marks the end of an
             episode; `truncated` marks a time-limit end (bootstrap, do not zero).
-        step_counts: valid steps per env, a list of ints or a 1-D integer tensor [num_envs].
-            On CUDA the form has a cost on every call: a list becomes a device tensor by
-            a blocking host-to-device copy (the host waits for the stream: a host sync);
-            a CPU tensor by a non-blocking copy; a tensor already on the device costs
-            nothing. Keep step counts on the device to keep GAE free of host syncs.
-        gamma: discount; gae_lambda: trace decay; both in [0, 1].
+        step_counts: valid steps per env, a list or tuple of ints or a 1-D integer
+            tensor [num_envs] (on any device), each in [0, max_steps]. On CUDA the form
+            has a cost on every call: a list becomes a device tensor by a blocking
+            host-to-device copy (the host waits for the stream: a host sync); a CPU
+            tensor by a non-blocking copy; a tensor already on the device costs nothing.
+            Keep step counts on the device to keep GAE free of host syncs.
+        gamma: discount; gae_lambda: trace decay; both numbers in [0, 1].
         method: a key of `METHODS`.
         reset: `clone` or `mask`; how the `loop` method resets at terminals.
 
     Returns:
         (advantages, returns), each [num_envs, max_steps] with the inputs' dtype and
         device, 0 at and past `step_counts[e]`.
+
+    Every argument is checked first (`check_gae_inputs` says what is checked where, and
+    on which device); bad input raises `ValueError` naming the argument. float16 and
+    bfloat16 inputs are computed in float32 by every method and the results cast back:
+    one rounding, instead of one per step.
+
+    Autograd: `loop`, `batched`, `scan` and `compiled` keep the graph (outputs have a
+    `grad_fn` when an input requires grad). `numba` and `triton` compute outside
+    autograd: given an input that requires grad while grad mode is on, they raise
+    `ValueError` (under `torch.no_grad()` they run). `auto` then chooses the fastest
+    differentiable method instead.
     """
     if method not in METHODS:
         raise ValueError(
@@ -335,10 +475,18 @@ def compute_gae(
     check_gae_inputs(
         rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
     )
-    return METHODS[method](
+    dtype = rewards.dtype
+    if dtype in HALF_DTYPES:  # one rounding at the end instead of one per step
+        rewards, values, bootstrap_values = (
+            t.float() for t in (rewards, values, bootstrap_values)
+        )
+    advantages, returns = METHODS[method](
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,
     )
+    if dtype in HALF_DTYPES:
+        return advantages.to(dtype), returns.to(dtype)
+    return advantages, returns
 
 
 # ------------------------------------------------------ methods in their own modules

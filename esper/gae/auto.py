@@ -83,14 +83,16 @@ CROSSOVERS: tuple[Crossover, ...] = (
 )
 
 
-def choose(device_type: str, num_envs: int, max_steps: int) -> str:
-    """The method `auto` runs for inputs [num_envs, max_steps] on `device_type`."""
+def choose(device_type: str, num_envs: int, max_steps: int, differentiable: bool = False) -> str:
+    """The method `auto` runs for inputs [num_envs, max_steps] on `device_type`; with
+    `differentiable`, the fastest one that keeps autograd (not `api.NON_DIFFERENTIABLE`)."""
     for row in CROSSOVERS:
         if row.device_type == device_type and num_envs <= row.max_envs and max_steps <= row.max_steps:
             for method in row.ranking:
-                if method in api.METHODS and device_type in api.DEVICE_TYPES[method]:
+                if (method in api.METHODS and device_type in api.DEVICE_TYPES[method]
+                        and not (differentiable and method in api.NON_DIFFERENTIABLE)):
                     return method
-    return "scan"  # runs on every device
+    return "scan"  # runs on every device, and keeps autograd
 
 
 def gae_auto(
@@ -105,10 +107,13 @@ def gae_auto(
     gae_lambda: float,
     reset: str = "mask",
 ) -> tuple[Tensor, Tensor]:
-    """GAE by `choose(device, num_envs, max_steps)`; arguments and results as
-    `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
-    dtype and device). No host sync beyond the chosen method's (none for any fast one)."""
-    method = choose(rewards.device.type, *rewards.shape)
+    """GAE by `choose(device, num_envs, max_steps, differentiable)`; arguments and results
+    as `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
+    dtype and device). `differentiable` when an input requires grad in grad mode: then
+    the fastest method that keeps the graph runs. No host sync beyond the chosen
+    method's (none for any fast one)."""
+    differentiable = api.first_requiring_grad(rewards, values, bootstrap_values) is not None
+    method = choose(rewards.device.type, *rewards.shape, differentiable=differentiable)
     return api.METHODS[method](
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,

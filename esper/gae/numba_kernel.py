@@ -21,7 +21,9 @@ methods do.
 
 CPU tensors only: the kernel reads them through zero-copy `.numpy()` views, so CUDA
 tensors are refused with a `ValueError` naming the device (use `scan` or `triton`
-there). The outputs carry no autograd history (GAE targets are constants in PPO).
+there). The kernel computes outside autograd, so an input that requires grad (in grad
+mode) is refused too, rather than its gradient dropped; `esper.gae.compute_gae` runs
+float16 and bfloat16 inputs in float32, and this kernel takes float32 and float64.
 
 Compile time is one-off: kernels compile lazily per input dtype on first use and are
 cached on disk (`cache=True`), so later processes load them. `warm_up()` compiles or
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 from numba import uint64
 
-from esper.gae.api import StepCounts, Tensor
+from esper.gae.api import StepCounts, Tensor, refuse_grad
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
@@ -242,7 +244,8 @@ def gae_numba(
 ) -> tuple[Tensor, Tensor]:
     """GAE by the numba kernel; arguments and results as `esper.gae.compute_gae`.
 
-    rewards, values, bootstrap_values: [num_envs, max_steps] float32/float64 CPU tensors;
+    rewards, values, bootstrap_values: [num_envs, max_steps] float32/float64 CPU tensors
+    (not requiring grad, in grad mode: `ValueError`; see `compute_gae` on autograd);
     dones, truncated: [num_envs, max_steps] bool; step_counts: list or 1-D integer CPU
     tensor [num_envs] (range-checked here, tensor or not: reading a CPU tensor is no
     host sync). Returns (advantages, returns), new contiguous [num_envs, max_steps]
@@ -256,6 +259,12 @@ def gae_numba(
             f"gae_numba: rewards.device: expected cpu (numba runs on the host; use "
             f"'scan' or 'triton' on {rewards.device.type}); got {rewards.device}"
         )
+    if rewards.dtype not in (torch.float32, torch.float64):
+        raise ValueError(
+            f"gae_numba: rewards.dtype: expected float32 or float64 (compute_gae computes "
+            f"float16 and bfloat16 in float32); got {rewards.dtype}"
+        )
+    refuse_grad("numba", rewards, values, bootstrap_values)
     counts = _counts_array(step_counts)
     advantages = torch.empty(rewards.shape, dtype=rewards.dtype)
     returns = torch.empty(rewards.shape, dtype=rewards.dtype)

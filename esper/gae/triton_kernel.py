@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from esper.gae.api import StepCounts, Tensor, step_counts_tensor
+from esper.gae.api import StepCounts, Tensor, refuse_grad, step_counts_tensor
 
 #: Whether Triton's CPU interpreter runs the kernel (TRITON_INTERPRET=1 at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -131,16 +131,19 @@ def gae_triton(
     [num_envs, max_steps] bool; step_counts: list or 1-D integer tensor [num_envs] (a
     list is copied to the device on every call, see `compute_gae`). Returns
     (advantages, returns), new contiguous [num_envs, max_steps] tensors of the inputs'
-    dtype and device. Tensor step counts are not range-checked (that would be a host
-    sync); counts past max_steps read no memory out of the row's bounds but give
-    undefined results. `reset` is accepted for a uniform signature and has no effect.
-    No host sync; gamma and lambda reach the device as fill kernels, not host copies.
+    dtype and device. Called directly, tensor step counts are not range-checked
+    (`compute_gae` checks them, on the device); counts past max_steps read no memory out
+    of the row's bounds but give undefined results. The kernel computes outside
+    autograd: an input that requires grad (in grad mode) raises `ValueError`. `reset` is
+    accepted for a uniform signature and has no effect. No host sync; gamma and lambda
+    reach the device as fill kernels, not host copies.
     """
     if rewards.device.type != DEVICE_TYPE:
         raise ValueError(
             f"gae_triton: rewards.device: expected {DEVICE_TYPE} "
             f"({'TRITON_INTERPRET=1' if INTERPRETED else 'a CUDA kernel'}); got {rewards.device}"
         )
+    refuse_grad("triton", rewards, values, bootstrap_values)
     num_envs, max_steps = rewards.shape
     advantages = torch.empty((num_envs, max_steps), dtype=rewards.dtype, device=rewards.device)
     returns = torch.empty_like(advantages)
