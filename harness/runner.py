@@ -281,8 +281,16 @@ class CaseRun:
 
     def _compare_sample_metrics(self, reference: str, timed: list[str]) -> None:
         """Median of each sample metric per variant; in a paired finding, the per-round
-        difference to `reference` with its interval (see `Finding.sample_metrics`)."""
+        difference to `reference` with its interval (see `Finding.sample_metrics`), and
+        of the time per call itself (`time_diff_s`, `time_diff_low_s`, `time_diff_high_s`:
+        below 0, the variant saves time)."""
+        base_time = self.measurements[reference].samples
         for variant in timed:
+            times = self.measurements[variant].samples
+            if self.finding.paired and variant != reference and len(times) == len(base_time):
+                diff, low, high = paired_difference_ci(times, base_time, seed=self.options.seed)
+                self.cells[variant].update(time_diff_s=diff, time_diff_low_s=low,
+                                           time_diff_high_s=high)
             per_sample = self.sample_metrics.get(variant) or []
             for name in per_sample[0] if per_sample else ():
                 values = [s[name] for s in per_sample]

@@ -323,6 +323,55 @@ def test_end_to_end_section_is_rendered_from_e2e_rows(tmp_path):
     assert "GAE is 20.0% of the original iteration" in text
 
 
+def test_detail_table_shows_samples_stop_reason_interval_and_peak_memory(tmp_path):
+    base = {"finding": "B4-DRL-03", "case": "num_envs=4,max_steps=25", "p_num_envs": 4,
+            "p_max_steps": 25, "status": "ok", "iqr_s": 1e-5, "stopped_by": "precision_reached"}
+    summary = pd.DataFrame([
+        {**base, "variant": "clone", "baseline": True, "verdict": "baseline", "median_s": 1e-3,
+         "n": 34, "precision_reached": 0.021, "peak_bytes": 24576},
+        {**base, "variant": "mask", "baseline": False, "verdict": "no_difference",
+         "median_s": 1e-3, "n": 34, "ratio": 1.0, "ci_low": 0.98, "ci_high": 1.02,
+         "ci_halfwidth": 0.02, "peak_bytes": 2048, "stopped_by": "time_budget"},
+    ])
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+              summary=summary, rows=pd.DataFrame())
+    text = render_run(run, tmp_path / "report").read_text()
+    assert "34 (precision reached)" in text and "34 (budget spent)" in text
+    assert "\u00b12.1%" in text and "\u00b12%" in text
+    assert "24.6 kB" in text and "2.05 kB" in text
+
+
+def test_paired_e2e_shows_each_phase_saving_with_its_interval_and_device_time(tmp_path):
+    """A paired E2E run: per phase the time saved per iteration (baseline - optimized,
+    from the rows' `<phase>_diff` fields) with its interval, next to Amdahl's prediction
+    from the phases' medians; the whole iteration's measured saving; and on CUDA rows the
+    device seconds beside the host ones."""
+    phases = {f"phase_{p}_s": s for p, s in zip(PHASES, (0.4, 0.2, 0.1, 0.2, 0.1))}
+    device = {f"phase_{p}_device_s": s for p, s in zip(PHASES, (0.3, 0.2, 0.1, 0.25, 0.1))}
+    diffs = {}
+    for phase in PHASES:  # optimized - original: gae 3 ms faster, the rest unchanged
+        saved = -0.003 if phase == "gae" else 0.0
+        diffs.update({f"phase_{phase}_s_diff": saved, f"phase_{phase}_s_diff_low": saved - 0.001,
+                      f"phase_{phase}_s_diff_high": saved + 0.001})
+    base = {"finding": "E2E-iteration", "case": "num_envs=4,max_steps=25", "p_num_envs": 4,
+            "p_max_steps": 25, "status": "ok", "n": 20, "iqr_s": 0.01}
+    summary = pd.DataFrame([
+        {**base, "variant": "original", "baseline": True, "verdict": "baseline",
+         "median_s": 1.0, "gae_share": 0.2, **phases, **device},
+        {**base, "variant": "optimized", "baseline": False, "verdict": "faster",
+         "median_s": 0.997, "ratio": 0.997, "ci_low": 0.995, "ci_high": 0.999, "speedup": 1.003,
+         "gae_share": 0.197 / 0.997, **phases, "phase_gae_s": 0.197, **device, **diffs,
+         "time_diff_s": -0.0031, "time_diff_low_s": -0.0045, "time_diff_high_s": -0.0012},
+    ])
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+              summary=summary, rows=pd.DataFrame())
+    text = render_run(run, tmp_path / "report").read_text()
+    assert "median of per-iteration ratios" in text
+    assert "3 ms [2 ms, 4 ms]" in text  # gae: saved 3 ms, interval 2-4 ms
+    assert "3.1 ms [1.2 ms, 4.5 ms]" in text  # the whole iteration, measured
+    assert "original on the device" in text and "250 ms" in text  # device update time
+
+
 # --- compare mode -------------------------------------------------------------------------
 
 
@@ -443,4 +492,4 @@ def test_bandwidth_column_and_each_cases_floor_and_label(tmp_path):
     assert "floor 300 us (5.78 MB at copy bandwidth): bandwidth-bound" in text
     assert "19.2 GB/s (large tensor copy, read + write)" in text  # the run's metadata
     header = text.split("<th>variant</th>")[1].split("</tr>")[0]
-    assert header.count("<th>") == 11  # one more column than findings without bandwidth
+    assert header.count("<th>") == 14  # one more column than findings without bandwidth

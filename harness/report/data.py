@@ -136,6 +136,33 @@ def bandwidth_cell(row: dict) -> str:
     return format_bandwidth(achieved)
 
 
+#: why sampling stopped (`harness.measure.timing.StopReason`), in words
+STOPPED_BY = {"precision_reached": "precision reached", "time_budget": "budget spent",
+              "max_samples": "sample cap", "target_reached": "spread target"}
+
+
+def sampling_cell(row: dict) -> str:
+    """`34 (precision reached)`: samples taken and why sampling stopped; '-' if untimed."""
+    if not present(row.get("n")):
+        return "-"
+    why = STOPPED_BY.get(row.get("stopped_by"), row.get("stopped_by"))
+    return f"{int(row['n'])} ({why})" if present(why) else f"{int(row['n'])}"
+
+
+def interval_cell(row: dict) -> str:
+    """`±2.1%`: the half-width of the row's ratio interval relative to the ratio (the
+    baseline row: the widest of its cell at the last check); '-' where there is none."""
+    width = row.get("ci_halfwidth")
+    if not present(width):
+        width = row.get("precision_reached")
+    return f"\u00b1{100 * width:.2g}%" if present(width) else "-"
+
+
+def format_bytes(nbytes: float | None) -> str:
+    """24576 -> '24.6 kB'; None/NaN -> '-'."""
+    return _decimal(nbytes, "B") if present(nbytes) else "-"
+
+
 def case_bandwidth(row: dict) -> str:
     """A case's floor and label: `floor 312 us (5.78 MB at copy bandwidth): bandwidth-bound`;
     '' for rows without a floor."""
@@ -151,7 +178,8 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
 
     Each dict: case, case_note (its bandwidth floor and label, or ''), variant, baseline,
     median, iqr, ratio (with its 95% CI), speedup, bandwidth (achieved, and its share of
-    the copy bandwidth), one entry per COUNTERS key, correctness, verdict (a word), css
+    the copy bandwidth), one entry per COUNTERS key, peak (memory), sampling (samples
+    and why they stopped), interval (the ratio's half-width), correctness, verdict (a word), css
     (the verdict value, for colour) and note (reason or error of a row that was not timed).
     """
     out = []
@@ -159,7 +187,7 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
         ratio = "-"
         if present(row.get("ratio")):
             ratio = f"{row['ratio']:.3g} [{row['ci_low']:.3g}-{row['ci_high']:.3g}]"
-        note = row.get("error") if present(row.get("error")) else row.get("reason")
+        note = next((row[k] for k in ("error", "reason", "profile_note") if present(row.get(k))), "")
         out.append({
             "case": case_phrase(row),
             "case_note": case_bandwidth(row),
@@ -171,10 +199,13 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
             "speedup": _number(row, "speedup", "{:.3g}x"),
             "bandwidth": bandwidth_cell(row),
             **{key: _number(row, key, "{:.0f}") for key in COUNTERS},
+            "peak": format_bytes(row.get("peak_bytes")),
+            "sampling": sampling_cell(row),
+            "interval": interval_cell(row),
             "correctness": _correctness(row),
             "verdict": verdict_word(row),
             "css": row.get("verdict") or row.get("status"),
-            "note": note if present(note) else "",
+            "note": note,
         })
     return out
 
@@ -229,8 +260,10 @@ def counters_at(rows: pd.DataFrame, case: str | None) -> list[dict]:
 class PhaseBreakdown:
     """An E2E case's iteration split into phases, and Amdahl's prediction from them.
 
-    Phase seconds come from one profiled iteration per variant; the measured ratio is
-    the unprofiled ratio of medians with its bootstrap interval.
+    Phase seconds are medians over the timed iterations of each variant (older runs: one
+    profiled iteration). In a paired run (iteration k of both variants does the same
+    work), each phase also has the time it saved per iteration, the median of the
+    per-iteration differences with its 95% interval, and so does the whole iteration.
     """
 
     case: str
@@ -238,7 +271,7 @@ class PhaseBreakdown:
     variant: str
     phases: tuple[str, ...]
     baseline_s: tuple[float, ...]
-    """Seconds of each phase in the baseline's profiled iteration."""
+    """Seconds of each phase in the baseline's iteration."""
     variant_s: tuple[float, ...]
     baseline_gae_share: float
     variant_gae_share: float
@@ -246,6 +279,13 @@ class PhaseBreakdown:
     variant_median_s: float
     measured_ratio: float
     measured_ci: tuple[float, float]
+    saved_s: tuple[tuple[float, float, float] | None, ...] = ()
+    """Per phase: seconds saved per iteration (baseline - variant), (median, low, high)."""
+    total_saved_s: tuple[float, float, float] | None = None
+    """The whole iteration's seconds saved, (median, low, high), where paired."""
+    baseline_device_s: tuple[float, ...] | None = None
+    """On CUDA: each phase's device-timeline seconds in the baseline (None on the CPU)."""
+    variant_device_s: tuple[float, ...] | None = None
 
     @property
     def predicted_ratio(self) -> float:
@@ -261,17 +301,63 @@ class PhaseBreakdown:
         """The variant's predicted time per iteration: the baseline's median x predicted ratio."""
         return self.baseline_median_s * self.predicted_ratio
 
+    @property
+    def predicted_saved(self) -> str:
+        """Seconds per iteration the Amdahl prediction saves (the baseline's median less the
+        predicted time), formatted; below 0 a loss."""
+        return signed_seconds(self.baseline_median_s - self.predicted_s)
+
+    @property
+    def total_saved_text(self) -> str:
+        """The whole iteration's measured saving with its interval, formatted."""
+        return format_saving(self.total_saved_s)
+
     def phase_rows(self) -> list[dict]:
-        """Per phase: seconds in both variants, share of the baseline, and gain (x)."""
+        """Per phase: seconds in both variants (and on the device, on CUDA), share of the
+        baseline, gain (x) and the time saved per iteration with its interval."""
         total = sum(self.baseline_s)
-        return [{"phase": name, "baseline": format_seconds(b), "variant": format_seconds(v),
-                 "share": f"{b / total:.1%}", "gain": f"{b / v:.3g}x" if v > 0 else "-"}
-                for name, b, v in zip(self.phases, self.baseline_s, self.variant_s)]
+        rows = []
+        for index, (name, b, v) in enumerate(zip(self.phases, self.baseline_s, self.variant_s)):
+            saved = self.saved_s[index] if index < len(self.saved_s) else None
+            row = {"phase": name, "baseline": format_seconds(b), "variant": format_seconds(v),
+                   "share": f"{b / total:.1%}", "gain": f"{b / v:.3g}x" if v > 0 else "-",
+                   "predicted_saved": signed_seconds(b - v), "saved": format_saving(saved)}
+            if self.baseline_device_s is not None and self.variant_device_s is not None:
+                row["baseline_device"] = format_seconds(self.baseline_device_s[index])
+                row["variant_device"] = format_seconds(self.variant_device_s[index])
+            rows.append(row)
+        return rows
+
+
+def format_saving(saved: tuple[float, float, float] | None) -> str:
+    """(median, low, high) seconds saved -> '2.9 ms [2.5 ms, 3.3 ms]' ('-0.4 ms' is a loss)."""
+    if saved is None:
+        return "-"
+    median, low, high = (signed_seconds(v) for v in saved)
+    return f"{median} [{low}, {high}]"
+
+
+def signed_seconds(seconds: float) -> str:
+    """format_seconds with a sign for negative values: '-0.4 ms'."""
+    return ("-" if seconds < 0 else "") + format_seconds(abs(seconds))
+
+
+def _saving(row: dict, name: str) -> tuple[float, float, float] | None:
+    """Seconds saved per iteration from a row's paired difference `name` (variant -
+    baseline): (median, low, high) of baseline - variant, or None."""
+    keys = (f"{name}_diff", f"{name}_diff_low", f"{name}_diff_high")
+    if name == "time":
+        keys = ("time_diff_s", "time_diff_low_s", "time_diff_high_s")
+    if not all(present(row.get(k)) for k in keys):
+        return None
+    diff, low, high = (float(row[k]) for k in keys)
+    return -diff, -high, -low
 
 
 def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
     """One PhaseBreakdown per case x non-baseline variant that has phase seconds and a ratio."""
     columns = [f"phase_{p}_s" for p in PHASES]
+    device = [f"phase_{p}_device_s" for p in PHASES]
     if not set(columns) <= set(rows.columns):
         return []
     out = []
@@ -285,6 +371,7 @@ def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
                 continue
             if not all(present(row[c]) for c in columns):
                 continue
+            on_device = all(present(r.get(c)) for r in (base, row) for c in device)
             out.append(PhaseBreakdown(
                 case=case_phrase(row), baseline=baseline, variant=name, phases=PHASES,
                 baseline_s=tuple(float(base[c]) for c in columns),
@@ -294,6 +381,10 @@ def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
                 baseline_median_s=float(base["median_s"]), variant_median_s=float(row["median_s"]),
                 measured_ratio=float(row["ratio"]),
                 measured_ci=(float(row["ci_low"]), float(row["ci_high"])),
+                saved_s=tuple(_saving(row, c) for c in columns),
+                total_saved_s=_saving(row, "time"),
+                baseline_device_s=tuple(float(base[c]) for c in device) if on_device else None,
+                variant_device_s=tuple(float(row[c]) for c in device) if on_device else None,
             ))
     return out
 
