@@ -375,6 +375,26 @@ def test_paired_e2e_shows_each_phase_saving_with_its_interval_and_device_time(tm
 # --- compare mode -------------------------------------------------------------------------
 
 
+def test_compare_refuses_a_cell_measured_on_another_device(runs):
+    """Sharded runs mark each row with the device that measured it; a cell measured on
+    another device in the other run is not compared (unless forced), the others are."""
+    new, old = load_run(runs["b"]), load_run(runs["a"])
+    plain = compare_runs(new, old)
+    first = int(plain.index[plain["ratio"].notna()][0])  # a cell both runs timed
+    marked = new.summary.copy()
+    marked["device_name"] = new.metadata["device_name"]
+    marked.loc[first, "device_name"] = "NVIDIA H100 80GB HBM3"
+    moved = Run(folder=new.folder, metadata=new.metadata, summary=marked, rows=new.rows)
+    table = compare_runs(moved, old)
+    refused = table.iloc[first]
+    assert refused["change"] == "not_comparable" and pd.isna(refused["ratio"])
+    assert "measured on different devices" in refused["note"] and "H100" in refused["note"]
+    others = table.drop(index=first)
+    assert others["ratio"].notna().sum() == plain.drop(index=first)["ratio"].notna().sum()
+    forced = compare_runs(moved, old, force=True).iloc[first]
+    assert forced["note"] == "" and forced["ratio"] == plain.iloc[first]["ratio"]
+
+
 def test_compare_two_runs(runs, tmp_path):
     assert report_main([str(runs["b"]), "--compare", str(runs["a"]),
                         "--out", str(tmp_path / "cmp")]) == 0

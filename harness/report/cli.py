@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown is not None:
         target, link = _markdown_target(args.markdown, page)
         text = run_markdown(new, link) if old is None else compare_markdown(
-            new, old, link, factor=args.factor)
+            new, old, link, factor=args.factor, force=args.force)
         if target is None:
             print(text)
         else:

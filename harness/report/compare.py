@@ -23,7 +23,7 @@ from harness.report.verdicts import case_phrase, present
 DEFAULT_FACTOR = 1.05
 KEY = ["finding", "case", "variant"]
 COLUMNS = [*KEY, "where", "old_status", "new_status", "old_median_s", "new_median_s", "ratio",
-           "ci_low", "ci_high", "change"]
+           "ci_low", "ci_high", "change", "note"]
 _BROKEN = {Verdict.FAILED.value, Verdict.MISMATCH.value}
 
 
@@ -85,13 +85,21 @@ def _change(old_status: str | None, new_status: str | None, verdict: Verdict | N
     return Change.NOT_COMPARABLE if verdict is None else _FROM_VERDICT[verdict]
 
 
+def cell_device(row: dict, run: Run) -> str | None:
+    """The device a cell was measured on: its row's own `device_name` (a sharded run's
+    cells carry the rank's), else its run's."""
+    return row.get("device_name") if present(row.get("device_name")) else run.metadata.get("device_name")
+
+
 def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
-                 seed: int = 0) -> pd.DataFrame:
+                 seed: int = 0, force: bool = False) -> pd.DataFrame:
     """One row per finding x case x variant found in either run's summary.
 
     Columns: finding, case, variant, where (the case in words), old_status, new_status,
     old_median_s, new_median_s, ratio (new / old), ci_low, ci_high, change (a `Change`
-    value); in the new run's order, then what only the old run has.
+    value), note; in the new run's order, then what only the old run has. A cell measured
+    on another device in one run than in the other (runs sharded over a mixed cluster) is
+    not compared unless `force`: its change is not_comparable and the note names both.
     """
     if not factor >= 1.0:
         raise ReportError(f"--factor: expected a factor >= 1.0; got {factor!r}")
@@ -104,9 +112,13 @@ def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
         row = {**dict(zip(KEY, key)), "where": case_phrase(n or o),
                "old_status": o.get("status"), "new_status": n.get("status"),
                "old_median_s": o.get("median_s"), "new_median_s": n.get("median_s"),
-               "ratio": None, "ci_low": None, "ci_high": None}
+               "ratio": None, "ci_low": None, "ci_high": None, "note": ""}
         verdict = None
-        if key in old_samples and key in new_samples:
+        devices = (cell_device(o, old), cell_device(n, new)) if o and n else (None, None)
+        if devices[0] != devices[1] and not force:
+            row["note"] = (f"measured on different devices (old {devices[0]!r}, new "
+                           f"{devices[1]!r}); --force compares them anyway")
+        elif key in old_samples and key in new_samples:
             ci = bootstrap_ratio_ci(new_samples[key], old_samples[key], seed=seed)
             row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high)
             verdict = classify(ci, min_factor=factor)

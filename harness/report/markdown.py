@@ -38,10 +38,11 @@ def run_markdown(run: Run, link: str) -> str:
     return "\n".join(lines)
 
 
-def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_FACTOR) -> str:
+def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_FACTOR,
+                     force: bool = False) -> str:
     """Two runs' summary: per finding, its headline variant new against old with the
     interval, how many of its rows changed, and the counters that changed."""
-    table = compare_runs(new, old, factor=factor)
+    table = compare_runs(new, old, factor=factor, force=force)
     rows = [(h.finding, h.where, h.ratio_text(), h.changes_text(), h.counters_text())
             for h in compare_headlines(new, old, table)]
     lines = [f"### esper-bench {new.run_id} (new) vs {old.run_id} (old)", ""]

@@ -203,7 +203,7 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
                    factor: float = DEFAULT_FACTOR) -> Path:
     """Write the new-vs-old report into `out`; ReportError if fingerprints differ unless forced."""
     differences = check_comparable(new, old, force)
-    table = compare_runs(new, old, factor=factor)
+    table = compare_runs(new, old, factor=factor, force=force)
     out = Path(out)
     prepare_folder(out)
     counts = table["change"].value_counts().to_dict()
