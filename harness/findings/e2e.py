@@ -69,6 +69,11 @@ register(Finding(
     check=max_abs_difference,
     tolerance=lambda case: 1e-5,
     extra_metrics=lambda variant, trainers: phase_seconds(trainers[variant]),
+    # not gated: its work depends on the trainer's state (86,499 then 89,310 op calls in
+    # iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float
+    # values, which can round differently on another CPU), and its allocated bytes changed
+    # with the torch thread count
+    gated=False,
     notes=(
         "One timed call = one iteration: rollout (env epochs, policy forwards, buffer adds), "
         "GAE and the PPO update. " + f"original = {Variants.original().spec()}; "
