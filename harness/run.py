@@ -28,6 +28,7 @@ from harness.measure.flamegraph import record_flamegraph
 from harness.measure.machine import describe, fingerprint
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
+from harness.project import load_project_config
 from harness.report.summary import format_seconds, summary_table
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
@@ -61,10 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                    help="where to run (default auto: cuda when available)")
     p.add_argument("--quick", action="store_true", help="small cases and budgets (CI-sized)")
-    p.add_argument("--findings", nargs="+", metavar="ID", help="only these finding ids")
+    p.add_argument("--findings", nargs="+", metavar="ID",
+                   help="only these finding ids (default: those of the findings modules, "
+                        "else every built-in one)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
-                        "own findings; repeatable)")
+                        "own findings; repeatable; also read from [tool.esper-bench] "
+                        "findings-modules in the nearest pyproject.toml)")
     p.add_argument("--list", action="store_true", help="list the findings and exit")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
@@ -113,9 +117,12 @@ def resolve_device(name: str) -> torch.device:
 def list_findings(quick: bool) -> str:
     lines = []
     for f in registry.select(None):
-        cases = f.cases(quick)
+        try:
+            cases = f"{len(f.cases(quick))} cases"
+        except Exception as err:  # user code; a run records it as the finding's failed row
+            cases = f"cases(quick={quick}) raised {type(err).__name__}: {err}"
         lines.append(f"{f.id:16s} {f.title}\n{'':16s} variants: {', '.join(f.variants)} "
-                     f"(baseline {f.baseline}); {len(cases)} cases; from "
+                     f"(baseline {f.baseline}); {cases}; from "
                      f"{registry.ORIGINS.get(f.id, 'register()')}")
     return "\n".join(lines)
 
@@ -177,17 +184,32 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
 
 
 def _select(ids: list[str] | None, modules: list[str] | None) -> list[registry.Finding]:
-    """The findings to measure, after importing the users' finding modules."""
+    """The findings to measure, after importing the users' finding modules: `ids`, else
+    the findings of those modules, else every built-in one."""
     try:
         for module in modules or ():
             registry.load_findings_module(module)
-        return registry.select(ids)
+        own = registry.from_modules(modules) if modules and not ids else None
+        if own == []:
+            raise ValueError(f"--findings-module: expected modules that register findings; "
+                             f"{', '.join(modules)} registered none")
+        return registry.select(ids or own)
     except ValueError as err:
         raise UsageError(str(err)) from err
 
 
+def _with_project_modules(args: argparse.Namespace) -> None:
+    """--findings-module after the modules named in the nearest pyproject.toml
+    (`[tool.esper-bench] findings-modules`, `harness.project`): recorded with the run's
+    options, so that --resume imports them again."""
+    modules = [*load_project_config().findings_modules, *(args.findings_module or [])]
+    args.findings_module = list(dict.fromkeys(modules)) or None
+
+
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resume is None:  # a resumed run imports the modules it recorded
+        _with_project_modules(args)
     if args.list:
         _select(None, args.findings_module)
         print(list_findings(args.quick))
@@ -204,8 +226,10 @@ def _main(argv: list[str] | None = None) -> int:
         args = _recorded_args(args, resumed.metadata)
         requested = launch.device(args.device) if launch.distributed else args.device
     device = resolve_device(requested)
-    selected = _select(args.findings, args.findings_module)
     options = _options(args, device)
+    # each finding's cases listed once; one whose cases() fails is one failed row
+    selected = [registry.planned(f, options.quick)
+                for f in _select(args.findings, args.findings_module)]
     # every input is checked on every rank before the first collective: a rank that
     # stopped alone would leave the others waiting
     check_writable_folder(resumed.folder if resumed else args.out, "--out")
