@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,28 +40,39 @@ import torch
 from harness import findings as registry
 from harness.exits import read_json
 from harness.measure.counters import profile_call
+from harness.project import load_project_config
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
 from harness.measure.timing import pinned_threads
 
 SCHEMA_VERSION = 1
 DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "counters.json"
-#: the findings whose quick cases run on a CPU and count the same on every run. E2E-iteration
-#: is left out: its work depends on the trainer's state (86,499 then 89,310 op calls in
-#: iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float
-#: values, which can round differently on another CPU), and its allocated bytes changed
-#: with the torch thread count.
-GATED_FINDINGS = ("B4-CR-03", "B4-DRL-03", "B4-PT-05")
 COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes")
 THREADS = 1
 UPDATE_COMMAND = "python -m harness.gate --update-baseline"
 
 
+def gated_findings(modules: Sequence[str] = ()) -> tuple[str, ...]:
+    """The findings the gate checks by default: those of `modules` (your findings modules,
+    imported) or, with none, the built-in ones; either way only those whose counts are
+    deterministic (`Finding.gated`)."""
+    registry.select(None)  # the built-in findings
+    ids = (registry.from_modules(modules) if modules
+           else [i for i, origin in registry.ORIGINS.items() if origin == "built-in"])
+    return tuple(i for i in ids if registry.FINDINGS[i].gated)
+
+
 def update_command(path: Path, findings: Sequence[str] = ()) -> str:
-    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it."""
+    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it
+    (with `--findings-module` for those of your modules that pyproject.toml does not name)."""
     command = UPDATE_COMMAND
     if path.resolve() != DEFAULT_BASELINE:
         command += f" --baseline {path}"
+    named = load_project_config().findings_modules
+    origins = [registry.ORIGINS.get(i, "built-in") for i in findings] or list(registry.ORIGINS.values())
+    for module in dict.fromkeys(origins):  # of the findings named, or of every finding loaded
+        if module in sys.modules and module not in named:
+            command += f" --findings-module {module}"
     if findings:
         command += f" --findings {' '.join(findings)}"
     return command
@@ -144,6 +156,7 @@ def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = F
     cells: list[CellCounts] = []
     with pinned_threads(THREADS):
         for finding in registry.select(list(finding_ids)):
+            finding = registry.planned(finding, True)  # cases() failing: an error row
             for case in finding.cases(True):
                 cells += _measure_case(finding, case, seed, 2 if repeat_check else 1)
     return cells
@@ -409,18 +422,21 @@ def coverage_error(rows: Sequence[GateRow], path: Path, allow_new: bool = False)
     return None
 
 
-def check_counters(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS, *,
+def check_counters(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
                    allow_new: bool = False) -> list[GateRow]:
-    """Check a: measure now and compare with the baseline file."""
+    """Check a: measure now and compare with the baseline file (default findings:
+    `gated_findings()`)."""
     baseline = load_baseline(baseline_path)  # first, so a missing file fails fast
+    finding_ids = gated_findings() if finding_ids is None else finding_ids
     return compare(measure(finding_ids), baseline, finding_ids, allow_new=allow_new,
                    path=baseline_path)
 
 
-def update_baseline(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS, *,
+def update_baseline(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
                     replace_stale: bool = False) -> BaselineUpdate:
     """Measure every cell twice, refuse non-deterministic cells, and merge them into the
-    baseline (`write_baseline`)."""
+    baseline (`write_baseline`; default findings: `gated_findings()`)."""
+    finding_ids = gated_findings() if finding_ids is None else finding_ids
     _previous(baseline_path, set(finding_ids), replace_stale)  # refuse before measuring
     cells = measure(finding_ids, repeat_check=True)
     return write_baseline(baseline_path, cells, replace_stale=replace_stale)
