@@ -19,7 +19,7 @@ A finding whose `cases` raises on a tree is an error of each of its variants the
 Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
 started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
 `{"esper": [<path of each tree's esper package>], "cells": [...]}` (for your findings
-`"modules"`, each tree's findings module files, instead of `"esper"`), a cell per finding x
+`"modules"`, each tree's findings module files or import errors, instead of `"esper"`), a cell per finding x
 case x variant with `samples`, one list per tree (seconds per call; entry i of each list
 comes from round i), or `errors`, one entry per tree (null where that tree ran), or
 `absent`, one flag per tree (true where the tree has no such cell).
@@ -132,13 +132,21 @@ class TreeModules:
     def load_findings(self, names: tuple[str, ...]) -> tuple[dict[str, object], list[str]]:
         """Your findings modules `names` imported from this tree: the findings they
         registered (id -> Finding), taken back out of the shared registry so that the
-        other tree can register its own, and the modules' files. RuntimeError when a
-        module of this tree's packages came from somewhere else (an import hook of an
-        editable install, say)."""
+        other tree can register its own, and per module its file, or the error importing
+        it raised (a revision older than the module has none: its cells are absent there).
+        RuntimeError when a module of this tree's packages came from somewhere else (an
+        import hook of an editable install, say)."""
         registry = importlib.import_module("harness.findings")  # shared: not of a tree
         before = set(registry.FINDINGS)
+        sources = []
         with self.active():
-            imported = [importlib.import_module(name) for name in names]
+            for name in names:
+                try:
+                    module = importlib.import_module(name)
+                except Exception as err:  # this tree cannot provide these findings
+                    sources.append(f"{name}: {_error(err)}")
+                    continue
+                sources.append(str(Path(module.__file__).resolve()))
         added = [i for i in registry.FINDINGS
                  if i not in before and registry.ORIGINS.get(i) != "built-in"]
         found = {i: registry.FINDINGS.pop(i) for i in added}
@@ -147,7 +155,7 @@ class TreeModules:
         for module in self.modules.values():
             if getattr(module, "__file__", None):
                 self._check_from_tree(module)
-        return found, [str(Path(module.__file__).resolve()) for module in imported]
+        return found, sources
 
 
 def _sample(fn: Callable[[], object], number: int) -> float:
