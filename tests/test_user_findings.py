@@ -85,6 +85,7 @@ def test_a_users_findings_are_measured_with_their_failures_as_rows_and_reported(
                  "USER-failing", user_failures.PLANTED, "USER-no-cases", "max error 1"):
         assert text in page, text
     assert (tmp_path / "reports" / run.run_id / "USER-rowsums-speedup.png").is_file()
+    assert (run.folder / "traces" / "USER-rowsums.json.gz").stat().st_size > 0
     assert "USER-rowsums" in capsys.readouterr().out  # the summary table
 
 

@@ -127,7 +127,7 @@ def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, 
         raise UsageError(str(err)) from err
     ungated = [i for i in ids if not registry.FINDINGS[i].gated]
     if ungated:
-        covered = [i for i, f in registry.FINDINGS.items() if f.gated]
+        covered = gate_counters.gated_findings(args.findings_module)
         raise UsageError(f"--findings: expected findings the gate covers "
                          f"({', '.join(covered)}); got {', '.join(ungated)}, "
                          "registered but not gated (gated=False in its Finding)")
@@ -196,7 +196,8 @@ def _update(args: argparse.Namespace) -> int:
     findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
     exits.check_writable(args.baseline, "--baseline")
     update = gate_counters.update_baseline(
-        args.baseline, findings, replace_stale=args.findings is None)
+        args.baseline, findings, replace_stale=args.findings is None,
+        modules=args.findings_module)
     print(f"wrote {args.baseline}: {update.written} cells of {', '.join(findings)} "
           f"(each counted twice, identical)")
     if update.kept:
@@ -225,7 +226,7 @@ def run_checks(args: argparse.Namespace) -> list[GateRow]:
     counters, invariants, against = _runs(args)
     if counters:
         counter_findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
-        baseline = gate_counters.load_baseline(args.baseline)
+        baseline = gate_counters.load_baseline(args.baseline, modules=args.findings_module)
     if invariants:
         config = gate_invariants.load_config(args.config)
     if against:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,16 +61,17 @@ def gated_findings(modules: Sequence[str] = ()) -> tuple[str, ...]:
     return tuple(i for i in ids if registry.FINDINGS[i].gated)
 
 
-def update_command(path: Path, findings: Sequence[str] = ()) -> str:
-    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it
-    (with `--findings-module` for those of your modules that pyproject.toml does not name)."""
+def update_command(path: Path, findings: Sequence[str] = (), modules: Sequence[str] = ()) -> str:
+    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it,
+    with `--findings-module` for `modules` and the findings' own modules (those of yours
+    that pyproject.toml does not name already)."""
     command = UPDATE_COMMAND
     if path.resolve() != DEFAULT_BASELINE:
         command += f" --baseline {path}"
     named = load_project_config().findings_modules
-    origins = [registry.ORIGINS.get(i, "built-in") for i in findings] or list(registry.ORIGINS.values())
-    for module in dict.fromkeys(origins):  # of the findings named, or of every finding loaded
-        if module in sys.modules and module not in named:
+    origins = [*modules, *(registry.ORIGINS.get(i, "built-in") for i in findings)]
+    for module in dict.fromkeys(origins):
+        if module not in ("built-in", "register()", *named):
             command += f" --findings-module {module}"
     if findings:
         command += f" --findings {' '.join(findings)}"
@@ -164,62 +164,69 @@ def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = F
 
 # ---------------------------------------------------------------------------- baseline file
 
-def _bad_baseline(path: Path, what: str) -> UsageError:
-    return UsageError(f"{path}: {what}; recreate it with `{update_command(path)}`")
+def _bad_baseline(path: Path, what: str, modules: Sequence[str] = ()) -> UsageError:
+    return UsageError(f"{path}: {what}; recreate it with `{update_command(path, modules=modules)}`")
 
 
-def _entry(entry: object, where: str, path: Path) -> CellCounts:
+def _entry(entry: object, where: str, path: Path, modules: Sequence[str] = ()) -> CellCounts:
     """One `counters` entry, checked: its key as strings, counts and tolerances as ints >= 0."""
     if not isinstance(entry, dict):
-        raise _bad_baseline(path, f"{where}: expected an object; got {type(entry).__name__}")
+        raise _bad_baseline(path, f"{where}: expected an object; got {type(entry).__name__}",
+                            modules)
     missing = [k for k in ("finding", "case", "variant", *COUNTERS) if k not in entry]
     if missing:
-        raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; got {sorted(entry)}")
+        raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; "
+                                  f"got {sorted(entry)}", modules)
     key = {k: entry[k] for k in ("finding", "case", "variant")}
     if not all(isinstance(v, str) for v in key.values()):
-        raise _bad_baseline(path, f"{where}: expected finding, case and variant as strings; got {key}")
+        raise _bad_baseline(path, f"{where}: expected finding, case and variant as strings; "
+                                  f"got {key}", modules)
     values = {k: entry[k] for k in COUNTERS}
     tolerance = entry.get("tolerance", {})
     if not isinstance(tolerance, dict):
         raise _bad_baseline(path, f"{where}.tolerance: expected an object; "
-                                  f"got {type(tolerance).__name__}")
+                                  f"got {type(tolerance).__name__}", modules)
     bad = {k: v for k, v in {**values, **tolerance}.items()
            if not isinstance(v, int) or isinstance(v, bool) or v < 0}
     unknown = sorted(set(tolerance) - set(COUNTERS))
     if bad or unknown:
         raise _bad_baseline(path, f"{where}: expected counts and tolerances as integers >= 0 "
-                                  f"for {', '.join(COUNTERS)}; got {bad or unknown}")
+                                  f"for {', '.join(COUNTERS)}; got {bad or unknown}", modules)
     return CellCounts(**key, counts=values, tolerance=dict(tolerance))
 
 
-def load_baseline(path: Path, *, same_machine_kind: bool = True) -> dict[Key, CellCounts]:
+def load_baseline(path: Path, *, same_machine_kind: bool = True,
+                  modules: Sequence[str] = ()) -> dict[Key, CellCounts]:
     """Baseline entries by key, in file order; UsageError naming the file, what is wrong
     (missing, unreadable, not UTF-8, truncated, other schema or machine kind, a bad
     entry) and the command that fixes it.
 
-    `same_machine_kind=False` skips the fingerprint check (to carry tolerances over).
+    `same_machine_kind=False` skips the fingerprint check (to carry tolerances over);
+    `modules`, your findings modules, are named in the command.
     """
     if not path.exists():
-        raise UsageError(f"no counters baseline at {path}; create it with `{update_command(path)}`")
-    document = read_json(path, fix=f"recreate it with `{update_command(path)}`")
+        raise UsageError(f"no counters baseline at {path}; create it with "
+                         f"`{update_command(path, modules=modules)}`")
+    document = read_json(path, fix=f"recreate it with `{update_command(path, modules=modules)}`")
     if not isinstance(document, dict):
-        raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}")
+        raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}", modules)
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}")
+        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}", modules)
     recorded, here = document.get("fingerprint"), fingerprint()
     if same_machine_kind and recorded != here:
-        raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); got {recorded!r}")
+        raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); got {recorded!r}", modules)
     listed = document.get("counters")
     if not isinstance(listed, list):
         raise _bad_baseline(path, f"counters: expected a list of entries; got "
-                                  f"{'nothing' if listed is None else type(listed).__name__}")
+                                  f"{'nothing' if listed is None else type(listed).__name__}",
+                            modules)
     entries: dict[Key, CellCounts] = {}
     for index, raw in enumerate(listed):
-        cell = _entry(raw, f"counters[{index}]", path)
+        cell = _entry(raw, f"counters[{index}]", path, modules)
         if cell.key in entries:
             raise _bad_baseline(path, f"counters[{index}]: expected one entry per finding, "
-                                      f"case and variant; got {cell.key} again")
+                                      f"case and variant; got {cell.key} again", modules)
         entries[cell.key] = cell
     return entries
 
@@ -240,7 +247,7 @@ class BaselineUpdate:
     """Why the old file was replaced rather than merged into (stale or unreadable), or None."""
 
 
-def _previous(path: Path, findings: set[str], replace_stale: bool
+def _previous(path: Path, findings: set[str], replace_stale: bool, modules: Sequence[str] = ()
               ) -> tuple[dict[Key, CellCounts], str | None]:
     """The entries to merge with, and why the file is replaced instead (None: merged).
 
@@ -252,7 +259,7 @@ def _previous(path: Path, findings: set[str], replace_stale: bool
     if not path.exists():
         return {}, None
     try:
-        return load_baseline(path), None
+        return load_baseline(path, modules=modules), None
     except UsageError as err:
         problem = str(err)
     try:  # a readable file of another machine kind: its tolerances carry over
@@ -433,10 +440,11 @@ def check_counters(baseline_path: Path, finding_ids: Sequence[str] | None = None
 
 
 def update_baseline(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
-                    replace_stale: bool = False) -> BaselineUpdate:
+                    replace_stale: bool = False, modules: Sequence[str] = ()) -> BaselineUpdate:
     """Measure every cell twice, refuse non-deterministic cells, and merge them into the
-    baseline (`write_baseline`; default findings: `gated_findings()`)."""
+    baseline (`write_baseline`; default findings: `gated_findings()`; `modules`, your
+    findings modules, are named in the commands of its messages)."""
     finding_ids = gated_findings() if finding_ids is None else finding_ids
-    _previous(baseline_path, set(finding_ids), replace_stale)  # refuse before measuring
+    _previous(baseline_path, set(finding_ids), replace_stale, modules)  # refuse before measuring
     cells = measure(finding_ids, repeat_check=True)
     return write_baseline(baseline_path, cells, replace_stale=replace_stale)
