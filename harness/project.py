@@ -1,7 +1,7 @@
 """Your project's settings: the `[tool.esper-bench]` table of its `pyproject.toml`.
 
     [tool.esper-bench]
-    findings-modules = ["bench.findings"]   # imported as with --findings-module (harness.run, harness.gate)
+    findings-modules = ["bench.findings"]   # as --findings-module of harness.run and harness.gate
     baseline = "bench/counters.json"        # the gate's counters baseline (default of --baseline)
     invariants = "bench/invariants.json"    # the gate's invariants config (default of --config)
 

@@ -114,10 +114,10 @@ class Finding:
             id="MY-sum", title="sum() vs a Python loop", claim="sum() is ~10x faster",
             variants=("loop", "sum"), baseline="loop",
             cases=[Case.of(n=256), Case.of(n=4096)],
-            build=lambda case, device, seed: torch.rand(case["n"], device=device,
-                                                        generator=torch.Generator(device).manual_seed(seed)),
+            build=lambda case, device, seed: torch.rand(
+                case["n"], generator=torch.Generator().manual_seed(seed)).to(device),
             make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum"
-                                         else (lambda: sum(x.tolist())),
+                                         else (lambda: torch.tensor(sum(x.tolist()))),
             check=max_abs_difference, tolerance=1e-3,
         ))
     """

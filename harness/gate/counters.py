@@ -212,10 +212,12 @@ def load_baseline(path: Path, *, same_machine_kind: bool = True,
         raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}", modules)
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}", modules)
+        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}",
+                            modules)
     recorded, here = document.get("fingerprint"), fingerprint()
     if same_machine_kind and recorded != here:
-        raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); got {recorded!r}", modules)
+        raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); "
+                                  f"got {recorded!r}", modules)
     listed = document.get("counters")
     if not isinstance(listed, list):
         raise _bad_baseline(path, f"counters: expected a list of entries; got "

@@ -6,8 +6,8 @@ tree's modules apart (`TreeModules`): whenever tree X's code runs, `sys.modules`
 `sys.path` hold X's modules and only those. For findings of your own
 (`WorkerConfig.findings_modules`), the trees are two revisions of your repository: from
 each, your findings modules and every top-level module of its import folders
-(`WorkerConfig.paths`) are imported, while `harness` is the installed one, shared. Per finding x quick case x variant, it then
-times the two trees' calls in alternation, round after round (A B, B A, A B, ...), so
+(`WorkerConfig.paths`) are imported, while `harness` is the installed one, shared.
+Per finding x quick case x variant, it then times the two trees' calls in alternation, round after round (A B, B A, A B, ...), so
 that both sides see the same machine at the same moment, the same process, the same
 torch and the same allocator: the ratio of neighbouring samples cancels the drifts of a
 shared machine that separate processes cannot.
@@ -19,8 +19,8 @@ A finding whose `cases` raises on a tree is an error of each of its variants the
 Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
 started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
 `{"esper": [<path of each tree's esper package>], "cells": [...]}` (for your findings
-`"modules"`, each tree's findings module files or import errors, instead of `"esper"`), a cell per finding x
-case x variant with `samples`, one list per tree (seconds per call; entry i of each list
+`"modules"` instead of `"esper"`: each tree's findings module files, or the error importing
+one raised), a cell per finding x case x variant with `samples`, one list per tree (seconds per call; entry i of each list
 comes from round i), or `errors`, one entry per tree (null where that tree ran), or
 `absent`, one flag per tree (true where the tree has no such cell).
 """
