@@ -28,6 +28,7 @@ from harness.measure.flamegraph import record_flamegraph
 from harness.measure.machine import describe, fingerprint
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
+from harness.project import load_project_config
 from harness.report.summary import format_seconds, summary_table
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
@@ -62,12 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to run (default auto: cuda when available)")
     p.add_argument("--quick", action="store_true", help="small cases and budgets (CI-sized)")
     p.add_argument("--findings", nargs="+", metavar="ID",
-                   help="only these finding ids (long findings run only when named, or with --all)")
+                   help="only these finding ids (default: those of the findings modules, "
+                        "else every built-in one; long findings run only when named, or with --all)")
     p.add_argument("--all", action="store_true",
                    help="every finding, the long ones too (learning runs; see --list)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
-                        "own findings; repeatable)")
+                        "own findings; repeatable; also read from [tool.esper-bench] "
+                        "findings-modules in the nearest pyproject.toml)")
     p.add_argument("--list", action="store_true", help="list the findings and exit")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
@@ -116,14 +119,17 @@ def resolve_device(name: str) -> torch.device:
 def list_findings(quick: bool) -> str:
     lines = []
     for f in registry.select(None, include_long=True):
-        cases = f.cases(quick)
+        try:
+            cases = f"{len(f.cases(quick))} cases"
+        except Exception as err:  # user code; a run records it as the finding's failed row
+            cases = f"cases(quick={quick}) raised {type(err).__name__}: {err}"
         duration = ""
         if f.duration_s is not None:
             duration = (f"; about {format_seconds(f.duration_s[0])} quick, "
                         f"{format_seconds(f.duration_s[1])} default")
         kind = "long: runs when named or with --all" if f.long else "in the default run"
         lines.append(f"{f.id:16s} {f.title}\n{'':16s} variants: {', '.join(f.variants)} "
-                     f"(baseline {f.baseline}); {len(cases)} cases; {kind}{duration}; from "
+                     f"(baseline {f.baseline}); {cases}; {kind}{duration}; from "
                      f"{registry.ORIGINS.get(f.id, 'register()')}")
     return "\n".join(lines)
 
@@ -186,20 +192,38 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
 
 def _select(ids: list[str] | None, modules: list[str] | None,
             include_long: bool = False) -> list[registry.Finding]:
-    """The findings to measure, after importing the users' finding modules."""
+    """The findings to measure, after importing the users' finding modules: `ids`, else
+    the findings of those modules, else every built-in one (long ones only with
+    `include_long`)."""
     if ids and include_long:
         raise UsageError(f"--all: expected without --findings (it names every finding); "
                          f"got --findings {' '.join(ids)}")
     try:
         for module in modules or ():
             registry.load_findings_module(module)
-        return registry.select(ids, include_long)
+        own = registry.from_modules(modules) if modules and not ids else None
+        if own == []:
+            raise ValueError(f"--findings-module: expected modules that register findings; "
+                             f"{', '.join(modules)} registered none")
+        if own is not None and not include_long:
+            own = [i for i in own if not registry.FINDINGS[i].long] or own
+        return registry.select(ids or own, include_long)
     except ValueError as err:
         raise UsageError(str(err)) from err
 
 
+def _with_project_modules(args: argparse.Namespace) -> None:
+    """--findings-module after the modules named in the nearest pyproject.toml
+    (`[tool.esper-bench] findings-modules`, `harness.project`): recorded with the run's
+    options, so that --resume imports them again."""
+    modules = [*load_project_config().findings_modules, *(args.findings_module or [])]
+    args.findings_module = list(dict.fromkeys(modules)) or None
+
+
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resume is None:  # a resumed run imports the modules it recorded
+        _with_project_modules(args)
     if args.list:
         _select(None, args.findings_module)
         print(list_findings(args.quick))
@@ -216,8 +240,10 @@ def _main(argv: list[str] | None = None) -> int:
         args = _recorded_args(args, resumed.metadata)
         requested = launch.device(args.device) if launch.distributed else args.device
     device = resolve_device(requested)
-    selected = _select(args.findings, args.findings_module, args.all)
     options = _options(args, device)
+    # each finding's cases listed once; one whose cases() fails is one failed row
+    selected = [registry.planned(f, options.quick)
+                for f in _select(args.findings, args.findings_module, args.all)]
     # every input is checked on every rank before the first collective: a rank that
     # stopped alone would leave the others waiting
     check_writable_folder(resumed.folder if resumed else args.out, "--out")
@@ -231,12 +257,17 @@ def _main(argv: list[str] | None = None) -> int:
     threads = args.threads or (launch.default_threads() if launch.distributed
                                else torch.get_num_threads())
     group = ranks.start(launch, device)
+    opened: list[RunWriter] = []  # the run once it exists, even if a signal comes right after
     try:
         with pinned_threads(threads):
             if resumed is not None:
                 _check_resumable(args, _explicit(argv), resumed.metadata, device)
-            writer = _open_run(args, options, selected, resumed, launch, group)
+            writer = _open_run(args, options, selected, resumed, launch, group, opened)
             code = _measure(writer, selected, options, args.pyspy, launch, group)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP (harness.exits.Terminated)
+        if not opened:  # stopped before the run existed: nothing to keep
+            raise
+        return _interrupted(opened[0], launch, err)
     finally:
         ranks.stop(launch)
     if launch.leader and not args.no_report and code not in (130, 143, 129):
@@ -245,21 +276,44 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def _open_run(args, options: RunOptions, selected, resumed, launch: ranks.Launch,
-              group) -> RunWriter:
-    """Rank 0 creates the run (or reopens the one resumed) and tells the others its folder."""
+              group, opened: list) -> RunWriter:
+    """Rank 0 creates the run (or reopens the one resumed) and tells the others its folder.
+
+    The writer is appended to `opened` in the same breath as it is created (signals held),
+    so that an interruption from then on finds the run to mark interrupted."""
     message = None
     if launch.leader:
         try:
-            writer = (RunWriter.reopen(resumed.folder) if resumed is not None
-                      else _new_run(args, options, selected, launch))
-            message = ("ok", str(writer.folder))
+            with signals_deferred():
+                opened.append(RunWriter.reopen(resumed.folder) if resumed is not None
+                              else _new_run(args, options, selected, launch))
+            message = ("ok", str(opened[0].folder))
         except Exception as err:  # the other ranks must hear of it, not wait
             ranks.broadcast(("error", f"{type(err).__name__}: {err}"), group, launch)
             raise
     kind, value = ranks.broadcast(message, group, launch)
     if kind == "error":
         raise UsageError(f"rank 0 could not open the run: {value}")
-    return writer if launch.leader else RunWriter.attach(Path(value), launch.rank)
+    if not launch.leader:
+        opened.append(RunWriter.attach(Path(value), launch.rank))
+    return opened[0]
+
+
+def _interrupted(writer: RunWriter, launch: ranks.Launch, err: KeyboardInterrupt) -> int:
+    """Rank 0 marks the run interrupted (what was measured is in its journal) and says how
+    to continue it; every rank returns 128 + the signal. No collective: the other ranks
+    are being stopped too."""
+    if launch.leader:
+        done, total = len(writer.done_cells()), writer.metadata.get("cells_total")
+        status = "complete" if total is not None and done >= total else "interrupted"
+        with signals_deferred():  # a run that had measured every cell stays complete
+            writer.finish(status)
+        print(summary_table(pd.DataFrame(writer.summary)))
+        print(f"\nresults: {writer.folder}  ({status})")
+        if status == "interrupted":
+            print(f"stopped after {done} of {total} cells; continue with: python -m harness.run "
+                  f"--resume {writer.folder.name} --out {writer.results_dir}", file=sys.stderr)
+    return 128 + getattr(err, "signum", 2)
 
 
 def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWriter:
@@ -333,12 +387,12 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
     """Measure this rank's share of the cells the run's journal does not hold yet; rank 0
     then gathers every rank's cells and outcome, and writes the result. Returns the exit
     status (the same on every rank)."""
-    plan = _plan(writer, selected, options, launch, group)
-    mine = [(fi, ci) for fi, ci, rank in plan if rank == launch.rank]
-    label = f"rank {launch.rank}: " if launch.distributed else ""
-    rank_info = ranks.describe_rank(launch, options.device)
     measured: list[dict] = []
     try:
+        plan = _plan(writer, selected, options, launch, group)
+        mine = [(fi, ci) for fi, ci, rank in plan if rank == launch.rank]
+        label = f"rank {launch.rank}: " if launch.distributed else ""
+        rank_info = ranks.describe_rank(launch, options.device)
         if any(f.min_bytes is not None for f in selected):
             if "copy_bandwidth_bytes_per_s" not in writer.metadata:
                 # once per run (per rank), before any cell, with its threads: the floor
@@ -347,17 +401,6 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
                 options, copy_bandwidth_bytes_per_s=writer.metadata["copy_bandwidth_bytes_per_s"])
         rank_info["error"] = _measure_cells(writer, selected, options, mine, launch, label,
                                             rank_info, measured)
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP (harness.exits.Terminated)
-        # no collective from here: the other ranks are being stopped too
-        if launch.leader:
-            with signals_deferred():
-                writer.finish("interrupted")
-            print(summary_table(pd.DataFrame(writer.summary)))
-            print(f"\nresults: {writer.folder}  (interrupted)")
-            print(f"stopped after {len(writer.done_cells())} of {writer.metadata.get('cells_total')} "
-                  f"cells; continue with: python -m harness.run --resume {writer.folder.name} "
-                  f"--out {writer.results_dir}", file=sys.stderr)
-        return 128 + getattr(err, "signum", 2)
     except Exception as err:
         if launch.leader and not isinstance(err, DiskFullError):  # else run.json cannot say so
             with signals_deferred():

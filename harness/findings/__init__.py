@@ -1,17 +1,32 @@
 """The registry of findings: each review claim as data plus a few small functions.
 
-A `Finding` names the ticket, quotes its claim, lists the variants compared (one is the
-baseline), the cases (sizes) to run, how inputs are built from a seed, how each variant
-is called, and how its output is checked against the reference. Adding the next ticket
-means one new module here that calls `register`, not a change to the runner.
+A `Finding` names the claim (an id and the words of whoever made it), the variants
+compared (one is the baseline), the cases (sizes) to run, how inputs are built from a
+case, a device and a seed, how each variant is called, and optionally how its output is
+checked against a reference. `register` adds it to the registry that `harness.run`,
+`harness.report` and `harness.gate` work from. The built-in findings (this project's
+review tickets) live in this package; your own go in a module of yours that calls
+`register`, named with `python -m harness.run --findings-module PKG.MODULE` or in your
+`pyproject.toml` (`[tool.esper-bench] findings-modules = [...]`, `harness.project`).
+
+The public names are importable from `harness` itself::
+
+    from harness import Case, Finding, max_abs_difference, register
+
+Every field of `Finding` is checked when it is constructed: a wrong one is a
+`ValueError` naming the finding, the field, what was expected and what was received.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import math
+import re
 import sys
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,12 +35,30 @@ import torch
 Inputs = Any
 Call = Callable[[], Any]
 
+#: a finding id: a letter or digit, then letters, digits, `.`, `_` or `-` (it names files)
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 
 @dataclass(frozen=True)
 class Case:
-    """One size/setting of a finding; `params` keep their order for display."""
+    """One size/setting of a finding, e.g. `Case.of(num_envs=4, max_steps=25)`.
+
+    `params` keep their order for display; `case["num_envs"]` reads one. The label
+    (`num_envs=4,max_steps=25`) is the case's identity in results and baselines.
+    """
 
     params: tuple[tuple[str, Any], ...]
+
+    def __post_init__(self) -> None:
+        pairs = self.params
+        if (not isinstance(pairs, tuple) or not pairs
+                or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                           and p[0] for p in pairs)):
+            raise ValueError("Case: params: expected at least one (name, value) pair with a "
+                             f"non-empty str name, e.g. Case.of(n=64); got {pairs!r}")
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Case: params: expected each name once; got {names}")
 
     @classmethod
     def of(cls, **params: Any) -> "Case":
@@ -44,30 +77,84 @@ def _never(variant: str, case: Case, device: torch.device) -> str | None:
     return None
 
 
+def _exact(case: Case) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class _Constant:
+    """`tolerance` given as one number: the same for every case."""
+
+    value: float
+
+    def __call__(self, case: Case) -> float:
+        return self.value
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """`cases` given as a list: the same cases for quick and full runs."""
+
+    cases: tuple[Case, ...]
+
+    def __call__(self, quick: bool) -> list[Case]:
+        return list(self.cases)
+
+
 @dataclass(frozen=True)
 class Finding:
-    """A review claim turned into a measurement."""
+    """A claim turned into a measurement: declare one and pass it to `register`.
+
+    Required: `id`, `title`, `claim`, `variants`, `baseline`, `cases`, `build`,
+    `make_call`. With `check` (and optionally `reference` and `tolerance`), every variant's
+    output is compared with the reference before anything is timed; a variant beyond the
+    tolerance is a FAIL row and is not timed. Example::
+
+        register(Finding(
+            id="MY-sum", title="sum() vs a Python loop", claim="sum() is ~10x faster",
+            variants=("loop", "sum"), baseline="loop",
+            cases=[Case.of(n=256), Case.of(n=4096)],
+            build=lambda case, device, seed: torch.rand(
+                case["n"], generator=torch.Generator().manual_seed(seed)).to(device),
+            make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum"
+                                         else (lambda: torch.tensor(sum(x.tolist()))),
+            check=max_abs_difference, tolerance=1e-3,
+        ))
+    """
 
     id: str
-    """The ticket id, e.g. `B4-CR-03`."""
+    """The claim's id, e.g. `B4-CR-03`: a letter or digit, then letters, digits, `.`, `_`
+    or `-` (it names files); unique among registered findings."""
     title: str
+    """One line saying what is compared (the report's heading)."""
     claim: str
-    """The ticket's claim, quoted short."""
+    """The claim under test, quoted short, e.g. "GAE could be ~4x faster with tensor
+    operations" (a factor in it, `~4x`, is held against the measured ratio)."""
     variants: tuple[str, ...]
+    """The names of the variants compared (one or more, unique); a list is accepted."""
     baseline: str
+    """The variant the others are compared with (ratio = variant time / baseline time)."""
     cases: Callable[[bool], list[Case]]
-    """quick -> the cases to run (`quick=True` for CI-sized runs)."""
+    """quick -> the cases to run (`quick=True` for CI-sized runs, and the gate's cases);
+    or a non-empty list of `Case`, run both ways. A `cases` function that raises is one
+    failed row of the finding, and the run goes on."""
     build: Callable[[Case, torch.device, int], Inputs]
-    """(case, device, seed) -> inputs, built once per case."""
+    """(case, device, seed) -> inputs, built once per case, outside the timed region."""
     make_call: Callable[[str, Inputs], Call]
-    """(variant, inputs) -> a zero-argument callable: the timed region."""
+    """(variant, inputs) -> a zero-argument callable: the timed region. What it returns is
+    the output that `check` compares."""
     check: Callable[[Any, Any], float] | None = None
-    """(output, reference output) -> max error; None: nothing to check."""
+    """(output, reference output) -> max error, e.g. `max_abs_difference`; None: nothing
+    is checked."""
     reference: Callable[[Inputs], Any] | None = None
-    """inputs -> reference output; None: the baseline variant's output is the reference."""
-    tolerance: Callable[[Case], float] = lambda case: 0.0
+    """inputs -> reference output (say, the same computation in float64); None: the
+    baseline variant's output is the reference. Needs `check`."""
+    tolerance: Callable[[Case], float] = _exact
+    """case -> the largest max error that still agrees, or one number >= 0 for every case
+    (default 0: exact)."""
     skip: Callable[[str, Case, torch.device], str | None] = _never
-    """(variant, case, device) -> why this cell is not run, or None."""
+    """(variant, case, device) -> why this cell is not run, or None; `"needs CUDA"` is
+    reported as such."""
     extra_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
     """(variant, inputs) -> extra per-variant numbers (phase seconds, host-blocked time)."""
     peers: tuple[str, ...] = ()
@@ -98,21 +185,167 @@ class Finding:
     """About how many seconds its quick and its default cases take on a 2-core CPU
     (`harness.run --list` shows it; a long finding should say)."""
     ticket: str = ""
-    """Where the claim comes from (a review ticket file name)."""
+    """Where the claim comes from (a review ticket, an issue or pull-request link)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
-    """What a reader should know about the setup (what is skipped and why)."""
+    """What a reader should know about the setup (what is skipped and why); a list is accepted."""
+    gated: bool = True
+    """Whether `harness.gate` checks it (its counters, and its A/B timing): True unless its
+    counts are not deterministic (they depend on state that varies from run to run)."""
 
     def __post_init__(self) -> None:
+        self._check_text()
+        self._check_variants()
+        self._check_callables()
+        if self.reference is not None and self.check is None:
+            self._bad("check", "a callable (output, reference) -> max error, since a "
+                      "reference is given (without it the reference is never compared)",
+                      self.check)
+
+    def _bad(self, name: str, expected: str, received: Any) -> None:
+        raise ValueError(f"Finding {self.id!r}: {name}: expected {expected}; got {received!r}")
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # normalising a field of the frozen instance
+
+    def _check_text(self) -> None:
+        if not isinstance(self.id, str) or not ID_PATTERN.fullmatch(self.id):
+            raise ValueError(f"Finding: id: expected a str of letters, digits, '.', '_' or '-' "
+                             f"starting with a letter or digit, e.g. 'MY-claim-1'; got {self.id!r}")
+        for name in ("title", "claim"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                self._bad(name, "a non-empty str", value)
+        if not isinstance(self.ticket, str):
+            self._bad("ticket", "a str", self.ticket)
+        notes = self._names("notes", self.notes, allow_empty=True, unique=False)
+        self._set("notes", notes)
+        for name in ("paired", "gated", "long"):
+            if not isinstance(getattr(self, name), bool):
+                self._bad(name, "True or False", getattr(self, name))
+        limit = self.profile_max_s
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not limit > 0):
+            self._bad("profile_max_s", "None or seconds > 0", limit)
+        duration = self.duration_s
+        if duration is not None and not (
+                isinstance(duration, tuple) and len(duration) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                        for v in duration)):
+            self._bad("duration_s", "None or (quick seconds, default seconds), each >= 0",
+                      duration)
+
+    def _names(self, name: str, value: Any, *, allow_empty: bool, unique: bool = True
+               ) -> tuple[str, ...]:
+        """`value` as a tuple of non-empty strs (a list or tuple is accepted)."""
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            self._bad(name, "a tuple of str", value)
+        items = tuple(value)
+        if not allow_empty and not items:
+            self._bad(name, "at least one name", value)
+        if not all(isinstance(v, str) and v.strip() for v in items):
+            self._bad(name, "non-empty strs", value)
+        repeated = sorted({v for v in items if items.count(v) > 1})
+        if unique and repeated:
+            self._bad(name, f"each name once ({', '.join(repeated)} repeated)", value)
+        return items
+
+    def _check_variants(self) -> None:
+        self._set("variants", self._names("variants", self.variants, allow_empty=False))
         if self.baseline not in self.variants:
-            raise ValueError(
-                f"Finding {self.id}: baseline: expected one of {', '.join(self.variants)}; "
-                f"got {self.baseline!r}"
-            )
+            self._bad("baseline", f"one of the variants ({', '.join(self.variants)})",
+                      self.baseline)
+        self._set("peers", self._names("peers", self.peers, allow_empty=True))
         stray = [p for p in self.peers if p not in self.variants]
         if stray:
-            raise ValueError(
-                f"Finding {self.id}: peers: expected variants of the finding; got {stray}"
-            )
+            self._bad("peers", f"variants of the finding ({', '.join(self.variants)})", stray)
+        if self.baseline in self.peers:
+            self._bad("peers", "variants other than the baseline (a peer is a comparator)",
+                      self.peers)
+
+    def _check_callables(self) -> None:
+        if isinstance(self.cases, (list, tuple)):
+            if not self.cases or not all(isinstance(c, Case) for c in self.cases):
+                self._bad("cases", "a non-empty list of Case (or a function quick -> list "
+                          "of Case)", self.cases)
+            check_cases(self, list(self.cases), "cases")
+            self._set("cases", _Listed(tuple(self.cases)))
+        tolerance = self.tolerance
+        if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
+            if not (math.isfinite(tolerance) and tolerance >= 0):
+                self._bad("tolerance", "a number >= 0 or a function case -> number", tolerance)
+            self._set("tolerance", _Constant(float(tolerance)))
+        required = {"cases": "quick -> list of Case", "build": "(case, device, seed) -> inputs",
+                    "make_call": "(variant, inputs) -> zero-argument callable",
+                    "tolerance": "case -> max error allowed", "skip":
+                    "(variant, case, device) -> reason or None"}
+        optional = {"check": "(output, reference) -> max error",
+                    "reference": "inputs -> reference output",
+                    "extra_metrics": "(variant, inputs) -> dict", "sample_metrics":
+                    "(variant, inputs) -> dict", "min_bytes": "case -> bytes"}
+        for name, signature in required.items():
+            if not callable(getattr(self, name)):
+                self._bad(name, f"a callable {signature}", getattr(self, name))
+        for name, signature in optional.items():
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                self._bad(name, f"None or a callable {signature}", value)
+
+
+#: the names of `Finding`'s fields, in order (frozen by tests/test_public_api.py)
+FIELDS = tuple(f.name for f in fields(Finding))
+
+
+def check_cases(finding: Finding, cases: Any, where: str) -> list[Case]:
+    """`cases` if it is a non-empty list of `Case` with distinct labels; else ValueError
+    naming `where` (`cases`, or `cases(quick=True)` for what the function returned)."""
+    if not isinstance(cases, (list, tuple)) or not cases:
+        finding._bad(where, "a non-empty list of Case", cases)
+    strays = [c for c in cases if not isinstance(c, Case)]
+    if strays:
+        finding._bad(where, "Case objects (Case.of(name=value, ...))", strays[0])
+    labels = [c.label for c in cases]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        finding._bad(where, f"distinct cases ({'; '.join(repeated)} repeated)", labels)
+    return list(cases)
+
+
+#: the one case of a finding whose `cases` function failed (`planned`)
+CASES_FAILED = Case.of(cases="failed")
+
+
+class CasesError(RuntimeError):
+    """A finding's `cases(quick)` raised, or returned something other than a list of cases."""
+
+
+def planned(finding: Finding, quick: bool) -> Finding:
+    """`finding` with its `cases(quick)` called once and checked, for one run.
+
+    The result's `cases` returns that list whatever `quick` is. When `cases(quick)`
+    raises or returns no valid list, the result is a stand-in with one case,
+    `CASES_FAILED`, whose `build` raises a `CasesError` naming the cause (with the
+    cause's traceback): the runner and the gate record it as the finding's failed row,
+    and the run goes on.
+    """
+    where = f"cases(quick={quick})"
+    try:
+        returned = finding.cases(quick)
+    except Exception as err:  # user code: any error becomes the finding's failed row
+        return _failed(finding, CasesError(f"{where} raised {type(err).__name__}: {err}")
+                       .with_traceback(err.__traceback__))
+    try:
+        cases = check_cases(finding, returned, where)
+    except ValueError as err:
+        return _failed(finding, CasesError(str(err)))
+    return dataclasses.replace(finding, cases=_Listed(tuple(cases)))
+
+
+def _failed(finding: Finding, failure: CasesError) -> Finding:
+    """The stand-in of a finding whose cases could not be listed (see `planned`)."""
+    def build(case: Case, device: torch.device, seed: int) -> Inputs:
+        raise failure
+
+    return dataclasses.replace(finding, cases=_Listed((CASES_FAILED,)), build=build, skip=_never)
 
 
 def max_abs_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -127,7 +360,11 @@ _loading: list[str] = []  # the modules being imported for their register calls,
 
 
 def register(finding: Finding) -> Finding:
-    """Add `finding` to the registry (what `harness.run` measures); its id must be new."""
+    """Add `finding` to the registry (what `harness.run` measures) and return it.
+
+    Its id must be new: a second finding with the id of one already registered (a
+    built-in one included) is a ValueError naming where the first came from.
+    """
     if not isinstance(finding, Finding):
         raise ValueError(f"register: finding: expected a Finding; got {type(finding).__name__}")
     if finding.id in FINDINGS:
@@ -135,7 +372,10 @@ def register(finding: Finding) -> Finding:
                          f"({ORIGINS.get(finding.id, 'by an earlier register call')}); "
                          "choose another id")
     FINDINGS[finding.id] = finding
-    ORIGINS[finding.id] = _loading[-1] if _loading else "register()"
+    # the module named to load_findings_module, else the module that called register
+    caller = sys._getframe(1).f_globals.get("__name__", "register()")
+    ORIGINS[finding.id] = (_loading[-1] if _loading
+                           else "built-in" if caller.startswith(f"{__name__}.") else caller)
     return finding
 
 
@@ -152,7 +392,7 @@ def load_findings_module(name: str) -> list[str]:
     """
     _load_builtin()
     if name in sys.modules:  # imported earlier (by an earlier run in this process)
-        return [i for i, origin in ORIGINS.items() if origin == name]
+        return from_modules([name])
     before = set(FINDINGS)
     _loading.append(name)
     try:
@@ -161,15 +401,33 @@ def load_findings_module(name: str) -> list[str]:
         for added in set(FINDINGS) - before:
             del FINDINGS[added], ORIGINS[added]
         sys.modules.pop(name, None)
-        frames = [f for f in traceback.extract_tb(err.__traceback__)
-                  if not f.filename.startswith("<frozen")]  # importlib's own frames say nothing
-        where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+        where = _user_frame(err)
+        hint = (" (a module is found through sys.path, which starts with the current folder)"
+                if isinstance(err, ModuleNotFoundError) and err.name
+                and name.startswith(err.name) else "")
         raise FindingsModuleError(
             f"--findings-module {name}: expected an importable module that registers "
-            f"findings; importing it raised {type(err).__name__}: {err}{where}") from err
+            f"findings; importing it raised {type(err).__name__}: {err}{where}{hint}") from err
     finally:
         _loading.pop()
     return [i for i in FINDINGS if i not in before]
+
+
+def from_modules(modules: Sequence[str]) -> list[str]:
+    """The ids of the registered findings that the modules `modules` registered, in
+    registry order."""
+    return [i for i, origin in ORIGINS.items() if origin in modules and i in FINDINGS]
+
+
+def _user_frame(err: BaseException) -> str:
+    """` (at file.py:12)`: the innermost frame of the traceback in the user's code (not in
+    importlib or the harness, whose frames say nothing about the cause), or ''."""
+    harness_folder = Path(__file__).resolve().parents[1]
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<")  # <frozen importlib>, dataclass code
+              and Path(f.filename).resolve().parent != Path(importlib.__file__).parent
+              and harness_folder not in Path(f.filename).resolve().parents]
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
 
 
 def select(ids: list[str] | None, include_long: bool = False) -> list[Finding]:

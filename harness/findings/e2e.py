@@ -85,6 +85,11 @@ register(Finding(
     tolerance=lambda case: 1e-5,
     paired=True,
     sample_metrics=phase_seconds,
+    # not gated: its work depends on the trainer's state (86,499 then 89,310 op calls in
+    # iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float
+    # values, which can round differently on another CPU), and its allocated bytes changed
+    # with the torch thread count
+    gated=False,
     notes=(
         "One timed call = one iteration: rollout (env epochs, policy forwards, buffer adds), "
         "GAE and the PPO update. " + f"original = {Variants.original().spec()}; "

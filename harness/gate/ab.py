@@ -12,6 +12,12 @@ median of the session ratios, with a distribution-free (sign-test) 95% interval 
 [min, max] of 6 sessions. A cell is a regression when the whole interval lies above
 1 + threshold, an improvement when it lies below 1 / (1 + threshold).
 
+For findings of your own (`ABOptions.findings_modules`), the two trees are your
+repository's working folder and a worktree of REV: from each, the worker imports your
+findings modules and the code they import from the repository, through the folders of
+`sys.path` that lie in it (`user_trees`); the harness doing the measuring is the
+installed one, the same for both.
+
 Why so: on a shared 2-vCPU machine the speed changes at sub-second scales and each
 process also keeps a speed of its own, so comparing separate processes of each tree,
 even their fastest samples, cannot resolve 25% (tried first: 3 of 6 planted 1.25x
@@ -28,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -67,6 +74,11 @@ class ABOptions:
     """torch threads in each worker process."""
     seed: int = 0
     """Input seed."""
+    findings_modules: tuple[str, ...] = ()
+    """Your findings modules, imported from each tree (`findings` are theirs); empty: the
+    built-in findings of each tree's own harness."""
+    paths: tuple[str, ...] = (".",)
+    """Folders of each tree, relative to its root, that the worker imports from."""
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
@@ -161,6 +173,57 @@ def worktree(repo: Path, commit: str) -> Iterator[Path]:
                 _remove_worktree(repo, folder)
 
 
+# ----------------------------------------------------------------------- your repository
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def import_folders(repo: Path) -> tuple[str, ...]:
+    """The folders of `sys.path` inside `repo` (the current folder for `''`), relative to
+    it, except those of the Python installation (a virtual environment kept in the
+    repository): where this process imports the repository's code from."""
+    places = [sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+    if sys.prefix != sys.base_prefix:  # a virtual environment: all of it
+        places.append(sys.prefix)
+    installation = {Path(place).resolve() for place in places}
+    folders = []
+    for entry in sys.path:
+        path = Path(entry or ".").resolve()
+        if (path.is_dir() and _inside(path, repo)
+                and not any(_inside(path, place) for place in installation)):
+            folders.append(path.relative_to(repo).as_posix() or ".")
+    return tuple(dict.fromkeys(folders))
+
+
+def user_trees(modules: Sequence[str]) -> tuple[Path, tuple[str, ...]]:
+    """The git repository that holds your (imported) findings `modules`, and the folders
+    of it that they are imported through (`import_folders`); UsageError when a module
+    lies outside a repository or is imported other than through one of its folders."""
+    files = []
+    for name in modules:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file is None:
+            raise UsageError(f"--against: expected {name} to be an imported module with a "
+                             "file (named by --findings-module or [tool.esper-bench]); got "
+                             f"{'no such module' if name not in sys.modules else 'no file'}")
+        files.append(Path(file).resolve())
+    found = _git(files[0].parent, "rev-parse", "--show-toplevel")
+    if found.returncode != 0:
+        raise UsageError(f"--against: expected {modules[0]} ({files[0]}) in a git repository, "
+                         "whose revisions are compared; got a file outside any")
+    repo = Path(found.stdout.strip()).resolve()
+    folders = import_folders(repo)
+    for name, file in zip(modules, files):
+        if not any(_inside(file, repo / folder) for folder in folders):
+            raise UsageError(
+                f"--against: expected {name} ({file}) imported through a folder of "
+                f"{repo} on sys.path, so that each revision's copy can be imported the same "
+                f"way; got none of sys.path's folders holding it (run the gate from the "
+                f"folder that imports it)")
+    return repo, folders
+
+
 # ------------------------------------------------------------------------------- workers
 
 class WorkerFailed(RuntimeError):
@@ -173,7 +236,7 @@ def run_session(trees: Sequence[Path], options: ABOptions) -> dict:
         trees=tuple(str(t) for t in trees), findings=options.findings,
         min_rounds=options.min_rounds, variant_budget_s=options.variant_budget_s,
         min_sample_time=options.min_sample_time, threads=options.threads, seed=options.seed,
-        parent=os.getpid(),
+        parent=os.getpid(), findings_modules=options.findings_modules, paths=options.paths,
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with tempfile.TemporaryDirectory(prefix="gate-ab-session-") as neutral:
@@ -207,8 +270,8 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
             session = run_session(trees, options)
         except WorkerFailed as err:
             raise UsageError(f"--against: the trees cannot be measured: {err}") from err
-        if flipped:
-            session = {"esper": session["esper"][::-1],
+        if flipped:  # every per-tree list current first: the sources and each cell's
+            session = {**{k: v[::-1] for k, v in session.items() if k != "cells"},
                        "cells": [{k: v[::-1] if k in _PER_TREE else v for k, v in c.items()}
                                  for c in session["cells"]]}
         sessions.append(session)

@@ -18,6 +18,12 @@ the findings named (default: every gated one) and merges them into the baseline 
 The table and its summary line are also appended to the file $GITHUB_STEP_SUMMARY names,
 when it names one (a GitHub Actions job summary).
 
+Your own findings: `--findings-module PKG.MODULE` (repeatable), or the modules named in
+your pyproject.toml (`[tool.esper-bench] findings-modules`, with `baseline` and
+`invariants` as the defaults of --baseline and --config; `harness.project`). The checks
+then cover the gated findings of those modules; --against REV compares two revisions of
+the repository that holds them; check b runs where an invariants config is given.
+
 Every input is checked before anything is measured. Exit status (also in `--help`):
 0 pass; 1 a regression (or a variant that raises); 2 usage or input error, including a
 missing, unreadable, outdated or incomplete baseline (the message gives the command that
@@ -40,6 +46,7 @@ from harness.gate.table import (
     STEP_SUMMARY_VARIABLE, GateRow, Outcome, append_step_summary, render_markdown, rows_document,
     step_summary_path, summary_line,
 )
+from harness.project import load_project_config
 from harness.results import atomic_write_text
 
 
@@ -67,14 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-new", action="store_true",
                    help="counters: let cells the baseline has no entry for pass (reported as "
                         "'new (allowed)'), provided some other cell was compared")
-    p.add_argument("--baseline", type=Path, default=gate_counters.DEFAULT_BASELINE, metavar="FILE",
-                   help="counters baseline (default results/baselines/counters.json)")
-    p.add_argument("--config", type=Path, default=gate_invariants.DEFAULT_CONFIG, metavar="FILE",
-                   help="invariants config (default harness/gate/invariants.json)")
+    p.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+                   help="counters baseline (default: baseline in [tool.esper-bench] of "
+                        "pyproject.toml, else results/baselines/counters.json)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="invariants config (default: invariants in [tool.esper-bench] of "
+                        "pyproject.toml, else harness/gate/invariants.json for the built-in "
+                        "findings; with your findings modules and no config, check b is off)")
     p.add_argument("--findings", nargs="+", metavar="ID",
-                   help="gated findings for the counters and A/B checks (default: counters "
-                        f"{' '.join(gate_counters.GATED_FINDINGS)}; "
-                        f"A/B {' '.join(gate_ab.ABOptions.findings)})")
+                   help="gated findings for the counters and A/B checks (default: those of "
+                        "your findings modules; else counters: every gated built-in one, "
+                        f"A/B: {' '.join(gate_ab.ABOptions.findings)})")
+    p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
+                   help="import this module for its harness.findings.register calls (your "
+                        "own findings; repeatable), after those named in pyproject.toml")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the rows, with their numbers, as JSON to FILE")
     p.add_argument("--sessions", type=int, metavar="N",
@@ -86,20 +99,67 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _with_project(args: argparse.Namespace) -> None:
+    """Fill in what the nearest pyproject.toml names (`harness.project`) and import the
+    findings modules: first, since the other options' defaults depend on them."""
+    project = load_project_config()
+    args.findings_module = list(dict.fromkeys([*project.findings_modules,
+                                               *(args.findings_module or [])]))
+    try:
+        for module in args.findings_module:
+            registry.load_findings_module(module)
+    except ValueError as err:  # names the module and the cause
+        raise UsageError(str(err)) from err
+    if args.baseline is None:
+        args.baseline = project.baseline or gate_counters.DEFAULT_BASELINE
+    if args.config is None and (project.invariants or not args.findings_module):
+        args.config = project.invariants or gate_invariants.DEFAULT_CONFIG
+
+
+def _default_findings(args: argparse.Namespace, built_in: tuple[str, ...]) -> tuple[str, ...]:
+    """The gated findings of your findings modules, or with none, `built_in`."""
+    return gate_counters.gated_findings(args.findings_module) if args.findings_module else built_in
+
+
 def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
     """`--findings` (or the check's default): each a registered id the gate covers."""
     ids = tuple(dict.fromkeys(args.findings or default))
+    if not ids:
+        raise UsageError(f"--findings: expected gated findings in "
+                         f"{', '.join(args.findings_module)}; got none (every finding they "
+                         "register has gated=False)")
     try:
         registry.select(list(ids))
     except ValueError as err:  # the registry names the unknown and the known ids
         raise UsageError(str(err)) from err
-    ungated = [i for i in ids if i not in gate_counters.GATED_FINDINGS]
+    ungated = [i for i in ids if not registry.FINDINGS[i].gated]
     if ungated:
+        covered = gate_counters.gated_findings(args.findings_module)
         raise UsageError(f"--findings: expected findings the gate covers "
-                         f"({', '.join(gate_counters.GATED_FINDINGS)}); got {', '.join(ungated)}, "
-                         "registered but not gated (see GATED_FINDINGS in "
-                         "harness/gate/counters.py)")
+                         f"({', '.join(covered)}); got {', '.join(ungated)}, "
+                         "registered but not gated (gated=False in its Finding)")
     return ids
+
+
+def _ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
+    """The A/B check's options and the repository whose revisions it compares: this
+    project's for the built-in findings, the one holding your findings modules for yours."""
+    defaults = gate_ab.ABOptions()
+    ids = _findings(args, _default_findings(args, defaults.findings))
+    modules = tuple(dict.fromkeys(registry.ORIGINS.get(i, "register()") for i in ids))
+    if "built-in" in modules and len(modules) > 1:
+        raise UsageError(f"--findings: expected either built-in findings or your own for "
+                         f"--against (they come from different repositories); got "
+                         f"{', '.join(ids)}")
+    repo, folders = ((gate_ab.CURRENT_TREE, (".",)) if modules == ("built-in",)
+                     else gate_ab.user_trees(modules))
+    options = gate_ab.ABOptions(
+        findings=ids,
+        sessions=defaults.sessions if args.sessions is None else args.sessions,
+        threshold=defaults.threshold if args.threshold is None else args.threshold,
+        findings_modules=() if modules == ("built-in",) else modules, paths=folders,
+    )
+    return options, repo
 
 
 def _progress(message: str) -> None:
@@ -107,7 +167,9 @@ def _progress(message: str) -> None:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    """Options that are wrong in themselves or together, before anything is measured."""
+    """Options that are wrong in themselves or together, before anything is measured
+    (after the project's settings and findings modules are read: `_with_project`)."""
+    _with_project(args)
     checks = [name for name, given in zip(("--counters", "--invariants", "--against"),
                                           (args.counters, args.invariants,
                                            args.against is not None)) if given]
@@ -125,6 +187,10 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError("--findings: expected with --counters, --against or "
                          "--update-baseline (the invariants config names its own findings); "
                          "got it with --invariants only")
+    if args.invariants and args.config is None:
+        raise UsageError(f"--invariants: expected an invariants config for the findings of "
+                         f"{', '.join(args.findings_module)} (--config FILE, or invariants = "
+                         "\"FILE\" in [tool.esper-bench] of pyproject.toml); got none")
     for name, value in (("--sessions", args.sessions), ("--threshold", args.threshold)):
         if value is not None and args.against is None:
             raise UsageError(f"{name}: expected with --against REV (it sets the A/B check); "
@@ -136,10 +202,11 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _update(args: argparse.Namespace) -> int:
-    findings = _findings(args, gate_counters.GATED_FINDINGS)
+    findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
     exits.check_writable(args.baseline, "--baseline")
     update = gate_counters.update_baseline(
-        args.baseline, findings, replace_stale=args.findings is None)
+        args.baseline, findings, replace_stale=args.findings is None,
+        modules=args.findings_module)
     print(f"wrote {args.baseline}: {update.written} cells of {', '.join(findings)} "
           f"(each counted twice, identical)")
     if update.kept:
@@ -156,9 +223,10 @@ def _update(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> tuple[bool, bool, bool]:
-    """Whether checks a, b and c run: those named, or a and b when none is."""
+    """Whether checks a, b and c run: those named, or a and b when none is (b only where
+    there is an invariants config: your findings may have none)."""
     named = (args.counters, args.invariants, args.against is not None)
-    return named if any(named) else (True, True, False)
+    return named if any(named) else (True, args.config is not None, False)
 
 
 def run_checks(args: argparse.Namespace) -> list[GateRow]:
@@ -166,18 +234,13 @@ def run_checks(args: argparse.Namespace) -> list[GateRow]:
     checked first, so that a bad one fails before minutes of measuring."""
     counters, invariants, against = _runs(args)
     if counters:
-        counter_findings = _findings(args, gate_counters.GATED_FINDINGS)
-        baseline = gate_counters.load_baseline(args.baseline)
+        counter_findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
+        baseline = gate_counters.load_baseline(args.baseline, modules=args.findings_module)
     if invariants:
         config = gate_invariants.load_config(args.config)
     if against:
-        gate_ab.resolve_revision(gate_ab.CURRENT_TREE, args.against)
-        defaults = gate_ab.ABOptions()
-        options = gate_ab.ABOptions(
-            findings=_findings(args, defaults.findings),
-            sessions=defaults.sessions if args.sessions is None else args.sessions,
-            threshold=defaults.threshold if args.threshold is None else args.threshold,
-        )
+        options, repo = _ab_options(args)
+        gate_ab.resolve_revision(repo, args.against)
     rows: list[GateRow] = []
     if counters:
         started = time.perf_counter()
@@ -191,7 +254,8 @@ def run_checks(args: argparse.Namespace) -> list[GateRow]:
         _progress(f"invariants: {time.perf_counter() - started:.1f} s")
     if against:
         started = time.perf_counter()
-        rows += gate_ab.check_against(args.against, options, progress=_progress)
+        rows += gate_ab.check_against(args.against, options, repo=repo, current=repo,
+                                      progress=_progress)
         _progress(f"A/B: {time.perf_counter() - started:.1f} s")
     return rows
 

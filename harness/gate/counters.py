@@ -39,28 +39,40 @@ import torch
 from harness import findings as registry
 from harness.exits import read_json
 from harness.measure.counters import profile_call
+from harness.project import load_project_config
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
 from harness.measure.timing import pinned_threads
 
 SCHEMA_VERSION = 1
 DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "counters.json"
-#: the findings whose quick cases run on a CPU and count the same on every run. E2E-iteration
-#: is left out: its work depends on the trainer's state (86,499 then 89,310 op calls in
-#: iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float
-#: values, which can round differently on another CPU), and its allocated bytes changed
-#: with the torch thread count.
-GATED_FINDINGS = ("B4-CR-03", "B4-DRL-03", "B4-PT-05")
 COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes")
 THREADS = 1
 UPDATE_COMMAND = "python -m harness.gate --update-baseline"
 
 
-def update_command(path: Path, findings: Sequence[str] = ()) -> str:
-    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it."""
+def gated_findings(modules: Sequence[str] = ()) -> tuple[str, ...]:
+    """The findings the gate checks by default: those of `modules` (your findings modules,
+    imported) or, with none, the built-in ones; either way only those whose counts are
+    deterministic (`Finding.gated`)."""
+    registry.select(None)  # the built-in findings
+    ids = (registry.from_modules(modules) if modules
+           else [i for i, origin in registry.ORIGINS.items() if origin == "built-in"])
+    return tuple(i for i in ids if registry.FINDINGS[i].gated)
+
+
+def update_command(path: Path, findings: Sequence[str] = (), modules: Sequence[str] = ()) -> str:
+    """The command that (re)creates the baseline at `path`, or adds `findings`' cells to it,
+    with `--findings-module` for `modules` and the findings' own modules (those of yours
+    that pyproject.toml does not name already)."""
     command = UPDATE_COMMAND
     if path.resolve() != DEFAULT_BASELINE:
         command += f" --baseline {path}"
+    named = load_project_config().findings_modules
+    origins = [*modules, *(registry.ORIGINS.get(i, "built-in") for i in findings)]
+    for module in dict.fromkeys(origins):
+        if module not in ("built-in", "register()", *named):
+            command += f" --findings-module {module}"
     if findings:
         command += f" --findings {' '.join(findings)}"
     return command
@@ -144,6 +156,7 @@ def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = F
     cells: list[CellCounts] = []
     with pinned_threads(THREADS):
         for finding in registry.select(list(finding_ids)):
+            finding = registry.planned(finding, True)  # cases() failing: an error row
             for case in finding.cases(True):
                 cells += _measure_case(finding, case, seed, 2 if repeat_check else 1)
     return cells
@@ -151,62 +164,71 @@ def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = F
 
 # ---------------------------------------------------------------------------- baseline file
 
-def _bad_baseline(path: Path, what: str) -> UsageError:
-    return UsageError(f"{path}: {what}; recreate it with `{update_command(path)}`")
+def _bad_baseline(path: Path, what: str, modules: Sequence[str] = ()) -> UsageError:
+    return UsageError(f"{path}: {what}; recreate it with `{update_command(path, modules=modules)}`")
 
 
-def _entry(entry: object, where: str, path: Path) -> CellCounts:
+def _entry(entry: object, where: str, path: Path, modules: Sequence[str] = ()) -> CellCounts:
     """One `counters` entry, checked: its key as strings, counts and tolerances as ints >= 0."""
     if not isinstance(entry, dict):
-        raise _bad_baseline(path, f"{where}: expected an object; got {type(entry).__name__}")
+        raise _bad_baseline(path, f"{where}: expected an object; got {type(entry).__name__}",
+                            modules)
     missing = [k for k in ("finding", "case", "variant", *COUNTERS) if k not in entry]
     if missing:
-        raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; got {sorted(entry)}")
+        raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; "
+                                  f"got {sorted(entry)}", modules)
     key = {k: entry[k] for k in ("finding", "case", "variant")}
     if not all(isinstance(v, str) for v in key.values()):
-        raise _bad_baseline(path, f"{where}: expected finding, case and variant as strings; got {key}")
+        raise _bad_baseline(path, f"{where}: expected finding, case and variant as strings; "
+                                  f"got {key}", modules)
     values = {k: entry[k] for k in COUNTERS}
     tolerance = entry.get("tolerance", {})
     if not isinstance(tolerance, dict):
         raise _bad_baseline(path, f"{where}.tolerance: expected an object; "
-                                  f"got {type(tolerance).__name__}")
+                                  f"got {type(tolerance).__name__}", modules)
     bad = {k: v for k, v in {**values, **tolerance}.items()
            if not isinstance(v, int) or isinstance(v, bool) or v < 0}
     unknown = sorted(set(tolerance) - set(COUNTERS))
     if bad or unknown:
         raise _bad_baseline(path, f"{where}: expected counts and tolerances as integers >= 0 "
-                                  f"for {', '.join(COUNTERS)}; got {bad or unknown}")
+                                  f"for {', '.join(COUNTERS)}; got {bad or unknown}", modules)
     return CellCounts(**key, counts=values, tolerance=dict(tolerance))
 
 
-def load_baseline(path: Path, *, same_machine_kind: bool = True) -> dict[Key, CellCounts]:
+def load_baseline(path: Path, *, same_machine_kind: bool = True,
+                  modules: Sequence[str] = ()) -> dict[Key, CellCounts]:
     """Baseline entries by key, in file order; UsageError naming the file, what is wrong
     (missing, unreadable, not UTF-8, truncated, other schema or machine kind, a bad
     entry) and the command that fixes it.
 
-    `same_machine_kind=False` skips the fingerprint check (to carry tolerances over).
+    `same_machine_kind=False` skips the fingerprint check (to carry tolerances over);
+    `modules`, your findings modules, are named in the command.
     """
     if not path.exists():
-        raise UsageError(f"no counters baseline at {path}; create it with `{update_command(path)}`")
-    document = read_json(path, fix=f"recreate it with `{update_command(path)}`")
+        raise UsageError(f"no counters baseline at {path}; create it with "
+                         f"`{update_command(path, modules=modules)}`")
+    document = read_json(path, fix=f"recreate it with `{update_command(path, modules=modules)}`")
     if not isinstance(document, dict):
-        raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}")
+        raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}", modules)
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}")
+        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}",
+                            modules)
     recorded, here = document.get("fingerprint"), fingerprint()
     if same_machine_kind and recorded != here:
-        raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); got {recorded!r}")
+        raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); "
+                                  f"got {recorded!r}", modules)
     listed = document.get("counters")
     if not isinstance(listed, list):
         raise _bad_baseline(path, f"counters: expected a list of entries; got "
-                                  f"{'nothing' if listed is None else type(listed).__name__}")
+                                  f"{'nothing' if listed is None else type(listed).__name__}",
+                            modules)
     entries: dict[Key, CellCounts] = {}
     for index, raw in enumerate(listed):
-        cell = _entry(raw, f"counters[{index}]", path)
+        cell = _entry(raw, f"counters[{index}]", path, modules)
         if cell.key in entries:
             raise _bad_baseline(path, f"counters[{index}]: expected one entry per finding, "
-                                      f"case and variant; got {cell.key} again")
+                                      f"case and variant; got {cell.key} again", modules)
         entries[cell.key] = cell
     return entries
 
@@ -227,7 +249,7 @@ class BaselineUpdate:
     """Why the old file was replaced rather than merged into (stale or unreadable), or None."""
 
 
-def _previous(path: Path, findings: set[str], replace_stale: bool
+def _previous(path: Path, findings: set[str], replace_stale: bool, modules: Sequence[str] = ()
               ) -> tuple[dict[Key, CellCounts], str | None]:
     """The entries to merge with, and why the file is replaced instead (None: merged).
 
@@ -239,7 +261,7 @@ def _previous(path: Path, findings: set[str], replace_stale: bool
     if not path.exists():
         return {}, None
     try:
-        return load_baseline(path), None
+        return load_baseline(path, modules=modules), None
     except UsageError as err:
         problem = str(err)
     try:  # a readable file of another machine kind: its tolerances carry over
@@ -409,18 +431,22 @@ def coverage_error(rows: Sequence[GateRow], path: Path, allow_new: bool = False)
     return None
 
 
-def check_counters(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS, *,
+def check_counters(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
                    allow_new: bool = False) -> list[GateRow]:
-    """Check a: measure now and compare with the baseline file."""
+    """Check a: measure now and compare with the baseline file (default findings:
+    `gated_findings()`)."""
     baseline = load_baseline(baseline_path)  # first, so a missing file fails fast
+    finding_ids = gated_findings() if finding_ids is None else finding_ids
     return compare(measure(finding_ids), baseline, finding_ids, allow_new=allow_new,
                    path=baseline_path)
 
 
-def update_baseline(baseline_path: Path, finding_ids: Sequence[str] = GATED_FINDINGS, *,
-                    replace_stale: bool = False) -> BaselineUpdate:
+def update_baseline(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
+                    replace_stale: bool = False, modules: Sequence[str] = ()) -> BaselineUpdate:
     """Measure every cell twice, refuse non-deterministic cells, and merge them into the
-    baseline (`write_baseline`)."""
-    _previous(baseline_path, set(finding_ids), replace_stale)  # refuse before measuring
+    baseline (`write_baseline`; default findings: `gated_findings()`; `modules`, your
+    findings modules, are named in the commands of its messages)."""
+    finding_ids = gated_findings() if finding_ids is None else finding_ids
+    _previous(baseline_path, set(finding_ids), replace_stale, modules)  # refuse before measuring
     cells = measure(finding_ids, repeat_check=True)
     return write_baseline(baseline_path, cells, replace_stale=replace_stale)

@@ -3,19 +3,24 @@
 `harness.gate.ab` runs this file's source with `python -c` from a neutral working
 directory. The process imports `esper` and `harness` from each tree in turn, keeping each
 tree's modules apart (`TreeModules`): whenever tree X's code runs, `sys.modules` and
-`sys.path` hold X's modules and only those. Per finding x quick case x variant, it then
-times the two trees' calls in alternation, round after round (A B, B A, A B, ...), so
+`sys.path` hold X's modules and only those. For findings of your own
+(`WorkerConfig.findings_modules`), the trees are two revisions of your repository: from
+each, your findings modules and every top-level module of its import folders
+(`WorkerConfig.paths`) are imported, while `harness` is the installed one, shared.
+Per finding x quick case x variant, it then times the two trees' calls in alternation, round after round (A B, B A, A B, ...), so
 that both sides see the same machine at the same moment, the same process, the same
 torch and the same allocator: the ratio of neighbouring samples cancels the drifts of a
 shared machine that separate processes cannot.
 
 From each tree only the long-stable parts of the findings API are used (`select`,
 `cases`, `build`, `make_call`, `skip`, `variants`; `peers` where the tree has it).
+A finding whose `cases` raises on a tree is an error of each of its variants there.
 
 Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
 started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
-`{"esper": [<path of each tree's esper package>], "cells": [...]}`, a cell per finding x
-case x variant with `samples`, one list per tree (seconds per call; entry i of each list
+`{"esper": [<path of each tree's esper package>], "cells": [...]}` (for your findings
+`"modules"` instead of `"esper"`: each tree's findings module files, or the error importing
+one raised), a cell per finding x case x variant with `samples`, one list per tree (seconds per call; entry i of each list
 comes from round i), or `errors`, one entry per tree (null where that tree ran), or
 `absent`, one flag per tree (true where the tree has no such cell).
 """
@@ -27,6 +32,7 @@ import ctypes
 import importlib
 import json
 import os
+import pkgutil
 import signal
 import sys
 import time
@@ -36,6 +42,8 @@ from pathlib import Path
 
 #: top-level packages that come from the trees under test; everything else is shared
 TREE_PACKAGES = ("esper", "harness")
+#: with findings of your own: the harness measuring them is the installed one
+SHARED_PACKAGES = ("harness",)
 
 
 @dataclass(frozen=True)
@@ -58,31 +66,53 @@ class WorkerConfig:
     """Input seed passed to each finding's `build`."""
     parent: int | None = None
     """Pid of the gate that started this worker: the worker exits once it is gone."""
+    findings_modules: tuple[str, ...] = ()
+    """Your findings modules, imported from each tree for their `register` calls; empty:
+    the built-in findings of each tree's own `harness`."""
+    paths: tuple[str, ...] = (".",)
+    """Folders of each tree (relative to its root) put first on `sys.path` while its code
+    runs."""
 
 
-def _from_trees(name: str) -> bool:
-    return name.split(".", 1)[0] in TREE_PACKAGES
+def tree_packages(trees: list[Path], config: WorkerConfig) -> tuple[str, ...]:
+    """The top-level packages imported from each tree: esper and harness for the built-in
+    findings; for yours, your findings modules' packages and every top-level module found
+    in the trees' import folders, except the shared `harness`."""
+    if not config.findings_modules:
+        return TREE_PACKAGES
+    names = {name.split(".", 1)[0] for name in config.findings_modules}
+    for tree in trees:
+        for path in config.paths:
+            names.update(info.name for info in pkgutil.iter_modules([str(tree / path)]))
+    return tuple(sorted(names - set(SHARED_PACKAGES)))
 
 
 class TreeModules:
-    """The modules of `TREE_PACKAGES` imported from one tree, swapped into `sys.modules` on demand."""
+    """The modules of `packages` imported from one tree, swapped into `sys.modules` on demand."""
 
-    def __init__(self, tree: Path) -> None:
+    def __init__(self, tree: Path, packages: tuple[str, ...] = TREE_PACKAGES,
+                 paths: tuple[str, ...] = (".",)) -> None:
         self.tree = tree
+        self.packages = packages
+        self.paths = [str((tree / path).resolve()) for path in paths]
         self.modules: dict[str, object] = {}
+
+    def _from_tree(self, name: str) -> bool:
+        return name.split(".", 1)[0] in self.packages
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """While inside, imports of esper/harness (eager or lazy) resolve to this tree."""
-        for name in [n for n in sys.modules if _from_trees(n)]:
+        """While inside, imports of the tree's packages (eager or lazy) resolve to this tree."""
+        for name in [n for n in sys.modules if self._from_tree(n)]:
             del sys.modules[name]
         sys.modules.update(self.modules)
-        sys.path.insert(0, str(self.tree))
+        sys.path[:0] = self.paths
         try:
             yield
         finally:
-            sys.path.remove(str(self.tree))
-            self.modules = {n: sys.modules.pop(n) for n in list(sys.modules) if _from_trees(n)}
+            for path in self.paths:
+                sys.path.remove(path)
+            self.modules = {n: sys.modules.pop(n) for n in list(sys.modules) if self._from_tree(n)}
 
     def load(self) -> tuple[object, object]:
         """`esper` and `harness.findings` of this tree; RuntimeError if they come from elsewhere."""
@@ -90,11 +120,42 @@ class TreeModules:
             esper = importlib.import_module("esper")
             registry = importlib.import_module("harness.findings")
         for module in (esper, registry):
-            where = Path(module.__file__).resolve()
-            if self.tree not in where.parents:
-                raise RuntimeError(f"{module.__name__} was imported from {where}, "
-                                   f"not from the tree under test {self.tree}")
+            self._check_from_tree(module)
         return esper, registry
+
+    def _check_from_tree(self, module) -> None:
+        where = Path(module.__file__).resolve()
+        if self.tree not in where.parents:
+            raise RuntimeError(f"{module.__name__} was imported from {where}, "
+                               f"not from the tree under test {self.tree}")
+
+    def load_findings(self, names: tuple[str, ...]) -> tuple[dict[str, object], list[str]]:
+        """Your findings modules `names` imported from this tree: the findings they
+        registered (id -> Finding), taken back out of the shared registry so that the
+        other tree can register its own, and per module its file, or the error importing
+        it raised (a revision older than the module has none: its cells are absent there).
+        RuntimeError when a module of this tree's packages came from somewhere else (an
+        import hook of an editable install, say)."""
+        registry = importlib.import_module("harness.findings")  # shared: not of a tree
+        before = set(registry.FINDINGS)
+        sources = []
+        with self.active():
+            for name in names:
+                try:
+                    module = importlib.import_module(name)
+                except Exception as err:  # this tree cannot provide these findings
+                    sources.append(f"{name}: {_error(err)}")
+                    continue
+                sources.append(str(Path(module.__file__).resolve()))
+        added = [i for i in registry.FINDINGS
+                 if i not in before and registry.ORIGINS.get(i) != "built-in"]
+        found = {i: registry.FINDINGS.pop(i) for i in added}
+        for finding_id in added:
+            registry.ORIGINS.pop(finding_id, None)
+        for module in self.modules.values():
+            if getattr(module, "__file__", None):
+                self._check_from_tree(module)
+        return found, sources
 
 
 def _sample(fn: Callable[[], object], number: int) -> float:
@@ -143,15 +204,23 @@ def _error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _tree_cells(modules: TreeModules, registry, config: WorkerConfig, device) -> dict:
-    """{(finding, case, variant): a zero-argument call, or the error building it raised}."""
+def _tree_cells(modules: TreeModules, select: Callable[[list[str]], list], config: WorkerConfig,
+                device) -> dict:
+    """{(finding, case, variant): a zero-argument call, or the error building it raised};
+    `select(ids)` gives the tree's findings (called with the tree's modules active)."""
     cells: dict[tuple[str, str, str], object] = {}
     with modules.active():
-        for finding in registry.select(list(config.findings)):
+        for finding in select(list(config.findings)):
             # peers (other libraries' code) are comparators, not ours to gate; getattr:
             # a tree older than the `peers` field has none
             peers = getattr(finding, "peers", ())
-            for case in finding.cases(True):
+            try:
+                cases = finding.cases(True)
+            except Exception as err:  # this tree cannot list the cases: one error row
+                cells.update({(finding.id, "cases()", v): err
+                              for v in finding.variants if v not in peers})
+                continue
+            for case in cases:
                 variants = [v for v in finding.variants
                             if v not in peers and finding.skip(v, case, device) is None]
                 try:
@@ -173,10 +242,20 @@ def measure_trees(config: WorkerConfig) -> dict:
 
     torch.set_num_threads(config.threads)
     device = torch.device("cpu")
-    trees = [TreeModules(Path(tree).resolve()) for tree in config.trees]
-    loaded = [modules.load() for modules in trees]
-    per_tree = [_tree_cells(modules, registry, config, device)
-                for modules, (_, registry) in zip(trees, loaded)]
+    roots = [Path(tree).resolve() for tree in config.trees]
+    packages = tree_packages(roots, config)
+    trees = [TreeModules(root, packages, config.paths) for root in roots]
+    if config.findings_modules:
+        loaded = [modules.load_findings(config.findings_modules) for modules in trees]
+        selects = [lambda ids, found=found: [found[i] for i in ids if i in found]
+                   for found, _ in loaded]
+        sources = {"modules": [files for _, files in loaded]}
+    else:
+        loaded = [modules.load() for modules in trees]
+        selects = [registry.select for _, registry in loaded]
+        sources = {"esper": [str(Path(esper.__file__).resolve().parent) for esper, _ in loaded]}
+    per_tree = [_tree_cells(modules, select, config, device)
+                for modules, select in zip(trees, selects)]
     keys = list(dict.fromkeys(key for cells in per_tree for key in cells))
     out = []
     for key in keys:
@@ -197,8 +276,7 @@ def measure_trees(config: WorkerConfig) -> dict:
                 if not any(errors):  # it did not raise again: blame the pair
                     errors = [_error(err)] * len(calls)
         out.append({**base, "errors": errors})
-    return {"esper": [str(Path(esper.__file__).resolve().parent) for esper, _ in loaded],
-            "cells": out}
+    return {**sources, "cells": out}
 
 
 def _first_call_error(modules: TreeModules, fn: Callable[[], object]) -> str | None:
@@ -229,8 +307,9 @@ def main(argv: list[str]) -> int:
         return 2
     raw = json.loads(argv[0])
     _die_with_parent(raw.get("parent"))
-    raw["trees"] = tuple(raw["trees"])
-    raw["findings"] = tuple(raw["findings"])
+    for name in ("trees", "findings", "findings_modules", "paths"):
+        if name in raw:
+            raw[name] = tuple(raw[name])
     # nothing may come from the working directory: each tree is put on sys.path in turn
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     print(json.dumps(measure_trees(WorkerConfig(**raw))))

@@ -1,0 +1,154 @@
+"""The public API for declaring findings: its names are frozen, and a wrong declaration is
+a ValueError that names the finding, the field, the expected and the received value."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+
+import pytest
+import torch
+
+import harness
+from harness import Case, Finding, max_abs_difference, register
+from harness import findings as registry
+
+#: what a user may import from `harness`; changing it breaks their finding modules
+PUBLIC_NAMES = ["Case", "Finding", "max_abs_difference", "register"]
+#: Finding's fields, in order: a user's keyword arguments
+FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
+                  "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
+                  "sample_metrics", "min_bytes", "profile_max_s", "long", "duration_s", "ticket",
+                  "notes", "gated")
+
+
+def test_the_public_names_are_frozen_and_are_the_registry_s_own():
+    assert harness.__all__ == PUBLIC_NAMES
+    assert set(PUBLIC_NAMES) <= set(dir(harness))
+    assert (Case, Finding, max_abs_difference, register) == (
+        registry.Case, registry.Finding, registry.max_abs_difference, registry.register)
+    with pytest.raises(AttributeError, match="has no attribute 'Findings'"):
+        harness.Findings  # noqa: B018
+
+
+def test_finding_s_fields_are_frozen_and_each_has_a_docstring():
+    assert tuple(f.name for f in dataclasses.fields(Finding)) == FINDING_FIELDS == registry.FIELDS
+    body = ast.parse(textwrap.dedent(inspect.getsource(Finding))).body[0].body
+    documented = {statement.target.id for statement, following in zip(body, body[1:])
+                  if isinstance(statement, ast.AnnAssign) and isinstance(following, ast.Expr)
+                  and isinstance(following.value, ast.Constant)}
+    assert sorted(set(FINDING_FIELDS) - documented) == []
+
+
+def _declare(**changes) -> Finding:
+    """A valid declaration with `changes` applied."""
+    fields = dict(
+        id="API-test", title="a test", claim="b is ~2x faster than a", variants=("a", "b"),
+        baseline="a", cases=lambda quick: [Case.of(n=4)],
+        build=lambda case, device, seed: torch.ones(case["n"], device=device),
+        make_call=lambda variant, x: lambda: x.sum(), check=max_abs_difference,
+    )
+    return Finding(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"baseline": "c"}, "Finding 'API-test': baseline: expected one of the variants (a, b); got 'c'"),
+    ({"variants": ()}, "Finding 'API-test': variants: expected at least one name; got ()"),
+    ({"variants": ("a", "a", "b")}, "variants: expected each name once (a repeated); got ('a', 'a', 'b')"),
+    ({"variants": "ab"}, "variants: expected a tuple of str; got 'ab'"),
+    ({"variants": ("a", "")}, "variants: expected non-empty strs; got ('a', '')"),
+    ({"cases": []}, "cases: expected a non-empty list of Case (or a function quick -> list of Case); got []"),
+    ({"cases": [{"n": 4}]}, "cases: expected a non-empty list of Case"),
+    ({"cases": [Case.of(n=4), Case.of(n=4)]}, "cases: expected distinct cases (n=4 repeated)"),
+    ({"cases": None}, "cases: expected a callable quick -> list of Case; got None"),
+    ({"build": "torch.ones"}, "build: expected a callable (case, device, seed) -> inputs; got 'torch.ones'"),
+    ({"make_call": None}, "make_call: expected a callable (variant, inputs) -> zero-argument callable; got None"),
+    ({"check": 0.1}, "check: expected None or a callable (output, reference) -> max error; got 0.1"),
+    ({"check": None, "reference": lambda x: x}, "check: expected a callable (output, reference) -> max error, since a reference is given"),
+    ({"reference": "float64"}, "reference: expected None or a callable inputs -> reference output; got 'float64'"),
+    ({"tolerance": -1e-3}, "tolerance: expected a number >= 0 or a function case -> number; got -0.001"),
+    ({"tolerance": "1e-3"}, "tolerance: expected a callable case -> max error allowed; got '1e-3'"),
+    ({"skip": None}, "skip: expected a callable (variant, case, device) -> reason or None; got None"),
+    ({"peers": ("z",)}, "peers: expected variants of the finding (a, b); got ['z']"),
+    ({"peers": ("a",)}, "peers: expected variants other than the baseline"),
+    ({"title": ""}, "title: expected a non-empty str; got ''"),
+    ({"claim": None}, "claim: expected a non-empty str; got None"),
+    ({"paired": "yes"}, "paired: expected True or False; got 'yes'"),
+    ({"gated": 1}, "gated: expected True or False; got 1"),
+    ({"long": "no"}, "long: expected True or False; got 'no'"),
+    ({"profile_max_s": 0}, "profile_max_s: expected None or seconds > 0; got 0"),
+    ({"duration_s": 30}, "duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
+    ({"notes": "one note"}, "notes: expected a tuple of str; got 'one note'"),
+    ({"min_bytes": 64}, "min_bytes: expected None or a callable case -> bytes; got 64"),
+    ({"id": "my claim"}, "Finding: id: expected a str of letters, digits, '.', '_' or '-' starting "
+                         "with a letter or digit, e.g. 'MY-claim-1'; got 'my claim'"),
+    ({"id": ""}, "Finding: id: expected a str"),
+])
+def test_a_wrong_field_is_a_value_error_naming_it(changes, message):
+    with pytest.raises(ValueError) as caught:
+        _declare(**changes)
+    assert message in str(caught.value)
+
+
+def test_lists_and_numbers_are_accepted_where_a_stranger_would_write_them():
+    finding = _declare(variants=["a", "b"], cases=[Case.of(n=4), Case.of(n=8)], tolerance=1e-3,
+                       notes=["one note"])
+    assert finding.variants == ("a", "b") and finding.notes == ("one note",)
+    assert [c.label for c in finding.cases(True)] == [c.label for c in finding.cases(False)] == ["n=4", "n=8"]
+    assert finding.tolerance(Case.of(n=4)) == 1e-3
+    assert _declare().tolerance(Case.of(n=4)) == 0.0  # exact unless said otherwise
+
+
+@pytest.mark.parametrize("params, message", [
+    ((), "Case: params: expected at least one (name, value) pair"),
+    ((("n", 1), ("n", 2)), "Case: params: expected each name once; got ['n', 'n']"),
+    ((("", 1),), "Case: params: expected at least one (name, value) pair with a non-empty str name"),
+])
+def test_a_bad_case_is_a_value_error(params, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        Case(params)
+
+
+def test_register_rejects_a_duplicate_id_and_a_non_finding():
+    registry.select(None)  # the built-in findings
+    with pytest.raises(ValueError, match="register: finding id 'B4-CR-03' is already registered "
+                                         r"\(built-in\); choose another id"):
+        register(_declare(id="B4-CR-03"))
+    with pytest.raises(ValueError, match="register: finding: expected a Finding; got dict"):
+        register({"id": "API-test"})
+    finding = register(_declare(id="API-twice"))
+    try:
+        assert registry.ORIGINS["API-twice"] == __name__  # the module that called register
+        with pytest.raises(ValueError, match=f"'API-twice' is already registered \\({__name__}\\)"):
+            register(_declare(id="API-twice"))
+    finally:
+        del registry.FINDINGS[finding.id], registry.ORIGINS[finding.id]
+
+
+def test_cases_that_fail_become_one_failed_case_whose_build_names_the_cause():
+    def broken(quick):
+        raise KeyError("no such size")
+
+    for cases, message in ((broken, "cases(quick=True) raised KeyError: 'no such size'"),
+                           (lambda quick: [], "cases(quick=True): expected a non-empty list of Case; got []"),
+                           (lambda quick: [Case.of(n=1), 2], "cases(quick=True): expected Case objects")):
+        stand_in = registry.planned(_declare(cases=cases), quick=True)
+        assert stand_in.cases(True) == stand_in.cases(False) == [registry.CASES_FAILED]
+        assert stand_in.skip("a", registry.CASES_FAILED, torch.device("cpu")) is None
+        with pytest.raises(registry.CasesError) as caught:
+            stand_in.build(registry.CASES_FAILED, torch.device("cpu"), 0)
+        assert message in str(caught.value)
+
+
+def test_planned_calls_cases_once_and_keeps_the_list():
+    calls = []
+
+    def cases(quick):
+        calls.append(quick)
+        return [Case.of(n=4 if quick else 64)]
+
+    finding = registry.planned(_declare(cases=cases), quick=False)
+    assert [c.label for c in finding.cases(True)] == ["n=64"] and calls == [False]
