@@ -85,6 +85,22 @@ class Launch:
         return max(1, (os.cpu_count() or 1) // self.local_world_size)
 
 
+#: what torchrun sets in each rank's environment (a child that inherits them would try to
+#: join the launch's process group and wait for ever)
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                      "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def solo_environment(environ: dict | None = None) -> dict:
+    """A copy of the environment without torchrun's variables: for a child process that
+    must be a world of its own (a gate run started by the quality runner on a rank)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k not in TORCHRUN_VARIABLES}
+
+
 def start(launch: Launch, device: torch.device):
     """Initialise torch.distributed (nccl on CUDA, gloo on the CPU); returns the group for
     Python objects (gloo: it needs no device memory), or None in a world of one."""
@@ -145,3 +161,51 @@ def describe_rank(launch: Launch, device: torch.device) -> dict:
     """Who this rank is, for the run's metadata and its cells' fingerprints."""
     return {"rank": launch.rank, "local_rank": launch.local_rank, "host": socket.gethostname(),
             "device": str(device), "device_name": device_name(device)}
+
+
+def share(count: int, launch: Launch) -> list[int]:
+    """The indices of `count` independent jobs this rank runs: every world_size-th from
+    its rank (all of them in a world of one)."""
+    return list(range(launch.rank, count, launch.world_size))
+
+
+def gather_jobs(results: dict[int, object], count: int, group, launch: Launch) -> list | None:
+    """On rank 0, the results of all `count` jobs in job order, from every rank's
+    `results` (job index -> result); None on the other ranks. A rank's failure is a job
+    result like any other (each caller says how it records one), so that no rank is left
+    waiting for one that stopped."""
+    gathered = gather(results, group, launch)
+    if gathered is None:
+        return None
+    merged = {index: result for part in gathered for index, result in part.items()}
+    missing = sorted(set(range(count)) - set(merged))
+    if missing:
+        raise RuntimeError(f"jobs {missing} ran on no rank (world size {launch.world_size})")
+    return [merged[index] for index in range(count)]
+
+
+class Spread:
+    """Independent jobs of a command spread over a torchrun launch's ranks (gloo), or run
+    in this process alone without torchrun. Rank 0 gets every result and reports."""
+
+    def __init__(self) -> None:
+        self.launch = Launch.from_environment()
+        self.group = start(self.launch, torch.device("cpu"))
+
+    def run(self, count: int, job) -> list | None:
+        """`job(index)` for this rank's share of `count` jobs; on rank 0 every result in
+        job order, elsewhere None. A job that raises becomes `{"error": "Type: message"}`."""
+        results = {}
+        for index in share(count, self.launch):
+            try:
+                results[index] = job(index)
+            except Exception as err:  # sent to rank 0 to report, not left to hang the others
+                results[index] = {"error": f"{type(err).__name__}: {err}"}
+        return gather_jobs(results, count, self.group, self.launch)
+
+    def agree(self, value):
+        """Rank 0's `value` on every rank (e.g. the exit status)."""
+        return broadcast(value, self.group, self.launch)
+
+    def close(self) -> None:
+        stop(self.launch)

@@ -7,6 +7,7 @@ pieces (launch detection, the cell assignment) as units.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,52 @@ def test_a_failing_rank_marks_its_cells_and_the_others_are_kept(tmp_path):
     assert by_rank[1]["error"].str.contains("not run: rank 1 failed").all()
 
 
+def test_gate_against_spreads_its_sessions_over_the_ranks(tmp_path):
+    """`torchrun -m harness.gate --against REV` on a user's repository: the six A/B
+    sessions are shared out over two ranks (each pairs both trees in one process, as
+    without torchrun), rank 0 gathers them and reports once, and the 30x slower commit
+    is still a regression while the unchanged variants pass."""
+    from tests.test_user_findings import MYLIB, REPO_FINDINGS, SLOWER, _git
+
+    repo = tmp_path / "repo"
+    (repo / "mylib").mkdir(parents=True)
+    (repo / "mylib" / "__init__.py").write_text("")
+    (repo / "mylib" / "ops.py").write_text(MYLIB)
+    (repo / "bench_findings.py").write_text(REPO_FINDINGS)
+    (repo / "pyproject.toml").write_text('[tool.esper-bench]\nfindings-modules = ["bench_findings"]\n')
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "mylib")
+    (repo / "mylib" / "ops.py").write_text(MYLIB.replace(*SLOWER))
+    _git(repo, "commit", "-qam", "row_sums, slower")
+    done = subprocess.run([*TORCHRUN, "-m", "harness.gate", "--against", "HEAD~1",
+                           "--json", str(tmp_path / "rows.json")], cwd=repo,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0, done.stderr[-2000:]  # a regression: every rank exits 1
+    said = done.stdout + done.stderr
+    assert "(rank 0)" in said and "(rank 1)" in said  # both ranks ran sessions
+    assert done.stdout.count("| check |") == 1  # rank 0 alone reports
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    assert rows["rows"]["outcome"] == "regression"
+    assert rows["cols"]["outcome"] in ("pass", "within_threshold")
+
+
+def test_gate_quality_spreads_its_runs_over_the_ranks(tmp_path):
+    out = tmp_path / "quality.json"
+    done = subprocess.run([*TORCHRUN, "-m", "harness.gate.quality", "--counters-runs", "0",
+                           "--invariant-runs", "2", "--ab-runs", "0", "--ab-planted-runs", "0",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    scenarios = json.loads(out.read_text())
+    assert [s["condition"] for s in scenarios][0] == "unchanged" and len(scenarios) == 3
+    for scenario in scenarios:  # two runs each, one on each rank, in run order
+        assert scenario["ranks"] == [0, 1] and len(scenario["exit_codes"]) == 2
+    assert scenarios[0]["exit_codes"] == [0, 0]  # unchanged code passes
+    assert scenarios[2]["exit_codes"] == [1, 1]  # the planted 5x slowdown is caught
+    assert done.stdout.count("| check | condition | runs |") == 1  # rank 0 alone reports
+
+
 # --- units ------------------------------------------------------------------------------
 
 def test_launch_reads_torchrun_environment():
@@ -124,3 +171,10 @@ def test_assignment_is_deterministic_longest_first_and_balanced():
         ranks.assign(seconds, 0)
     with pytest.raises(ValueError, match="expected_seconds: expected seconds >= 0"):
         ranks.assign([1.0, float("nan")], 2)
+
+
+def test_a_child_process_does_not_inherit_the_launch():
+    environ = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
+               "LOCAL_RANK": "1", "PATH": "/bin", "TORCHELASTIC_RUN_ID": "x"}
+    assert ranks.solo_environment(environ) == {"PATH": "/bin"}
+    assert not ranks.Launch.from_environment(ranks.solo_environment(environ)).distributed

@@ -46,6 +46,7 @@ from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
 from harness.gate.worker import WorkerConfig
 from harness.measure.stats import RatioCI, as_samples, median_ratio_interval, min_units_for
+from harness.ranks import Spread, solo_environment
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 #: the root of the tree this module was imported from: "the current tree"
@@ -238,7 +239,7 @@ def run_session(trees: Sequence[Path], options: ABOptions) -> dict:
         min_sample_time=options.min_sample_time, threads=options.threads, seed=options.seed,
         parent=os.getpid(), findings_modules=options.findings_modules, paths=options.paths,
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in solo_environment().items() if k != "PYTHONPATH"}
     with tempfile.TemporaryDirectory(prefix="gate-ab-session-") as neutral:
         # its own process group, killed with anything it started on every way out
         done = run_group(
@@ -257,26 +258,38 @@ _PER_TREE = ("samples", "errors", "absent")
 
 
 def run_sessions(current: Path, against: Path, options: ABOptions,
-                 progress: Callable[[str], None] | None = None) -> list[dict]:
+                 progress: Callable[[str], None] | None = None,
+                 spread: Spread | None = None) -> list[dict] | None:
     """`options.sessions` worker runs, current tree first in every other one.
 
-    Each returned session lists every cell's samples and errors current first.
+    Each returned session lists every cell's samples and errors current first. With a
+    `spread` (under torchrun), the sessions are shared out over the ranks: rank 0 returns
+    them all, in session order; the other ranks return None.
     """
-    sessions = []
-    for index in range(options.sessions):
+    def one(index: int) -> dict:
         flipped = index % 2 == 1  # which tree is imported and sampled first alternates
         trees = (against, current) if flipped else (current, against)
-        try:
-            session = run_session(trees, options)
-        except WorkerFailed as err:
-            raise UsageError(f"--against: the trees cannot be measured: {err}") from err
+        session = run_session(trees, options)
         if flipped:  # every per-tree list current first: the sources and each cell's
             session = {**{k: v[::-1] for k, v in session.items() if k != "cells"},
                        "cells": [{k: v[::-1] if k in _PER_TREE else v for k, v in c.items()}
                                  for c in session["cells"]]}
-        sessions.append(session)
         if progress is not None:
-            progress(f"A/B session {index + 1}/{options.sessions}")
+            by = f" (rank {spread.launch.rank})" if spread and spread.launch.distributed else ""
+            progress(f"A/B session {index + 1}/{options.sessions}{by}")
+        return session
+
+    if spread is None:
+        try:
+            return [one(index) for index in range(options.sessions)]
+        except WorkerFailed as err:
+            raise UsageError(f"--against: the trees cannot be measured: {err}") from err
+    sessions = spread.run(options.sessions, one)
+    if sessions is None:
+        return None
+    failed = [s["error"] for s in sessions if "error" in s]
+    if failed:
+        raise UsageError(f"--against: the trees cannot be measured: {failed[0]}")
     return sessions
 
 
@@ -353,10 +366,12 @@ def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRo
 
 def check_against(rev: str, options: ABOptions, *, repo: Path = CURRENT_TREE,
                   current: Path = CURRENT_TREE,
-                  progress: Callable[[str], None] | None = None) -> list[GateRow]:
-    """Check c: time the tree `current` against a worktree of `rev`, a revision of `repo`."""
+                  progress: Callable[[str], None] | None = None,
+                  spread: Spread | None = None) -> list[GateRow] | None:
+    """Check c: time the tree `current` against a worktree of `rev`, a revision of `repo`
+    (each rank its own worktree, with a `spread`; only rank 0 gets the rows)."""
     commit = resolve_revision(repo, rev)
     label = f"{rev} ({commit[:8]})" if not commit.startswith(rev) else commit[:8]
     with worktree(repo, commit) as tree:
-        sessions = run_sessions(current, tree, options, progress)
-    return compare(sessions, options, label)
+        sessions = run_sessions(current, tree, options, progress, spread)
+    return None if sessions is None else compare(sessions, options, label)

@@ -47,6 +47,7 @@ from harness.gate.table import (
     step_summary_path, summary_line,
 )
 from harness.project import load_project_config
+from harness.ranks import Launch, Spread
 from harness.results import atomic_write_text
 
 
@@ -229,10 +230,15 @@ def _runs(args: argparse.Namespace) -> tuple[bool, bool, bool]:
     return named if any(named) else (True, args.config is not None, False)
 
 
-def run_checks(args: argparse.Namespace) -> list[GateRow]:
+def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[GateRow] | None:
     """The rows of every selected check, in the order a, b, c; every input is read and
-    checked first, so that a bad one fails before minutes of measuring."""
+    checked first, so that a bad one fails before minutes of measuring.
+
+    Under torchrun (`spread`), rank 0 runs checks a and b and the A/B sessions are shared
+    out over every rank; only rank 0 gets the rows (the others: None)."""
     counters, invariants, against = _runs(args)
+    if spread is not None and not spread.launch.leader:
+        counters = invariants = False
     if counters:
         counter_findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
         baseline = gate_counters.load_baseline(args.baseline, modules=args.findings_module)
@@ -254,8 +260,11 @@ def run_checks(args: argparse.Namespace) -> list[GateRow]:
         _progress(f"invariants: {time.perf_counter() - started:.1f} s")
     if against:
         started = time.perf_counter()
-        rows += gate_ab.check_against(args.against, options, repo=repo, current=repo,
-                                      progress=_progress)
+        ab_rows = gate_ab.check_against(args.against, options, repo=repo, current=repo,
+                                        progress=_progress, spread=spread)
+        if ab_rows is None:  # another rank's share: rank 0 reports
+            return None
+        rows += ab_rows
         _progress(f"A/B: {time.perf_counter() - started:.1f} s")
     return rows
 
@@ -266,7 +275,26 @@ def main(argv: list[str] | None = None) -> int:
     _check_options(args)
     if args.update_baseline:
         return _update(args)
-    rows = run_checks(args)
+    if Launch.from_environment().distributed:  # torchrun: the A/B sessions over the ranks
+        spread = Spread()
+        try:
+            rows = run_checks(args, spread)
+            try:
+                code = _report(args, rows)
+            except UsageError as err:  # said by rank 0; every rank must still hear the status
+                print(f"error: {err}", file=sys.stderr)
+                code = exits.USAGE
+            return spread.agree(code)
+        finally:
+            spread.close()
+    return _report(args, run_checks(args))
+
+
+def _report(args: argparse.Namespace, rows: list[GateRow] | None) -> int | None:
+    """Print the table (and write --json and the step summary); the exit status. None on
+    a rank that only ran its share of the A/B sessions."""
+    if rows is None:
+        return None
     print(render_markdown(rows))
     print()
     print(summary_line(rows))

@@ -40,6 +40,7 @@ from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate import ab as gate_ab
 from harness.gate.plant import plant_lines
 from harness.gate.table import rows_document
+from harness.ranks import Launch, Spread, solo_environment
 from harness.results import atomic_write_text
 
 PLANTED_METHOD = "scan"
@@ -68,6 +69,8 @@ class Scenario:
     exit_codes: list[int] = field(default_factory=list)
     rows: list[list[dict]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    """The torchrun rank that made each run (0 without torchrun)."""
 
     @property
     def flagged(self) -> int:
@@ -85,7 +88,7 @@ def _gate_process(args: list[str], wrap: str | None) -> tuple[int, list[dict], f
             source = _PLANTED_GATE.format(wrap=wrap, method=PLANTED_METHOD)
             command = [sys.executable, "-c", source, *args, "--json", str(out)]
         started = time.perf_counter()
-        done = run_group(command, cwd=gate_ab.CURRENT_TREE)
+        done = run_group(command, cwd=gate_ab.CURRENT_TREE, env=solo_environment())
         seconds = time.perf_counter() - started
         if done.returncode == exits.USAGE:  # e.g. a missing or outdated baseline
             lines = done.stderr.strip().splitlines() or ["(no message)"]
@@ -97,16 +100,39 @@ def _gate_process(args: list[str], wrap: str | None) -> tuple[int, list[dict], f
     return done.returncode, rows, seconds
 
 
-def run_cli_scenario(check: str, condition: str, args: list[str], wrap: str | None,
-                     runs: int, expect_flag: bool, progress: Callable[[str], None]) -> Scenario:
-    scenario = Scenario(check, condition, expect_flag)
-    for index in range(runs):
-        code, rows, seconds = _gate_process(args, wrap)
-        scenario.exit_codes.append(code)
-        scenario.rows.append(rows)
-        scenario.seconds.append(seconds)
-        progress(f"{check} / {condition}: run {index + 1}/{runs} exit {code} ({seconds:.0f} s)")
+def _runs(scenario: Scenario, count: int, run: Callable[[int], tuple[int, list[dict], float]],
+          spread: Spread | None) -> Scenario | None:
+    """`count` runs of `scenario`, here or shared out over torchrun's ranks (`spread`):
+    each gives (exit code, rows, seconds). Rank 0 gets the scenario with every run in
+    run order, the other ranks None; a run that failed is an error on rank 0."""
+    def job(index: int) -> dict:
+        code, rows, seconds = run(index)
+        return {"code": code, "rows": rows, "seconds": seconds,
+                "rank": spread.launch.rank if spread else 0}
+
+    results = [job(i) for i in range(count)] if spread is None else spread.run(count, job)
+    if results is None:
+        return None
+    failed = [r["error"] for r in results if "error" in r]
+    if failed:
+        raise RuntimeError(f"{scenario.check} / {scenario.condition}: a run failed: {failed[0]}")
+    for result in results:
+        scenario.exit_codes.append(result["code"])
+        scenario.rows.append(result["rows"])
+        scenario.seconds.append(result["seconds"])
+        scenario.ranks.append(result["rank"])
     return scenario
+
+
+def run_cli_scenario(check: str, condition: str, args: list[str], wrap: str | None,
+                     runs: int, expect_flag: bool, progress: Callable[[str], None],
+                     spread: Spread | None = None) -> Scenario | None:
+    def run(index: int) -> tuple[int, list[dict], float]:
+        code, rows, seconds = _gate_process(args, wrap)
+        progress(f"{check} / {condition}: run {index + 1}/{runs} exit {code} ({seconds:.0f} s)")
+        return code, rows, seconds
+
+    return _runs(Scenario(check, condition, expect_flag), runs, run, spread)
 
 
 def _copy_tree(source: Path, destination: Path) -> None:
@@ -134,7 +160,8 @@ def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
 
 
 def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
-                     progress: Callable[[str], None]) -> list[Scenario]:
+                     progress: Callable[[str], None],
+                     spread: Spread | None = None) -> list[Scenario]:
     """Check c against HEAD: current = a worktree of HEAD, then a planted copy of it."""
     repo = gate_ab.CURRENT_TREE
     commit = gate_ab.resolve_revision(repo, "HEAD")
@@ -146,17 +173,18 @@ def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
             ("unchanged", unchanged, runs, False),
             (f"{PLANTED_METHOD} {SMALL_SLOWDOWN:g}x slower", planted, planted_runs, True),
         ):
-            scenario = Scenario("c A/B vs HEAD", condition, expect)
-            for index in range(count):
+            def run(index: int, tree=tree, condition=condition, count=count):
                 started = time.perf_counter()
                 rows = gate_ab.check_against(commit, options, repo=repo, current=tree)
                 fails = any(row.outcome.fails for row in rows)
-                scenario.exit_codes.append(1 if fails else 0)
-                scenario.rows.append(rows_document(rows)["rows"])
-                scenario.seconds.append(time.perf_counter() - started)
+                seconds = time.perf_counter() - started
                 progress(f"A/B / {condition}: run {index + 1}/{count} "
-                         f"{'flagged' if fails else 'passed'} ({scenario.seconds[-1]:.0f} s)")
-            scenarios.append(scenario)
+                         f"{'flagged' if fails else 'passed'} ({seconds:.0f} s)")
+                return (1 if fails else 0), rows_document(rows)["rows"], seconds
+
+            scenario = _runs(Scenario("c A/B vs HEAD", condition, expect), count, run, spread)
+            if scenario is not None:
+                scenarios.append(scenario)
     return scenarios
 
 
@@ -257,21 +285,31 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--busy: expected an integer >= 0; got {args.busy}")
     if args.json is not None:
         exits.check_writable(args.json, "--json")
-    with busy_processes(args.busy):
-        scenarios = run_scenarios(args)
-    print(scenario_table(scenarios))
-    print()
-    print(timing_table(scenarios))
-    if args.json is not None:
-        document = [{"check": s.check, "condition": s.condition, "expect_flag": s.expect_flag,
-                     "exit_codes": s.exit_codes, "seconds": s.seconds, "rows": s.rows}
-                    for s in scenarios]
-        atomic_write_text(args.json, json.dumps(document, indent=1) + "\n")
-    return 0
+    spread = Spread() if Launch.from_environment().distributed else None
+    try:
+        leader = spread is None or spread.launch.leader
+        with busy_processes(args.busy if leader else 0):
+            scenarios = run_scenarios(args, spread)
+        if not leader:  # its runs went to rank 0, which reports
+            return spread.agree(None)
+        print(scenario_table(scenarios))
+        print()
+        print(timing_table(scenarios))
+        if args.json is not None:
+            document = [{"check": s.check, "condition": s.condition,
+                         "expect_flag": s.expect_flag, "exit_codes": s.exit_codes,
+                         "seconds": s.seconds, "ranks": s.ranks, "rows": s.rows}
+                        for s in scenarios]
+            atomic_write_text(args.json, json.dumps(document, indent=1) + "\n")
+        return 0 if spread is None else spread.agree(0)
+    finally:
+        if spread is not None:
+            spread.close()
 
 
-def run_scenarios(args: argparse.Namespace) -> list[Scenario]:
-    """Every scenario the run counts in `args` ask for, in order: a, b, c."""
+def run_scenarios(args: argparse.Namespace, spread: Spread | None = None) -> list[Scenario]:
+    """Every scenario the run counts in `args` ask for, in order: a, b, c (under torchrun,
+    each scenario's runs shared out over the ranks; the scenarios on rank 0 only)."""
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -282,25 +320,25 @@ def run_scenarios(args: argparse.Namespace) -> list[Scenario]:
     if args.counters_runs:
         scenarios += [
             run_cli_scenario("a counters", "unchanged", ["--counters"], None,
-                             args.counters_runs, False, progress),
+                             args.counters_runs, False, progress, spread),
             run_cli_scenario("a counters", f"{PLANTED_METHOD} +1 allocation", ["--counters"],
-                             allocating, args.counters_runs, True, progress),
+                             allocating, args.counters_runs, True, progress, spread),
         ]
     if args.invariant_runs:
         scenarios += [
             run_cli_scenario("b invariants", "unchanged", ["--invariants"], None,
-                             args.invariant_runs, False, progress),
+                             args.invariant_runs, False, progress, spread),
             run_cli_scenario("b invariants", f"{PLANTED_METHOD} {SMALL_SLOWDOWN:g}x slower",
                              ["--invariants"], slowed.format(factor=SMALL_SLOWDOWN),
-                             args.invariant_runs, True, progress),
+                             args.invariant_runs, True, progress, spread),
             run_cli_scenario("b invariants", f"{PLANTED_METHOD} {LARGE_SLOWDOWN:g}x slower",
                              ["--invariants"], slowed.format(factor=LARGE_SLOWDOWN),
-                             args.invariant_runs, True, progress),
+                             args.invariant_runs, True, progress, spread),
         ]
     if args.ab_runs or args.ab_planted_runs:
         scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, gate_ab.ABOptions(),
-                                      progress)
-    return scenarios
+                                      progress, spread)
+    return [s for s in scenarios if s is not None]
 
 
 if __name__ == "__main__":
