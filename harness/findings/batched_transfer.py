@@ -9,7 +9,7 @@ from esper.buffer import RolloutBuffer
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
-from harness.findings.copies import host_to_device_copies
+from harness.findings.copies import copies_metric
 
 VARIANTS = ("per_tensor", "flat")
 STATE_DIM, HIDDEN = 218, 128
@@ -82,10 +82,6 @@ def batch_difference(output: dict, reference: dict) -> float:
     return worst
 
 
-def _copies(variant: str, inputs: dict) -> dict[str, float]:
-    call = _make_call(variant, inputs)
-    return {"host_to_device_copies": float(host_to_device_copies(call, inputs["target"]))}
-
 
 register(Finding(
     id="AUDIT-1.3-batched-transfer",
@@ -100,7 +96,7 @@ register(Finding(
     make_call=_make_call,
     check=batch_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=_copies,
+    extra_metrics=copies_metric(_make_call, "target"),
     duration_s=(1.5, 4.0),
     notes=(
         "One timed call = get_batched_sequences of a full host-resident buffer (218 state "

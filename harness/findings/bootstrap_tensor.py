@@ -8,7 +8,7 @@ import torch
 from esper.bootstrap_states import MODES, BootstrapStates
 from esper.env import OBS_DIM
 from harness.findings import Case, Finding, max_abs_difference, register
-from harness.findings.copies import host_to_device_copies
+from harness.findings.copies import copies_metric
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -30,10 +30,6 @@ def _make_call(variant: str, inputs: dict):
     return lambda: states(features)
 
 
-def _copies(variant: str, inputs: dict) -> dict[str, float]:
-    call = _make_call(variant, inputs)
-    return {"host_to_device_copies": float(host_to_device_copies(call, inputs["device"]))}
-
 
 register(Finding(
     id="H4-bootstrap-tensor",
@@ -48,7 +44,7 @@ register(Finding(
     make_call=_make_call,
     check=max_abs_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=_copies,
+    extra_metrics=copies_metric(_make_call),
     duration_s=(1.0, 3.0),
     notes=(
         "One timed call = the raw bootstrap states [num_envs, obs_dim] of one episode end "

@@ -8,7 +8,7 @@ bytes but are real dispatcher calls: those are counted by a dispatch mode.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -45,3 +45,14 @@ def host_to_device_copies(call: Callable[[], object], device: torch.device) -> i
     with _HostToOtherDevice() as mode:
         call()
     return mode.copies
+
+
+def copies_metric(make_call: Callable[[str, Any], Callable[[], object]], device_key: str = "device"
+                  ) -> Callable[[str, Any], dict[str, float]]:
+    """A finding's `extra_metrics`: `host_to_device_copies` of one call of the variant, to
+    the device its inputs hold under `device_key`."""
+    def metric(variant: str, inputs: dict) -> dict[str, float]:
+        call = make_call(variant, inputs)
+        return {"host_to_device_copies": float(host_to_device_copies(call, inputs[device_key]))}
+
+    return metric

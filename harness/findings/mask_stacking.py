@@ -8,7 +8,7 @@ import torch
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.mask_batch import MODES, MaskBatcher
 from harness.findings import Case, Finding, register
-from harness.findings.copies import host_to_device_copies
+from harness.findings.copies import copies_metric
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -45,10 +45,6 @@ def masks_difference(output: dict, reference: dict) -> float:
     return float(differing)
 
 
-def _copies(variant: str, inputs: dict) -> dict[str, float]:
-    call = _make_call(variant, inputs)
-    return {"host_to_device_copies": float(host_to_device_copies(call, inputs["device"]))}
-
 
 register(Finding(
     id="H5-mask-stacking",
@@ -63,7 +59,7 @@ register(Finding(
     make_call=_make_call,
     check=masks_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=_copies,
+    extra_metrics=copies_metric(_make_call),
     duration_s=(1.0, 3.0),
     notes=(
         "One timed call = one step's masks of num_envs envs, {head: [N, K] bool} on the "
