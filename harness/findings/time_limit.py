@@ -98,7 +98,7 @@ register(Finding(
     extra_metrics=_learning,
     paired=True,
     long=True,
-    duration_s=(30.0, 600.0),
+    duration_s=(10.0, 600.0),
     notes=(
         "Every episode ends at max_steps, and the observation holds the epoch counter: the "
         "time limit is part of the task. truncated (the reviewed behaviour, "
