@@ -126,7 +126,7 @@ register(Finding(
     make_call=_make_call,
     extra_metrics=_stability,
     long=True,
-    duration_s=(6.0, 60.0),
+    duration_s=(6.0, 30.0),
     notes=(
         "The environment as reviewed: each training seed has its own SGD optimizer "
         "(esper.env_optimizers); clip = clip_grad_norm_(seed parameters, 1.0) before its "
