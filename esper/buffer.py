@@ -20,6 +20,7 @@ from esper import gae
 from esper.device_spans import DeviceSpans
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.host_view import host_item, host_view
+from esper.transfer import FlatTransfer
 from esper.variants import Variants
 
 Tensor = torch.Tensor
@@ -205,6 +206,7 @@ class RolloutBuffer:
 
         self._gae_spans = DeviceSpans(self.device)
         self.last_gae_seconds = 0.0
+        self._flat_transfers: dict[torch.device, FlatTransfer] = {}
 
         self.step_counts: list[int] | Tensor
         if self.variants.step_counts == "tensor":
@@ -412,8 +414,15 @@ class RolloutBuffer:
         values, rewards, advantages, returns, bootstrap_values [n, m]; dones, truncated
         [n, m]; valid_mask [n, m] bool; initial_hidden_h / initial_hidden_c [L, n, H]
         (the hidden state stored at each row's step 0).
+
+        From a host buffer to another device, `variants.transfer` picks one `.to()` per
+        tensor (`per_tensor`, the original) or one `flat` copy split into views
+        (`esper.transfer.FlatTransfer`); the values are the same.
         """
         device = self.device if device is None else torch.device(device)
+        if (self.variants.transfer == "flat" and self.device.type == "cpu"
+                and device.type != "cpu"):
+            return _nest(self._flat_transfer(device)(_flatten(self._host_fields())))
         non_blocking = device.type == "cuda"
 
         def move(t: Tensor) -> Tensor:
@@ -436,6 +445,47 @@ class RolloutBuffer:
             "initial_hidden_h": move(self.hidden_h[:, 0].transpose(0, 1).contiguous()),
             "initial_hidden_c": move(self.hidden_c[:, 0].transpose(0, 1).contiguous()),
         }
+
+    def _host_fields(self) -> dict:
+        """What `get_batched_sequences` returns, on the buffer's own device (no copy)."""
+        return {
+            "states": self.states, "actions": dict(self.actions),
+            "log_probs": dict(self.log_probs), "masks": dict(self.masks),
+            "values": self.values, "rewards": self.rewards, "advantages": self.advantages,
+            "returns": self.returns, "bootstrap_values": self.bootstrap_values,
+            "dones": self.dones, "truncated": self.truncated, "valid_mask": self.valid_mask(),
+            "initial_hidden_h": self.hidden_h[:, 0].transpose(0, 1).contiguous(),
+            "initial_hidden_c": self.hidden_c[:, 0].transpose(0, 1).contiguous(),
+        }
+
+    def _flat_transfer(self, device: torch.device) -> FlatTransfer:
+        """The buffer's flat transfer to `device`, made once (its staging buffer is kept)."""
+        if device not in self._flat_transfers:
+            self._flat_transfers[device] = FlatTransfer(device)
+        return self._flat_transfers[device]
+
+
+def _flatten(fields: dict) -> dict[str, Tensor]:
+    """`{"actions": {"op": t}}` -> `{"actions/op": t}`: one level of nesting, flattened."""
+    flat = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}/{head}": t for head, t in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _nest(flat: dict[str, Tensor]) -> dict:
+    """The inverse of `_flatten`."""
+    nested: dict = {}
+    for key, value in flat.items():
+        outer, _, head = key.partition("/")
+        if head:
+            nested.setdefault(outer, {})[head] = value
+        else:
+            nested[outer] = value
+    return nested
 
 
 def masks_to_device(masks: Mapping[str, Tensor], device: torch.device | str) -> dict[str, Tensor]:

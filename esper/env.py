@@ -39,7 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from esper.accumulators import EpochAccumulators
+from esper.env_optimizers import EnvOptimizers, amp_dtype, make_scalers, new_scaler
 from esper.heads import HEAD_NAMES, HEAD_SIZES, OPS
+from esper.stream_guard import GUARDS, record_on_stream
+from esper.variants import Variants
 
 NUM_SLOTS: int = HEAD_SIZES["slot"]
 #: epochs of (train_loss, val_loss, val_acc) history in the observation.
@@ -236,6 +240,13 @@ class EnvConfig:
     """Reward penalty per epoch per unit of (seed parameters / host parameters)."""
     seed: int = 0
     """Root seed; data, host init and seed init derive from (seed, env_index)."""
+    amp: bool = False
+    """Mixed precision for the host's training batches, as the reviewed system's `use_amp`:
+    autocast (`esper.env_optimizers.amp_dtype`: float16 on CUDA) with GradScaler(s) arranged
+    by `Variants.scaler`. Off by default, as there."""
+    seed_clip_norm: float = 1.0
+    """Gradient-norm limit of each seed's parameters when `Variants.seed_clip` is `clip`
+    (the review's suggested max_norm=1.0)."""
 
     def __post_init__(self) -> None:
         minimums = {"num_envs": 1, "max_steps": 1, "input_dim": 1, "num_classes": 2,
@@ -247,7 +258,9 @@ class EnvConfig:
                 raise ValueError(
                     f"EnvConfig.{name}: expected an int >= {minimum}; got {value!r}"
                 )
-        for name, positive in (("lr", True), ("param_rent", False)):
+        if not isinstance(self.amp, bool):
+            raise ValueError(f"EnvConfig.amp: expected a bool; got {self.amp!r}")
+        for name, positive in (("lr", True), ("param_rent", False), ("seed_clip_norm", True)):
             value = getattr(self, name)
             bad = (isinstance(value, bool) or not isinstance(value, (int, float))
                    or not math.isfinite(value) or value < 0 or (positive and value == 0))
@@ -380,10 +393,16 @@ class MorphoEnv:
     metrics) -> `observe`. Data are drawn once at construction from a CPU generator seeded
     by (config.seed, env_index) and copied to `device`, so the task is identical on every
     device; `reset()` re-initialises the host and the seed generator, never the data.
+    `task`, when given, is the data of an earlier env of the same (config, env_index):
+    an env recreated for a new batch (`esper.env_pool`) shares it instead of drawing it
+    again. `variants` picks the reviewed choices that act in an env (`scaler`,
+    `seed_clip`, `stream_guard`, `accumulators`); `stream` is the CUDA stream the caller
+    runs `launch_epoch` on, or None.
     """
 
     def __init__(self, config: EnvConfig, env_index: int = 0,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", variants: Variants | None = None,
+                 task: tuple[torch.Tensor, ...] | None = None) -> None:
         if isinstance(env_index, bool) or not isinstance(env_index, int) or not (
                 0 <= env_index < config.num_envs):
             raise ValueError(
@@ -392,11 +411,20 @@ class MorphoEnv:
         self.config = config
         self.env_index = env_index
         self.device = torch.device(device)
+        self.variants = variants if variants is not None else Variants.original()
         self.obs_dim = OBS_DIM
-        task = _make_task(config, _generator(config, env_index, 0))
-        self._train_x, self._train_y, self._val_x, self._val_y = (
-            t.to(self.device) for t in task
-        )
+        self.stream = None
+        if task is None:
+            task = tuple(t.to(self.device)
+                         for t in _make_task(config, _generator(config, env_index, 0)))
+        self.task = task
+        """`(train_x, train_y, val_x, val_y)` on the device (see `_make_task`)."""
+        self._train_x, self._train_y, self._val_x, self._val_y = task
+        self._record_guard = GUARDS[self.variants.stream_guard]
+        self._accumulators = EpochAccumulators(self.device, self.variants.accumulators)
+        self._amp_dtype = amp_dtype(self.device) if config.amp else None
+        self.seed_grad_norms: list | None = None
+        """Set to a list to record each seed step's gradient norm (see `EnvOptimizers`)."""
         with torch.device("meta"):  # weights are drawn in reset() from the env's generator
             self._host = _HostNet(config)
         self._host.to_empty(device=self.device)
@@ -416,8 +444,16 @@ class MorphoEnv:
         self._history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
         self._last_val_acc = 1.0 / self.config.num_classes  # chance: baseline of the first reward
         self.epoch = 0
+        self.scalers: dict | None = (make_scalers(self.device, self.variants.scaler, ())
+                                     if self.config.amp else None)
+        """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`)."""
         self._rebuild_optimizer()
         return self._observation()
+
+    @property
+    def host_network(self) -> nn.Module:
+        """The host MLP (its parameters are what the host optimizer steps)."""
+        return self._host
 
     @property
     def num_parameters(self) -> int:
@@ -431,12 +467,20 @@ class MorphoEnv:
 
     def _rebuild_optimizer(self) -> None:
         # Plain SGD keeps no state, so rebuilding after a structural change loses nothing.
-        groups = [{"params": list(self._host.parameters()), "lr": self.config.lr}]
-        for slot in self.slots:
-            if slot.stage in (Stage.TRAINING, Stage.BLENDING):
-                groups.append({"params": list(slot.module.parameters()),
-                               "lr": self.config.lr * slot.lr_scale})
-        self._optimizer = torch.optim.SGD(groups, lr=self.config.lr)
+        seeds = [(f"slot{i}", list(slot.module.parameters()), self.config.lr * slot.lr_scale)
+                 for i, slot in enumerate(self.slots)
+                 if slot.stage in (Stage.TRAINING, Stage.BLENDING)]
+        if self.scalers is not None and self.variants.scaler == "per_optimizer":
+            # a seed's scaler lives as long as the seed trains; a new seed gets a new one
+            names = {"host"} | {name for name, _, _ in seeds}
+            for name in list(self.scalers):
+                if name not in names:
+                    del self.scalers[name]
+            for name in sorted(names - set(self.scalers)):
+                self.scalers[name] = new_scaler(self.device)
+        clip = self.config.seed_clip_norm if self.variants.seed_clip == "clip" else None
+        self._optimizers = EnvOptimizers(self._host.parameters(), seeds, self.config.lr,
+                                         self.scalers, clip, self.seed_grad_norms)
 
     # ----- actions -------------------------------------------------------------------
 
@@ -527,19 +571,25 @@ class MorphoEnv:
         # Must stay callable inside `torch.cuda.stream(s)`: every op lands on the current
         # stream and nothing here synchronises (no .item(), .cpu(), or branching on values).
         # The caller makes `s` wait for the default stream, where data and seeds are created.
-        losses = []
+        self._accumulators.zero_()
+        self._optimizers.grad_norms = self.seed_grad_norms
+        amp = self._amp_dtype is not None
         for b in range(self.config.train_batches):
-            logits = self._host(self._train_x[b], self.slots)  # [B, C]
-            loss = F.cross_entropy(logits, self._train_y[b])
-            self._optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self._optimizer.step()
-            losses.append(loss.detach())
+            inputs, targets = self._train_x[b], self._train_y[b]
+            record_on_stream(self._record_guard, self.stream, inputs, targets)
+            with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=amp):
+                logits = self._host(inputs, self.slots)  # [B, C]
+                loss = F.cross_entropy(logits, targets)  # float32 under autocast too
+            self._optimizers.zero_grad()
+            self._optimizers.backward_and_step(loss)
+            correct = (logits.detach().argmax(dim=-1) == targets).sum(dtype=torch.float32)
+            self._accumulators.add_(loss.detach(), correct)
         with torch.no_grad():
             logits = self._host(self._val_x, self.slots)  # [V, C]
             val_loss = F.cross_entropy(logits, self._val_y)
             val_acc = (logits.argmax(dim=-1) == self._val_y).float().mean()
-            return torch.stack([torch.stack(losses).mean(), val_loss, val_acc])
+            train_loss = self._accumulators.sums()[0] / self.config.train_batches
+            return torch.stack([train_loss, val_loss, val_acc])
 
     # ----- host bookkeeping ----------------------------------------------------------
 
@@ -572,9 +622,18 @@ class MorphoEnv:
         return self._observation(), reward
 
     def _observation(self) -> torch.Tensor:
-        """`[OBS_DIM]` f32 CPU: history (oldest first, zero-padded, losses / ln C capped at
-        MAX_LOSS_FEATURE), then per slot stage one-hot, alpha, params / host params, epochs
-        in stage / max_steps, then epoch / max_steps and added parameter fraction."""
+        """`observation_features()` as a `[OBS_DIM]` f32 CPU tensor."""
+        return torch.tensor(self.observation_features(), dtype=torch.float32)
+
+    def observation(self) -> torch.Tensor:
+        """The current observation `[OBS_DIM]` f32 CPU (what `reset`/`observe` returned)."""
+        return self._observation()
+
+    def observation_features(self) -> list[float]:
+        """The current observation as `OBS_DIM` Python floats: history (oldest first,
+        zero-padded, losses / ln C capped at MAX_LOSS_FEATURE), then per slot stage
+        one-hot, alpha, params / host params, epochs in stage / max_steps, then
+        epoch / max_steps and added parameter fraction."""
         chance_loss = math.log(self.config.num_classes)
         rows = [(0.0, 0.0, 0.0)] * (HISTORY - len(self._history)) + list(self._history)
         features = [v for tl, vl, va in rows
@@ -584,7 +643,7 @@ class MorphoEnv:
             features += [slot.alpha, slot.num_parameters / self.host_parameters,
                          slot.epochs_in_stage / self.config.max_steps]
         features += [self.epoch / self.config.max_steps, self.added_parameter_fraction]
-        return torch.tensor(features, dtype=torch.float32)
+        return features
 
 
 def _loss_feature(loss: float, chance_loss: float) -> float:
@@ -600,10 +659,14 @@ class VectorizedMorphoEnv:
     per-env CUDA streams drives `envs[i].apply_action / launch_epoch / observe` itself.
     """
 
-    def __init__(self, config: EnvConfig, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: EnvConfig, device: torch.device | str = "cpu",
+                 variants: Variants | None = None,
+                 tasks: Sequence[tuple[torch.Tensor, ...]] | None = None) -> None:
         self.config = config
         self.device = torch.device(device)
-        self.envs = [MorphoEnv(config, i, self.device) for i in range(config.num_envs)]
+        tasks = tasks if tasks is not None else [None] * config.num_envs
+        self.envs = [MorphoEnv(config, i, self.device, variants, task)
+                     for i, task in zip(range(config.num_envs), tasks)]
         self.obs_dim = OBS_DIM
 
     @property
@@ -613,6 +676,15 @@ class VectorizedMorphoEnv:
     def reset(self) -> torch.Tensor:
         """Reset every env; observations `[N, obs_dim]` f32 CPU."""
         return torch.stack([env.reset() for env in self.envs])
+
+    def observations(self) -> torch.Tensor:
+        """Every env's current observation `[N, obs_dim]` f32 CPU."""
+        return torch.stack([env.observation() for env in self.envs])
+
+    @property
+    def tasks(self) -> list[tuple[torch.Tensor, ...]]:
+        """Each env's data on the device (to share with envs recreated for a new batch)."""
+        return [env.task for env in self.envs]
 
     def action_masks(self) -> dict[str, torch.Tensor]:
         """`{head: bool [N, K]}` on CPU."""

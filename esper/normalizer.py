@@ -20,6 +20,7 @@ class RunningNormalizer:
         self.var = torch.ones(dim, dtype=torch.float64)
         self.count = 0
         self.clip, self.eps = clip, eps
+        self._device_stats: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(self, batch: torch.Tensor) -> None:
         """Fold in `batch [B, dim]` (CPU)."""
@@ -37,16 +38,30 @@ class RunningNormalizer:
         self.mean = self.mean + delta * n / total
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
         self.count = total
+        self._device_stats = None
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        """`obs [..., dim]` -> float32, standardised and clipped to +-clip."""
+        """`obs [..., dim]` on any device -> float32, standardised and clipped to +-clip.
+
+        The statistics are copied to `obs`'s device once per update, and the arithmetic is
+        float64 on every device, so a CPU and a device normalisation agree exactly.
+        """
         if self.count == 0:
             return obs.float()
-        z = (obs.double() - self.mean) / torch.sqrt(self.var + self.eps)
+        mean, std = self._stats_on(obs.device)
+        z = (obs.double() - mean) / std
         return z.clamp(-self.clip, self.clip).float()
+
+    def _stats_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(mean, sqrt(var + eps))` float64 on `device`, cached until the next update."""
+        if self._device_stats is None or self._device_stats[0].device != device:
+            std = torch.sqrt(self.var + self.eps)
+            self._device_stats = (self.mean.to(device), std.to(device))
+        return self._device_stats
 
     def state_dict(self) -> dict:
         return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), state["count"]
+        self._device_stats = None

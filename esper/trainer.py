@@ -17,8 +17,14 @@ its device time is summed too (`esper.device_spans`): the host time of a phase t
 launches work without waiting for it (scan, compiled or Triton GAE) counts launches, and
 its kernels' time would otherwise land in the next phase that syncs.
 
-Each step's action masks reach the device in one transfer (`masks_to_device`) that both
+Each step's action masks reach the device in one transfer (`esper.mask_batch`) that both
 the policy and the buffer read, instead of one blocking copy per head and env.
+
+Reviewed choices of the vectorized-training review that act here, besides `sync`:
+`env_pool` (H1: each rollout's envs recreated, or reset in place; `esper.env_pool`),
+`masks` (H5: each step's masks stacked anew, or written into pre-allocated tensors) and
+`bootstrap` (H4: the bootstrap states made as new tensors, or copied into a pre-allocated
+buffer). `scaler`, `seed_clip`, `stream_guard` and `accumulators` act inside each env.
 
 `Variants.sync` decides how the env phase waits for the env streams on CUDA:
 - `stream` (the original): the host blocks on `stream.synchronize()` once per env before
@@ -44,10 +50,13 @@ from typing import Iterator
 import torch
 from torch.profiler import record_function
 
-from esper.buffer import RolloutBuffer, masks_to_device
+from esper.bootstrap_states import BootstrapStates
+from esper.buffer import RolloutBuffer
 from esper.device_spans import DeviceSpans
 from esper.env import EnvConfig, VectorizedMorphoEnv
+from esper.env_pool import EnvBatches
 from esper.heads import HEAD_NAMES
+from esper.mask_batch import MaskBatcher
 from esper.normalizer import RunningNormalizer
 from esper.policy import FactoredRecurrentActorCritic
 from esper.ppo import PPOAgent, PPOConfig
@@ -184,7 +193,12 @@ class VectorizedTrainer:
         self.config = config
         self.device = torch.device(device)
         torch.manual_seed(config.seed)
-        self.envs = VectorizedMorphoEnv(config.env_config, self.device)
+        self.streams: list | None = None
+        self.env_streams: int | None = None
+        """Distinct CUDA streams the envs run on (None on the CPU)."""
+        on_cuda = self.device.type == "cuda"
+        self.env_batches = EnvBatches(config.env_config, self.device, config.variants,
+                                      self._new_streams if on_cuda else None)
         obs_dim = self.envs.obs_dim
         self.policy = FactoredRecurrentActorCritic(obs_dim, hidden_dim=config.hidden_dim)
         self.agent = PPOAgent(self.policy, config.ppo, self.device)
@@ -194,16 +208,23 @@ class VectorizedTrainer:
         )
         self.normalizer = RunningNormalizer(obs_dim)
         self.sampler = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.streams: list | None = None
-        self.env_streams: int | None = None
-        """Distinct CUDA streams the envs run on (None on the CPU)."""
-        if self.device.type == "cuda":
-            self.streams, self.env_streams = make_env_streams(config.num_envs, self.device)
+        self.mask_batcher = MaskBatcher(config.num_envs, self.device, config.variants.masks)
+        self.bootstrap_states = BootstrapStates(config.num_envs, obs_dim, self.device,
+                                                config.variants.bootstrap)
         self.hidden = self.policy.initial_hidden(config.num_envs, self.device)
         self.iteration_count = 0
         self._phase_seconds: dict[str, float] = defaultdict(float)
         self._device_spans = DeviceSpans(self.device)
         self._blocked_seconds = 0.0
+
+    @property
+    def envs(self) -> VectorizedMorphoEnv:
+        """The current batch's envs (`esper.env_pool.EnvBatches`)."""
+        return self.env_batches.envs
+
+    def _new_streams(self, num_envs: int, device: torch.device) -> list:
+        self.streams, self.env_streams = make_env_streams(num_envs, device)
+        return self.streams
 
     # ------------------------------------------------------------------ phases
 
@@ -267,16 +288,16 @@ class VectorizedTrainer:
         storing its done step, as `FactoredRecurrentActorCritic.evaluate` assumes)."""
         n, steps = self.config.num_envs, self.config.max_steps
         self.buffer.reset()
-        obs = self.envs.reset()  # [N, D] raw, CPU
+        envs, obs = self.env_batches.next_batch()  # new or reset envs; obs [N, D] raw, CPU
         seen = [obs]
         self.hidden = self.policy.initial_hidden(n, self.device)
         returns = torch.zeros(n)
         for t in range(steps):
             norm_obs = self.normalizer.normalize(obs).to(self.device)
-            host_masks = self.envs.action_masks()  # {head: [N, K]} CPU
+            per_env_masks = [env.action_masks() for env in envs.envs]  # {head: [K]} CPU each
             with self._phase("policy_forward"):
-                # to the device in one transfer, read by act() and add()
-                masks = masks_to_device(host_masks, self.device)
+                # {head: [N, K]}, to the device in one transfer, read by act() and add()
+                masks = self.mask_batcher(per_env_masks)
                 out = self.policy.act(norm_obs, masks, self.hidden, generator=self.sampler)
                 # host sync: actions, log-probs and values in one transfer
                 packed = torch.stack(
@@ -284,11 +305,11 @@ class VectorizedTrainer:
                     + [out.log_probs[h] for h in HEAD_NAMES] + [out.value]
                 ).cpu()  # [17, N]
             actions = packed[: len(HEAD_NAMES)].long().T.tolist()  # [N][8]
-            for env, row in zip(self.envs.envs, actions):
+            for env, row in zip(envs.envs, actions):
                 env.apply_action(dict(zip(HEAD_NAMES, row)))
             with self._phase("env_step"):
                 metrics = self.env_phase()
-            results = [env.observe(row) for env, row in zip(self.envs.envs, metrics)]
+            results = [env.observe(row) for env, row in zip(envs.envs, metrics)]
             next_obs = torch.stack([o for o, _ in results])
             rewards = [r for _, r in results]
             returns += torch.tensor(rewards)
@@ -298,10 +319,10 @@ class VectorizedTrainer:
             bootstrap = torch.zeros(n)
             if truncated:
                 with self._phase("policy_forward"):
-                    # the carried state after this step, on the normalised next observation
-                    bootstrap = self.policy.value(
-                        self.normalizer.normalize(next_obs).to(self.device), out.hidden
-                    ).cpu()
+                    # the carried state after this step, on the normalised next observation,
+                    # built on the device from each env's features as the reviewed system
+                    raw = self.bootstrap_states([env.observation_features() for env in envs.envs])
+                    bootstrap = self.policy.value(self.normalizer.normalize(raw), out.hidden).cpu()
             with self._phase("buffer_add"):
                 self._add_step(norm_obs, packed, rewards, masks, last, truncated, bootstrap)
             self.hidden = out.hidden

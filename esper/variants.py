@@ -19,6 +19,14 @@ AXES: dict[str, tuple[str, ...]] = {
     "step_counts": ("list", "tensor"),
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
+    "env_pool": ("recreate", "pool"),
+    "bootstrap": ("tensor", "copy"),
+    "masks": ("stack", "preallocated"),
+    "transfer": ("per_tensor", "flat"),
+    "scaler": ("shared", "per_optimizer"),
+    "seed_clip": ("none", "clip"),
+    "stream_guard": ("is_cuda", "stream"),
+    "accumulators": ("separate", "stacked"),
 }
 
 
@@ -35,6 +43,30 @@ class Variants:
     """Advantage computation method, a key of `esper.gae.METHODS`."""
     sync: str = "stream"
     """Vectorized env phase: host `stream.synchronize()` per env (original) or CUDA `event`s."""
+    env_pool: str = "recreate"
+    """Envs of each new batch of episodes: `recreate`d (new host networks, optimizers and
+    streams, the original) or reset in place from a `pool` (`esper.env_pool`)."""
+    bootstrap: str = "tensor"
+    """States of the bootstrap forward at an episode's end: a new `tensor` from each env's
+    feature list (original) or a pre-allocated buffer filled by `copy` (`esper.staging`)."""
+    masks: str = "stack"
+    """One step's action masks for the policy: `stack`ed per head every step (original) or
+    written into `preallocated` tensors (`esper.mask_batch`)."""
+    transfer: str = "per_tensor"
+    """`RolloutBuffer.get_batched_sequences` to another device: one `.to()` `per_tensor`
+    (original) or one `flat` (pinned on CUDA) copy split into views (`esper.transfer`)."""
+    scaler: str = "shared"
+    """Under mixed precision (`EnvConfig.amp`), one GradScaler `shared` by the host and seed
+    optimizers (original) or one `per_optimizer` (`esper.env_optimizers`)."""
+    seed_clip: str = "none"
+    """Seed optimizers stepped with no gradient clipping (`none`, original) or after
+    `clip_grad_norm_` (`clip`, `EnvConfig.seed_clip_norm`)."""
+    stream_guard: str = "is_cuda"
+    """Per training batch, `record_stream` when the env has a stream and the inputs
+    `is_cuda` (original), or when it has a `stream` (`esper.stream_guard`)."""
+    accumulators: str = "separate"
+    """Per training batch, the loss and correct-count accumulators updated by two
+    `separate` `add_` (original) or one `stacked` `add_` (`esper.accumulators`)."""
 
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
@@ -46,13 +78,22 @@ class Variants:
 
     @classmethod
     def original(cls) -> "Variants":
-        """The reviewed code: clone resets, list step counts, loop GAE, stream sync."""
-        return cls(reset="clone", step_counts="list", gae="loop", sync="stream")
+        """The reviewed code: the first value of every axis (clone resets, list step counts,
+        loop GAE, stream sync, recreated envs, ...)."""
+        return cls(**{axis: values[0] for axis, values in AXES.items()})
 
     @classmethod
     def optimized(cls) -> "Variants":
-        """Every change the review proposed."""
-        return cls(reset="mask", step_counts="tensor", gae="scan", sync="event")
+        """The reviewed fixes that measured not slower (README, "What the default CPU run
+        says"). It keeps `transfer=per_tensor` (the flat copy's host side measured slower
+        on the CPU; its transfer needs a GPU to measure), `seed_clip=none` (clipping
+        changes training: a stability choice, not a speed one, see C3-seed-grad-clip) and
+        `accumulators=separate` (one stacked add measured slower). It computes what
+        `original()` computes (under mixed precision, as long as no gradient overflows)."""
+        return cls(reset="mask", step_counts="tensor", gae="scan", sync="event",
+                   env_pool="pool", bootstrap="copy", masks="preallocated",
+                   transfer="per_tensor", scaler="per_optimizer", seed_clip="none",
+                   stream_guard="stream", accumulators="separate")
 
     @classmethod
     def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":

@@ -130,8 +130,8 @@ USAGE_ERRORS = [
     ("--against blank, with --counters", ["--counters", "--against", "  "],
      "--against: expected a git revision"),
     ("ungated finding", ["--findings", "E2E-iteration"],
-     "error: --findings: expected findings the gate covers (B4-CR-03, B4-DRL-03, B4-PT-05); "
-     "got E2E-iteration, registered but not gated"),
+     "error: --findings: expected findings the gate covers "
+     f"({', '.join(gate_counters.gated_findings())}); got E2E-iteration, registered but not gated"),
     ("ungated finding, A/B", ["--against", "HEAD", "--findings", "E2E-iteration"],
      "got E2E-iteration, registered but not gated"),
     ("ungated finding, update", ["--update-baseline", "--findings", "B4-PT-05", "E2E-iteration"],

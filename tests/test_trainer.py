@@ -43,8 +43,16 @@ LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl")
 SMALL_ENV = EnvConfig(input_dim=8, num_classes=4, host_hidden=16, train_batches=1,
                       batch_size=16, val_size=32)
 
-#: Every combination of variant values, gae methods registered by later modules included.
-ALL_VARIANTS = [Variants(**dict(zip(AXES, values))) for values in itertools.product(*AXES.values())]
+#: Every combination of the buffer and GAE axes (gae methods registered by later modules
+#: included); the axes of the vectorized-training review (env_pool, ..., accumulators)
+#: cycle through their values along them, so each of their values trains too, beside
+#: every GAE method (all 2^8 combinations of those would be 12,288 runs).
+GAE_AXES = ("reset", "step_counts", "gae", "sync")
+ALL_VARIANTS = [
+    Variants(**dict(zip(GAE_AXES, values)),
+             **{axis: AXES[axis][i % len(AXES[axis])] for axis in AXES if axis not in GAE_AXES})
+    for i, values in enumerate(itertools.product(*(AXES[a] for a in GAE_AXES)))
+]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -450,6 +450,6 @@ def _load_builtin() -> None:
     _loading.append("built-in")
     try:
         from harness.findings import gae_methods, reset_alloc, step_counts  # noqa: F401
-        from harness.findings import stream_sync, e2e  # noqa: F401
+        from harness.findings import batched_transfer, stream_sync, env_pooling, redundant_is_cuda, bootstrap_tensor, mask_stacking, grad_scaler, seed_grad_clip, fused_accumulators, time_limit, e2e  # noqa: F401,E501
     finally:
         _loading.pop()

@@ -1,0 +1,348 @@
+"""The findings of the vectorized-training review and the buffer audit (H1, H2, H4, H5, C1,
+C3, L2, AUDIT-1.3, TL-bootstrap): the esper axes they switch, their correctness checks
+(each with a planted mismatch caught), and a quick run of each through `harness.run`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from esper.accumulators import EpochAccumulators
+from esper.bootstrap_states import BootstrapStates
+from esper.env import EnvConfig, MorphoEnv
+from esper.env_optimizers import amp_dtype
+from esper.env_pool import EnvBatches
+from esper.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
+from esper.mask_batch import MaskBatcher
+from esper.stream_guard import GUARDS
+from esper.transfer import FlatTransfer, move_per_tensor
+from esper.variants import AXES, Variants
+from harness import findings as registry
+from harness.findings import Case
+from harness.findings.intervals import bootstrap_mean_ci, wilson_interval
+from harness.results import load_run
+from harness.run import main
+from harness.runner import CaseRun, RunOptions
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU = torch.device("cpu")
+NEW_AXES = ("env_pool", "bootstrap", "masks", "transfer", "scaler", "seed_clip",
+            "stream_guard", "accumulators")
+SMALL = EnvConfig(num_envs=2, train_batches=2, batch_size=32, val_size=64, seed=3)
+
+
+def finding(finding_id: str):
+    return registry.select([finding_id])[0]
+
+
+def check_cell(finding_obj, case: Case, **replace) -> dict[str, dict]:
+    """The rows of one cell after the correctness gate only (no timing, no profile)."""
+    f = dataclasses.replace(finding_obj, **replace)
+    cell = CaseRun(f, case, RunOptions(device=CPU, profile=False))
+    cell.inputs = f.build(case, CPU, 0)
+    cell._check(cell._first_calls())
+    return {row["variant"]: row for row in cell.summary}
+
+
+def germinate(env: MorphoEnv, **choices) -> None:
+    action = {h: 0 for h in HEAD_NAMES}
+    action.update(op=OP_INDEX["GERMINATE"], blueprint=2, **choices)
+    env.apply_action(action)
+
+
+# ----- the variants --------------------------------------------------------------------
+
+def test_new_axes_keep_the_original_first_and_the_presets_say_which():
+    original = Variants.original()
+    for axis in NEW_AXES:
+        assert axis in AXES and getattr(original, axis) == AXES[axis][0]
+        assert getattr(Variants(), axis) == AXES[axis][0]
+    with pytest.raises(ValueError, match="Variants.masks: expected one of stack, preallocated"):
+        Variants(masks="stacked")
+
+
+# ----- H1: env pooling -----------------------------------------------------------------
+
+def test_a_pooled_env_resets_to_exactly_the_state_of_a_new_one():
+    used = MorphoEnv(SMALL, 1)
+    germinate(used)
+    used.observe(used.launch_epoch())
+    used.reset()
+    fresh = MorphoEnv(SMALL, 1)
+    for (name, a), b in zip(used.host_network.named_parameters(), fresh.host_network.parameters()):
+        assert torch.equal(a, b), name
+    assert torch.equal(used.observation(), fresh.observation())
+    assert [s.stage for s in used.slots] == [s.stage for s in fresh.slots]
+    # the same seed generator state: the next seed is drawn identically
+    germinate(used), germinate(fresh)
+    for a, b in zip(used.slots[0].module.parameters(), fresh.slots[0].module.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(used.launch_epoch(), fresh.launch_epoch())
+
+
+def test_env_batches_recreate_new_envs_and_pool_the_same_ones():
+    batches = {mode: EnvBatches(SMALL, CPU, Variants(env_pool=mode)) for mode in ("recreate", "pool")}
+    first = {mode: b.next_batch()[0] for mode, b in batches.items()}
+    second = {mode: b.next_batch() for mode, b in batches.items()}
+    assert second["pool"][0] is first["pool"]
+    assert second["recreate"][0] is not first["recreate"]
+    # recreated envs share the data drawn once
+    assert second["recreate"][0].envs[0].task[0] is first["recreate"].envs[0].task[0]
+    assert torch.equal(second["pool"][1], second["recreate"][1])
+
+
+def test_h1_check_compares_trajectories_and_catches_a_planted_difference():
+    f = finding("H1-env-pooling")
+    case = Case.of(num_envs=2, measure="boundary")
+    rows = check_cell(f, case)
+    assert rows["pool"]["max_error"] == 0.0 and rows["pool"]["status"] is None
+
+    def leaky_pool(variant, inputs):
+        call = f.make_call(variant, inputs)
+        if variant != "pool":
+            return call
+
+        def boundary():
+            envs = call()
+            with torch.no_grad():  # a reset that forgets one host weight
+                next(envs.envs[0].host_network.parameters()).view(-1)[0] += 1e-3
+            return envs
+        return boundary
+
+    rows = check_cell(f, case, make_call=leaky_pool)
+    assert rows["pool"]["status"] == "mismatch" and rows["pool"]["max_error"] > 0
+
+
+# ----- H4, H5: pre-allocated buffers ----------------------------------------------------
+
+def test_bootstrap_states_copy_equals_tensor_and_reuses_its_buffer():
+    features = torch.randn(3, 7).tolist()
+    made = BootstrapStates(3, 7, CPU, "tensor")(features)
+    states = BootstrapStates(3, 7, CPU, "copy")
+    copied = states(features)
+    assert torch.equal(made, copied) and made.dtype == torch.float32
+    assert states(features).data_ptr() == copied.data_ptr()  # no new tensor per episode
+
+
+def test_mask_batcher_preallocated_equals_stack_and_reuses_its_buffer():
+    per_env = [{h: torch.rand(k) < 0.5 for h, k in HEAD_SIZES.items()} for _ in range(3)]
+    stacked = MaskBatcher(3, CPU, "stack")(per_env)
+    batcher = MaskBatcher(3, CPU, "preallocated")
+    filled = batcher(per_env)
+    assert list(filled) == list(HEAD_NAMES)
+    for head in HEAD_NAMES:
+        assert torch.equal(filled[head], stacked[head]), head
+    pointer = filled["op"].data_ptr()
+    assert batcher(per_env)["op"].data_ptr() == pointer
+
+
+@pytest.mark.parametrize("finding_id", ["H4-bootstrap-tensor", "H5-mask-stacking"])
+def test_h4_h5_checks_catch_envs_in_the_wrong_order(finding_id):
+    f = finding(finding_id)
+    case = Case.of(num_envs=4)
+    assert check_cell(f, case)[f.variants[1]]["max_error"] == 0.0
+    key = "features" if finding_id.startswith("H4") else "per_env"
+
+    def reversed_envs(variant, inputs):
+        if variant == f.baseline:
+            return f.make_call(variant, inputs)
+        return f.make_call(variant, {**inputs, key: inputs[key][::-1]})
+
+    row = check_cell(f, case, make_call=reversed_envs)[f.variants[1]]
+    assert row["status"] == "mismatch" and row["max_error"] > 0
+
+
+# ----- AUDIT-1.3: the flat transfer ----------------------------------------------------
+
+def test_flat_transfer_gives_the_values_of_one_copy_per_tensor():
+    """On the CPU as the target the flat path still packs, copies and splits: every value,
+    dtype and shape survives (bool, int64 and float32 at unaligned sizes)."""
+    tensors = {"states": torch.randn(2, 3, 5), "dones": torch.rand(2, 3) < 0.5,
+               "actions": torch.randint(0, 13, (2, 3)), "h": torch.randn(1, 2, 7)}
+    moved = FlatTransfer(CPU)(tensors)
+    again = FlatTransfer(CPU)(tensors)
+    assert list(moved) == list(tensors)
+    for name, tensor in tensors.items():
+        assert moved[name].dtype == tensor.dtype and torch.equal(moved[name], tensor), name
+    assert move_per_tensor(tensors, CPU)["states"] is tensors["states"]
+    assert again["states"].data_ptr() != moved["states"].data_ptr()  # results stay valid
+
+
+def test_audit_check_catches_a_tensor_of_the_wrong_shape():
+    f = finding("AUDIT-1.3-batched-transfer")
+    case = Case.of(num_envs=2, max_steps=3)
+    assert check_cell(f, case)["flat"]["max_error"] == 0.0
+
+    def wrong(variant, inputs):
+        call = f.make_call(variant, inputs)
+        if variant == "per_tensor":
+            return call
+        return lambda: {**call(), "values": torch.empty(3, 2, device="meta")}
+
+    row = check_cell(f, case, make_call=wrong)["flat"]
+    assert row["status"] == "mismatch"
+
+
+# ----- C1: the GradScaler arrangement --------------------------------------------------
+
+def test_per_optimizer_scalers_keep_the_clean_optimizers_scale_and_a_shared_one_does_not():
+    from harness.findings.grad_scaler import stability_run
+
+    config = dataclasses.replace(SMALL, num_envs=1)
+    for target in ("host", "seed"):
+        shared = stability_run(config, "shared", CPU, target, steps=6, inject_at=(1, 4))
+        separate = stability_run(config, "per_optimizer", CPU, target, steps=6, inject_at=(1, 4))
+        for counts in (shared, separate):
+            assert counts["injected"] == 2 and counts["target_skipped"] == 2
+            assert counts["other_skipped"] == 0  # GradScaler checks each optimizer on its own
+        assert shared["other_scale_changed"] == 2
+        assert separate["other_scale_changed"] == 0
+
+
+def test_amp_env_runs_on_the_cpu_with_the_dtype_said_and_scalers_agree_without_overflow():
+    assert amp_dtype(CPU) in (torch.float16, torch.bfloat16)
+    assert amp_dtype(torch.device("cuda")) == torch.float16
+    config = dataclasses.replace(SMALL, num_envs=1, amp=True)
+    envs = {}
+    for arrangement in ("shared", "per_optimizer"):
+        env = MorphoEnv(config, 0, CPU, Variants(scaler=arrangement))
+        germinate(env)
+        envs[arrangement] = env
+    assert set(envs["shared"].scalers) == {"shared"}
+    assert set(envs["per_optimizer"].scalers) == {"host", "slot0"}
+    for _ in range(2):
+        assert torch.equal(envs["shared"].launch_epoch(), envs["per_optimizer"].launch_epoch())
+
+
+def test_c1_check_catches_a_planted_difference():
+    from harness.findings.grad_scaler import germinated_env
+
+    f = finding("C1-grad-scaler")
+    case = Case.of(train_batches=1)
+
+    def other_lr(variant, inputs):
+        if variant == "per_optimizer":  # an env that learns at twice the rate
+            config = dataclasses.replace(inputs["config"], lr=2 * inputs["config"].lr)
+            inputs["envs"][variant] = germinated_env(config, variant, CPU)
+        return f.make_call(variant, inputs)
+
+    row = check_cell(f, case, make_call=other_lr)["per_optimizer"]
+    assert row["status"] == "mismatch"
+
+
+# ----- C3: seed gradient clipping ------------------------------------------------------
+
+def test_clipping_changes_nothing_below_the_limit_and_caps_the_norm_above_it():
+    def epoch_and_norms(clip: str, limit: float):
+        env = MorphoEnv(dataclasses.replace(SMALL, num_envs=1, seed_clip_norm=limit), 0, CPU,
+                        Variants(seed_clip=clip))
+        germinate(env, style=3)
+        env.seed_grad_norms = []
+        metrics = env.launch_epoch()
+        clipped = torch.nn.utils.get_total_norm(
+            [p.grad for p in env.slots[0].module.parameters()])  # after the last step
+        return metrics, [float(n) for _, n in env.seed_grad_norms], float(clipped)
+
+    none, norms, _ = epoch_and_norms("none", 1e9)
+    same, same_norms, _ = epoch_and_norms("clip", 1e9)
+    assert torch.equal(none, same) and norms == same_norms and len(norms) == 2
+    limit = min(norms) / 2
+    changed, before_clip, after_clip = epoch_and_norms("clip", limit)
+    assert before_clip[0] == pytest.approx(norms[0])  # recorded before clipping
+    assert after_clip == pytest.approx(limit, rel=1e-4)
+    assert not torch.equal(changed, none)
+
+
+# ----- H2, L2: the small claims -----------------------------------------------------------
+
+def test_stream_guards_decide_alike_wherever_an_env_has_a_stream():
+    """A CUDA-typed fake tensor stands in for the env's inputs on a GPU (no GPU here)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        cuda_inputs = torch.empty(4, 32, device="cuda")
+    stream = object()  # the guards only test the stream for None
+    assert all(guard(stream, cuda_inputs) for guard in GUARDS.values())
+    assert not any(guard(None, torch.zeros(2)) for guard in GUARDS.values())
+
+
+def test_accumulators_agree_and_l2_check_catches_a_double_add():
+    sums = {}
+    for mode in ("separate", "stacked"):
+        acc = EpochAccumulators(CPU, mode)
+        for loss, correct in ((0.5, 3.0), (0.25, 7.0)):
+            acc.add_(torch.tensor(loss), torch.tensor(correct))
+        sums[mode] = acc.sums()
+        acc.zero_()
+        assert torch.equal(acc.sums(), torch.zeros(2))
+    assert torch.equal(sums["separate"], sums["stacked"])
+    assert sums["stacked"].tolist() == [0.75, 10.0]
+
+    f = finding("L2-fused-accumulators")
+
+    def twice(variant, inputs):
+        call = f.make_call(variant, inputs)
+        if variant == "separate":
+            return call
+        return lambda: (call(), call())[1]
+
+    assert check_cell(f, Case.of(values="0-d"), make_call=twice)["stacked"]["status"] == "mismatch"
+
+
+# ----- the intervals ---------------------------------------------------------------------
+
+def test_wilson_interval_and_bootstrap_mean():
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    low, high = wilson_interval(5, 10)
+    assert (low, high) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    with pytest.raises(ValueError, match="0 <= successes <= trials"):
+        wilson_interval(3, 2)
+    mean, low, high = bootstrap_mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and 1.0 <= low < 2.5 < high <= 4.0
+
+
+# ----- TL-bootstrap: its check ---------------------------------------------------------
+
+def test_tl_check_compares_the_first_rollout_and_catches_another_seed():
+    f = finding("TL-bootstrap")
+    case = Case.of(num_envs=2, max_steps=3, iterations=1, train_seeds=1, eval_seeds=2)
+    assert check_cell(f, case)["terminal"]["max_error"] == 0.0
+
+    def other_seed(variant, inputs):
+        if variant == "terminal":
+            return f.make_call(variant, f.build(case, CPU, 1))
+        return f.make_call(variant, inputs)
+
+    assert check_cell(f, case, make_call=other_seed)["terminal"]["status"] == "mismatch"
+
+
+# ----- every finding through harness.run -------------------------------------------------
+
+NEW_FINDINGS = ("AUDIT-1.3-batched-transfer", "H1-env-pooling", "H2-redundant-is-cuda",
+                "H4-bootstrap-tensor", "H5-mask-stacking", "C1-grad-scaler", "C3-seed-grad-clip",
+                "L2-fused-accumulators", "TL-bootstrap")
+
+
+def test_quick_run_of_every_new_finding(tmp_path):
+    assert main(["--quick", "--findings", *NEW_FINDINGS, "--time-budget", "0.05",
+                 "--precision", "0", "--no-report", "--out", str(tmp_path),
+                 "--device", "cpu"]) == 0
+    rows = load_run(None, tmp_path).summary.set_index(["finding", "variant"])
+    assert set(rows.index.get_level_values(0)) == set(NEW_FINDINGS)
+    frag = rows[rows["case"].str.contains("fragmentation")]
+    assert (frag["verdict"] == "needs_cuda").all()
+    timed = rows[~rows["case"].str.contains("fragmentation")]
+    assert timed["median_s"].notna().all(), timed[timed["median_s"].isna()]
+    assert rows.loc[("C1-grad-scaler", "shared"), "inf_in_host_changed_other_scale"] == 4
+    assert rows.loc[("C1-grad-scaler", "per_optimizer"), "inf_in_host_changed_other_scale"] == 0
+    assert rows.loc[("C3-seed-grad-clip", "clip"), "episodes"] == 8
+    assert "final_val_acc_diff" in rows.columns
+    assert rows.loc[("TL-bootstrap", "terminal"), "heldout_return_diff_low"] <= \
+        rows.loc[("TL-bootstrap", "terminal"), "heldout_return_diff"]
+    assert rows.loc[("H4-bootstrap-tensor", "copy"), "allocations"] == 0
+    assert rows.loc[("H5-mask-stacking", "preallocated"), "allocations"] == 0
+    assert rows.loc[("AUDIT-1.3-batched-transfer", "flat"), "host_to_device_copies"] == 1
