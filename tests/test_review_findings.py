@@ -21,7 +21,7 @@ from esper.transfer import FlatTransfer, move_per_tensor
 from esper.variants import AXES, Variants
 from harness import findings as registry
 from harness.findings import Case
-from harness.findings.intervals import bootstrap_mean_ci, wilson_interval
+from harness.measure.stats import bootstrap_mean_ci, wilson_interval
 from harness.results import load_run
 from harness.run import main
 from harness.runner import CaseRun, RunOptions

@@ -12,7 +12,7 @@ from esper.env_optimizers import amp_dtype
 from esper.heads import HEAD_NAMES, OP_INDEX
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
-from harness.findings.intervals import wilson_interval
+from harness.measure.stats import wilson_interval
 from harness.measure.timing import pinned_threads
 
 VARIANTS = ("shared", "per_optimizer")

@@ -11,7 +11,7 @@ from esper.env import MAX_LOSS_FEATURE, EnvConfig, MorphoEnv
 from esper.heads import HEAD_NAMES, OP_INDEX
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
-from harness.findings.intervals import bootstrap_mean_ci, wilson_interval
+from harness.measure.stats import bootstrap_mean_ci, wilson_interval
 from harness.measure.timing import pinned_threads
 
 VARIANTS = ("none", "clip")

@@ -8,7 +8,7 @@ import torch
 from esper.evaluate import train_and_evaluate
 from esper.trainer import TIME_LIMITS, TrainConfig, VectorizedTrainer
 from harness.findings import Case, Finding, register
-from harness.findings.intervals import bootstrap_mean_ci
+from harness.measure.stats import bootstrap_mean_ci
 from harness.measure.timing import pinned_threads
 
 #: quick: CI-sized; default: enough iterations for the policy to beat random play
