@@ -20,8 +20,8 @@ PUBLIC_NAMES = ["Case", "Finding", "max_abs_difference", "register"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
-                  "sample_metrics", "min_bytes", "profile_max_s", "long", "duration_s", "ticket",
-                  "notes", "gated")
+                  "sample_metrics", "min_bytes", "answer", "profile_max_s", "long", "duration_s",
+                  "ticket", "notes", "gated")
 
 
 def test_the_public_names_are_frozen_and_are_the_registry_s_own():
@@ -78,6 +78,7 @@ def _declare(**changes) -> Finding:
     ({"paired": "yes"}, "paired: expected True or False; got 'yes'"),
     ({"gated": 1}, "gated: expected True or False; got 1"),
     ({"long": "no"}, "long: expected True or False; got 'no'"),
+    ({"answer": "rate"}, "answer: expected a tuple of str; got 'rate'"),
     ({"profile_max_s": 0}, "profile_max_s: expected None or seconds > 0; got 0"),
     ({"duration_s": 30}, "duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
     ({"notes": "one note"}, "notes: expected a tuple of str; got 'one note'"),

@@ -341,6 +341,33 @@ def test_detail_table_shows_samples_stop_reason_interval_and_peak_memory(tmp_pat
     assert "24.6 kB" in text and "2.05 kB" in text
 
 
+def test_a_stability_finding_is_answered_by_its_estimates_then_its_cost(tmp_path):
+    """C1's answer is a rate with its Wilson interval, not the time ratio: the summary,
+    the section and the markdown lead with it; the time ratio follows as the cost; every
+    estimate of the rows is in the section's estimates table."""
+    from harness.report.markdown import run_markdown
+
+    registry.select(None)
+    base = {"finding": "C1-grad-scaler", "case": "train_batches=2", "p_train_batches": 2,
+            "status": "ok", "n": 20, "iqr_s": 1e-5}
+    rate = "inf_in_host_changed_other_scale_rate"
+    summary = pd.DataFrame([
+        {**base, "variant": "shared", "baseline": True, "verdict": "baseline", "median_s": 2e-3,
+         rate: 1.0, f"{rate}_low": 0.51, f"{rate}_high": 1.0},
+        {**base, "variant": "per_optimizer", "baseline": False, "verdict": "no_difference",
+         "median_s": 2e-3, "ratio": 1.01, "ci_low": 0.97, "ci_high": 1.05, "speedup": 0.99,
+         rate: 0.0, f"{rate}_low": 0.0, f"{rate}_high": 0.49},
+    ])
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+              summary=summary, rows=pd.DataFrame())
+    text = render_run(run, tmp_path / "report").read_text()
+    answer = ("inf in host changed other scale rate: per_optimizer 0 [0, 0.49] vs shared "
+              "1 [0.51, 1]; time: per_optimizer no measurable difference")
+    assert answer in text  # in the summary table and the section's answer line
+    assert "Estimates with 95% intervals" in text
+    assert answer in run_markdown(run, "report/index.html")
+
+
 def test_paired_e2e_shows_each_phase_saving_with_its_interval_and_device_time(tmp_path):
     """A paired E2E run: per phase the time saved per iteration (baseline - optimized,
     from the rows' `<phase>_diff` fields) with its interval, next to Amdahl's prediction

@@ -147,7 +147,7 @@ def test_the_page_opens_with_one_summary_row_per_finding(quick):
     page = parse(quick["page"])
     assert page.tables[0] == ("summary", None, False)  # the first table on the page
     header, *rows = page.summary
-    assert header == ["finding", "claim", "headline case", "verdict (time ratio, 95% CI)",
+    assert header == ["finding", "claim", "headline case", "verdict (95% CI)",
                       "counter that changed most"]
     headlines = run_headlines(load_run(quick["run"]))
     assert [r[0] for r in rows] == FINDINGS == [h.finding for h in headlines]

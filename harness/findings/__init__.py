@@ -174,6 +174,11 @@ class Finding:
     min_bytes: Callable[[Case], int] | None = None
     """case -> bytes one call must read and write at least; with the run's copy bandwidth,
     rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
+    answer: tuple[str, ...] = ()
+    """Row fields that answer the claim where a time ratio does not (a stability or
+    learning claim), each an estimate with its 95% interval in `<field>_low` and
+    `<field>_high` (from `extra_metrics`): the report's summary and verdicts lead with them,
+    the time ratio (the cost) after. Empty: the time ratio is the answer."""
     profile_max_s: float | None = None
     """Calls slower than this (median seconds) get no profiling pass, so no counters: the
     profiler slows a call by the number of ops it records (about 20x for a Python loop of
@@ -219,6 +224,7 @@ class Finding:
             self._bad("ticket", "a str", self.ticket)
         notes = self._names("notes", self.notes, allow_empty=True, unique=False)
         self._set("notes", notes)
+        self._set("answer", self._names("answer", self.answer, allow_empty=True))
         for name in ("paired", "gated", "long"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "True or False", getattr(self, name))

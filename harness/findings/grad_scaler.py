@@ -106,7 +106,8 @@ def _stability(variant: str, inputs: dict) -> dict[str, float]:
         out[prefix + "changed_other_scale"] = float(counts["other_scale_changed"])
         low, high = wilson_interval(counts["other_scale_changed"], counts["injected"])
         out[prefix + "changed_other_scale_rate"] = counts["other_scale_changed"] / counts["injected"]
-        out[prefix + "changed_other_scale_low"], out[prefix + "changed_other_scale_high"] = low, high
+        out[prefix + "changed_other_scale_rate_low"] = low
+        out[prefix + "changed_other_scale_rate_high"] = high
     return out
 
 
@@ -127,6 +128,7 @@ register(Finding(
     check=max_abs_difference,
     tolerance=lambda case: 0.0,
     extra_metrics=_stability,
+    answer=("inf_in_host_changed_other_scale_rate", "inf_in_seed_changed_other_scale_rate"),
     duration_s=(3.0, 3.0),
     notes=(
         "The environment as reviewed: mixed precision (EnvConfig.amp) and separate SGD "

@@ -100,7 +100,7 @@ def _stability(variant: str, inputs: dict) -> dict[str, float]:
         out[name] = float(hits)
         if total:
             out[f"{name}_rate"] = hits / total
-            out[f"{name}_low"], out[f"{name}_high"] = wilson_interval(hits, total)
+            out[f"{name}_rate_low"], out[f"{name}_rate_high"] = wilson_interval(hits, total)
     accuracy = [e["final_val_acc"] for e in episodes]
     out["final_val_acc"], out["final_val_acc_low"], out["final_val_acc_high"] = (
         bootstrap_mean_ci(accuracy, seed=inputs["seed"]))
@@ -125,6 +125,7 @@ register(Finding(
     build=_build,
     make_call=_make_call,
     extra_metrics=_stability,
+    answer=("norm_exceeded_steps_rate", "diverged_episodes_rate", "final_val_acc_diff"),
     long=True,
     duration_s=(6.0, 30.0),
     notes=(

@@ -96,6 +96,7 @@ register(Finding(
     check=_check,
     tolerance=lambda case: 0.0,
     extra_metrics=_learning,
+    answer=("heldout_return", "heldout_return_diff"),
     paired=True,
     long=True,
     duration_s=(10.0, 600.0),

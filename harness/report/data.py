@@ -254,7 +254,7 @@ def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict) -> Hea
         expected = len(registry.planned(known, quick).cases(quick))  # a failing cases(): 1
     return headline(finding_id, rows, claim=text.claim, baseline=text.baseline,
                     claim_factor=text.claim_factor, peers=known.peers if known else (),
-                    cases_expected=expected)
+                    cases_expected=expected, answer=known.answer if known else ())
 
 
 def run_headlines(run: Run) -> list[Headline]:

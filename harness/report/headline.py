@@ -55,6 +55,39 @@ class CounterChange:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """An answer field of one variant (`Finding.answer`): a value and its 95% interval."""
+
+    name: str
+    """The row field, e.g. `heldout_return_diff`."""
+    variant: str
+    value: float
+    low: float
+    high: float
+
+    def text(self) -> str:
+        """'+0.012 [-0.001, +0.025]' for a difference, '0.25 [0.05, 0.7]' otherwise."""
+        sign = "+" if self.name.endswith("_diff") else ""
+        return (f"{self.value:{sign}.3g} [{self.low:{sign}.3g}, {self.high:{sign}.3g}]")
+
+
+def estimate(row: dict, name: str) -> Estimate | None:
+    """Field `name` of `row` with its `_low`/`_high` interval, or None where it has none."""
+    values = [row.get(k) for k in (name, f"{name}_low", f"{name}_high")]
+    if not all(present(v) for v in values):
+        return None
+    return Estimate(name, row["variant"], *(float(v) for v in values))
+
+
+def estimate_fields(rows: pd.DataFrame) -> list[str]:
+    """Every field of these rows that is an estimate with an interval (`X` with `X_low`
+    and `X_high`), in column order; the time ratio (ci_low / ci_high) is not one."""
+    columns = set(rows.columns)
+    return [c for c in rows.columns
+            if f"{c}_low" in columns and f"{c}_high" in columns and rows[c].notna().any()]
+
+
+@dataclass(frozen=True)
 class Headline:
     """What a finding answers, at one case, for one variant against the baseline."""
 
@@ -89,6 +122,20 @@ class Headline:
     cases_measured: int
     cases_expected: int | None
     """How many cases the finding has in a run of this kind (quick or not), if known."""
+    answers: tuple[Estimate, ...] = ()
+    """The finding's answer fields (`Finding.answer`) at the headline case: the headline
+    variant's and, where it has the field, the baseline's."""
+
+    def answer_text(self) -> str:
+        """'changed other scale rate: per_optimizer 0 [0, 0.49] vs shared 1 [0.51, 1]'; ''."""
+        parts = []
+        for name in dict.fromkeys(a.name for a in self.answers):
+            mine = [a for a in self.answers if a.name == name and a.variant == self.variant]
+            base = [a for a in self.answers if a.name == name and a.variant == self.baseline]
+            text = name.replace("_", " ") + ": "
+            text += " vs ".join(f"{a.variant} {a.text()}" for a in mine + base)
+            parts.append(text)
+        return "; ".join(parts)
 
     @property
     def speedup(self) -> tuple[float, float, float] | None:
@@ -120,7 +167,11 @@ class Headline:
             return "not measured: the run holds no row of this finding"
         if self.variant is None:
             return f"not compared: only {self.baseline} has a row at {self.where}"
-        if self.ratio is not None:
+        if self.answers:  # a stability or learning claim: its answer first, then the cost
+            parts = [self.answer_text()]
+            if self.ratio is not None:
+                parts.append(f"time: {self.variant} {self.ratio_text()}")
+        elif self.ratio is not None:
             separator = ": " if self.verdict == Verdict.NO_DIFFERENCE.value else " "
             parts = [f"{self.variant}{separator}{self.ratio_text()}"]
             if self.claim_factor is not None:
@@ -223,8 +274,9 @@ def counter_changes(row: dict, base: dict) -> tuple[tuple[CounterChange, ...], b
 
 def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
              claim_factor: float | None = None, peers: tuple[str, ...] = (),
-             cases_expected: int | None = None) -> Headline:
-    """The headline of one finding from its summary rows (one row per case x variant)."""
+             cases_expected: int | None = None, answer: tuple[str, ...] = ()) -> Headline:
+    """The headline of one finding from its summary rows (one row per case x variant);
+    `answer`: the finding's answer fields (`Finding.answer`)."""
     empty = dict(finding=finding, claim=claim, baseline=baseline, claim_factor=claim_factor,
                  cases_expected=cases_expected, counters=(), counted=False, fastest=None,
                  ratio=None, ci_low=None, ci_high=None, reason="", variant=None, verdict=None)
@@ -267,4 +319,6 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
     elif not row:
         fields["verdict"] = None
         fields["reason"] = f"the run has no {variant} row at {where}"
+    fields["answers"] = tuple(found for name in answer for r in (row, at.get(baseline, {}))
+                              if r for found in [estimate(r, name)] if found is not None)
     return Headline(**common, **fields)

@@ -32,7 +32,7 @@ def run_markdown(run: Run, link: str) -> str:
         lines += [f"> **Run not complete.** {banner}", ""]
     rows = [(h.finding, h.claim, h.where + (f" ({h.coverage_text()})" if h.coverage_text() else ""),
              h.verdict_text(), h.counters_text()) for h in run_headlines(run)]
-    lines += _table(("finding", "claim", "headline case", "verdict (time ratio, 95% CI)",
+    lines += _table(("finding", "claim", "headline case", "verdict (95% CI)",
                      "counters that changed"), rows) if rows else ["This run holds no rows."]
     lines += ["", metadata_line(run.metadata), "", f"HTML report: [{link}]({link})"]
     return "\n".join(lines)

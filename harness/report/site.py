@@ -34,7 +34,7 @@ from harness.report.data import (
     metadata_panel, param_columns, phase_breakdowns, run_headlines, sentences, status_banner,
     table_rows,
 )
-from harness.report.headline import Headline
+from harness.report.headline import Headline, estimate, estimate_fields
 from harness.report.history import MACHINE_FIELDS, STEP_FACTOR, History
 from harness.report.summary import verdict_word
 from harness.report.verdicts import present
@@ -146,8 +146,25 @@ def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -
         "counters_figure": plots.counters_figure(finding_id, rows, variants, out)
         if counted else None,
         "counters_at": counters_at(rows, headline.case),
+        "estimates": estimates_at(rows, headline.case),
         "trace": attach(trace, out, "traces") if trace.is_file() else None,
     }
+
+
+def estimates_at(rows, case: str | None) -> dict:
+    """Every estimate with an interval the rows carry (stability counts, learning
+    outcomes, per-phase savings) at the headline `case`: {"variants": [...], "fields":
+    [(field, {variant: 'value [low, high]'})]}; empty fields when there are none."""
+    at = rows[rows["case"] == case] if case is not None else rows.iloc[0:0]
+    variants = list(dict.fromkeys(at["variant"]))
+    fields = []
+    for name in estimate_fields(at):
+        texts = {}
+        for row in at.to_dict("records"):
+            found = estimate(row, name)
+            texts[row["variant"]] = found.text() if found is not None else "-"
+        fields.append((name.replace("_", " "), texts))
+    return {"variants": variants, "fields": fields}
 
 
 def _flamegraph(run: Run, out: Path) -> dict:
