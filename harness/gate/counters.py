@@ -43,6 +43,7 @@ from harness.project import load_project_config
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
 from harness.measure.timing import pinned_threads
+from harness.progress import Progress
 
 SCHEMA_VERSION = 1
 DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "counters.json"
@@ -154,11 +155,15 @@ def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = F
     between the two becomes an error naming both (the baseline must be deterministic).
     """
     cells: list[CellCounts] = []
-    with pinned_threads(THREADS):
-        for finding in registry.select(list(finding_ids)):
-            finding = registry.planned(finding, True)  # cases() failing: an error row
+    findings = [registry.planned(f, True)  # cases() failing: an error row
+                for f in registry.select(list(finding_ids))]
+    with pinned_threads(THREADS), \
+            Progress(sum(len(f.cases(True)) for f in findings), "cell") as progress:
+        for finding in findings:
+            progress.describe(f"counters {finding.id}")
             for case in finding.cases(True):
                 cells += _measure_case(finding, case, seed, 2 if repeat_check else 1)
+                progress.step(f"counters {finding.id} {case.label}")
     return cells
 
 

@@ -27,6 +27,7 @@ from harness.findings import Case, Finding
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.measure.stats import RatioCI, bootstrap_ratio_ci
 from harness.measure.timing import CpuClock, Measurement, measure_interleaved, pinned_threads
+from harness.progress import Progress
 
 SCHEMA_VERSION = 1
 DEFAULT_CONFIG = Path(__file__).with_name("invariants.json")
@@ -223,9 +224,10 @@ def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]
         else:
             groups.setdefault((finding.id, case.label), []).append((invariant, finding, case))
     s = config.sampling
-    with pinned_threads(s.threads):
+    with pinned_threads(s.threads), Progress(len(groups), "cell") as progress:
         for members in groups.values():
             _, finding, case = members[0]
+            progress.describe(f"invariants {finding.id}")
             variants = [v for v in finding.variants
                         if any(v in (inv.fast, inv.slow) for inv, _, _ in members)]
             try:
@@ -240,8 +242,10 @@ def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]
                 for invariant, _, _ in members:
                     rows[invariant.id] = _row(invariant, case, Outcome.ERROR,
                                               note=f"{type(err).__name__}: {err}")
+                progress.step(f"invariants {finding.id} {case.label}", "error")
                 continue
             for invariant, _, _ in members:
                 rows[invariant.id] = judge(invariant, case, measured[invariant.slow],
                                            measured[invariant.fast], seed)
+            progress.step(f"invariants {finding.id} {case.label}")
     return [rows[invariant.id] for invariant in config.invariants]
