@@ -234,3 +234,46 @@ def test_median_ratio_interval_names_how_many_values_it_needs():
         median_ratio_interval([1.0] * 5)
     with pytest.raises(ValueError, match="ratios: expected finite positive seconds"):
         median_ratio_interval([1.0] * 5 + [0.0])
+
+
+# --- paired intervals, medians, rates, means ----------------------------------------------
+
+
+def test_paired_ratio_ci_cancels_work_that_varies_round_to_round():
+    """Round k costs k ms in the baseline and 2k ms in the variant: every per-round ratio
+    is 2, so the paired interval is exactly 2; the unpaired one is wide."""
+    from harness.measure.stats import paired_ratio_ci
+
+    baseline = [k * 1e-3 for k in range(1, 21)]
+    variant = [2 * b for b in baseline]
+    ci = paired_ratio_ci(variant, baseline)
+    assert (ci.ratio, ci.low, ci.high) == pytest.approx((2.0, 2.0, 2.0))
+    unpaired = bootstrap_ratio_ci(variant, baseline)
+    assert unpaired.high - unpaired.low > 0.5
+    with pytest.raises(ValueError, match="variant_samples: expected 20 paired samples"):
+        paired_ratio_ci(variant[:-1], baseline)
+
+
+def test_paired_difference_and_median_intervals_hold_their_estimate():
+    from harness.measure.stats import bootstrap_median_ci, paired_difference_ci, relative_halfwidth
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(10.0, 1.0, 200)
+    diff, low, high = paired_difference_ci(base - 0.5 + rng.normal(0, 0.05, 200), base)
+    assert low <= diff <= high and diff == pytest.approx(-0.5, abs=0.02) and high < 0
+    with pytest.raises(ValueError, match="variant_values: expected"):
+        paired_difference_ci([1.0], [1.0, 2.0])
+    ci = bootstrap_median_ci(np.full(50, 3e-3))
+    assert (ci.ratio, relative_halfwidth(ci)) == pytest.approx((3e-3, 0.0))
+
+
+def test_wilson_and_bootstrap_mean_intervals():
+    from harness.measure.stats import bootstrap_mean_ci, wilson_interval
+
+    assert wilson_interval(0, 4) == pytest.approx((0.0, 0.4899), abs=1e-3)
+    low, high = wilson_interval(4, 4)
+    assert high == 1.0 and low == pytest.approx(0.5101, abs=1e-3)
+    with pytest.raises(ValueError, match="expected 0 <= successes <= trials"):
+        wilson_interval(5, 4)
+    mean, low, high = bootstrap_mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and 1.0 <= low < 2.5 < high <= 4.0

@@ -106,6 +106,21 @@ def _bootstrap_medians(samples: np.ndarray, n_boot: int, rng: np.random.Generato
     return np.median(samples[draws], axis=1)
 
 
+def _percentiles(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central `confidence` interval of bootstrap `estimates`: (low, high)."""
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(estimates, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _median_interval(values: np.ndarray, n_boot: int, confidence: float,
+                     seed: int) -> tuple[float, float, float]:
+    """(median, low, high): the median of `values` with its percentile-bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    low, high = _percentiles(_bootstrap_medians(values, n_boot, rng), confidence)
+    return float(np.median(values)), low, high
+
+
 def bootstrap_ratio_ci(
     variant_samples: Sequence[float] | np.ndarray,
     baseline_samples: Sequence[float] | np.ndarray,
@@ -128,11 +143,8 @@ def bootstrap_ratio_ci(
         raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
     rng = np.random.default_rng(seed)
     ratios = _bootstrap_medians(variant, n_boot, rng) / _bootstrap_medians(baseline, n_boot, rng)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(ratios, [tail, 1.0 - tail])
-    return RatioCI(
-        ratio=float(np.median(variant) / np.median(baseline)), low=float(low), high=float(high)
-    )
+    low, high = _percentiles(ratios, confidence)
+    return RatioCI(ratio=float(np.median(variant) / np.median(baseline)), low=low, high=high)
 
 
 def paired_ratio_ci(
@@ -152,11 +164,8 @@ def paired_ratio_ci(
     if variant.size != baseline.size:
         raise ValueError(f"variant_samples: expected {baseline.size} paired samples (one per "
                          f"baseline sample); got {variant.size}")
-    ratios = variant / baseline
-    rng = np.random.default_rng(seed)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(_bootstrap_medians(ratios, n_boot, rng), [tail, 1.0 - tail])
-    return RatioCI(ratio=float(np.median(ratios)), low=float(low), high=float(high))
+    ratio, low, high = _median_interval(variant / baseline, n_boot, confidence, seed)
+    return RatioCI(ratio=ratio, low=low, high=high)
 
 
 def paired_difference_ci(
@@ -175,11 +184,7 @@ def paired_difference_ci(
     if variant.shape != baseline.shape or variant.ndim != 1 or variant.size == 0:
         raise ValueError(f"variant_values: expected {baseline.shape} paired values; "
                          f"got {variant.shape}")
-    differences = variant - baseline
-    rng = np.random.default_rng(seed)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(_bootstrap_medians(differences, n_boot, rng), [tail, 1.0 - tail])
-    return float(np.median(differences)), float(low), float(high)
+    return _median_interval(variant - baseline, n_boot, confidence, seed)
 
 
 def bootstrap_median_ci(
@@ -191,11 +196,8 @@ def bootstrap_median_ci(
 ) -> RatioCI:
     """The median of `samples` (seconds) with its percentile-bootstrap interval, as a
     `RatioCI` whose `ratio` is the median itself (a ratio to one second)."""
-    values = as_samples(samples)
-    rng = np.random.default_rng(seed)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(_bootstrap_medians(values, n_boot, rng), [tail, 1.0 - tail])
-    return RatioCI(ratio=float(np.median(values)), low=float(low), high=float(high))
+    median_s, low, high = _median_interval(as_samples(samples), n_boot, confidence, seed)
+    return RatioCI(ratio=median_s, low=low, high=high)
 
 
 def relative_halfwidth(ci: RatioCI) -> float:
@@ -274,9 +276,8 @@ def bootstrap_mean_ci(values: Sequence[float], *, n_boot: int = 4000, confidence
                          f"got {values!r}")
     rng = np.random.default_rng(seed)
     means = data[rng.integers(0, data.size, size=(n_boot, data.size))].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return float(data.mean()), float(low), float(high)
+    low, high = _percentiles(means, confidence)
+    return float(data.mean()), low, high
 
 
 class Verdict(str, enum.Enum):
