@@ -66,6 +66,24 @@ def test_a_cached_count_view_reads_the_counts_as_they_are_now():
         check_gae_inputs(*args, GAMMA, LAMBDA)
 
 
+@pytest.mark.parametrize("num_envs", [4, 100])
+def test_counts_equal_to_the_last_that_passed_still_meet_a_smaller_max_steps(num_envs):
+    """Counts byte-equal to the last that passed at their address skip the scan only
+    while they are within the new max_steps; a change is scanned (NumPy above 64 envs)."""
+    counts = torch.full((num_envs,), 9, dtype=torch.int64)
+    long, short = _args(num_envs, 10), _args(num_envs, 8)
+    long[5] = short[5] = counts
+    check_gae_inputs(*long, GAMMA, LAMBDA)
+    check_gae_inputs(*long, GAMMA, LAMBDA)  # the same bytes again
+    with pytest.raises(ValueError, match=r"expected ints in \[0, 8\]; got \[9, 9, 9, 9"):
+        check_gae_inputs(*short, GAMMA, LAMBDA)
+    counts[-1] = 3
+    check_gae_inputs(*long, GAMMA, LAMBDA)
+    counts[-1] = 11
+    with pytest.raises(ValueError, match=r"expected ints in \[0, 10\]; got \[11\]"):
+        check_gae_inputs(*long, GAMMA, LAMBDA)
+
+
 @pytest.mark.parametrize("counts, bad", [
     (torch.tensor([3, 0, 11, 0, 3, 0, 3, 0])[::2], "[11]"),  # strided: not read in place
     (torch._neg_view(torch.tensor([-3, -3, -11, -3])), "[11]"),  # lazily negated

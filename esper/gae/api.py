@@ -81,9 +81,9 @@ def check_gae_inputs(
     was received. No host sync on any device. Returns the inputs' shape [num_envs,
     max_steps] and float dtype, which `compute_gae` goes on with.
 
-    Well-formed CPU inputs (a contiguous int64 count tensor, up to 64 envs, as a rollout
-    buffer keeps them) dispatch no aten op and take about 25 attribute reads: a
-    microsecond or two, counted against `python -m harness.gae_tools.floor`'s target.
+    Well-formed CPU inputs (a contiguous int64 count tensor, as a rollout buffer keeps
+    them) dispatch no aten op and take about 25 attribute reads, one to two microseconds
+    (`python -m harness.gae_tools.floor` times it).
 
     What is checked where:
 
@@ -96,7 +96,7 @@ def check_gae_inputs(
       (`bool` and other types rejected) in [0, max_steps]. Any other non-tensor
       (a generator, a set, a NumPy array) is rejected.
     - step counts given as a tensor: 1-D [num_envs] of a `COUNT_DTYPES` dtype; every
-      count in [0, max_steps]. A CPU tensor is read in place (`_unsigned_counts`, or
+      count in [0, max_steps]. A CPU tensor is read in place (`_counts_in_range`, or
       `esper.host_view` for other dtypes and layouts: no aten op, no sync). Any other device gets a device-side assert (`device_count_check`):
       no host sync, so a bad count is reported at a later synchronising call as a
       device-side assertion failure (on CUDA it also poisons the context), not as a
@@ -125,11 +125,10 @@ def check_gae_inputs(
         _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values)
     num_envs, max_steps = shape
     if not (isinstance(step_counts, Tensor) and step_counts.dtype is _INT64
-            and step_counts.is_cpu and 0 < num_envs <= _PYTHON_RANGE_MAX
+            and step_counts.is_cpu and num_envs > 0
             and step_counts.shape == (num_envs,) and step_counts.is_contiguous()
             and not step_counts.is_neg()
-            and max(_COUNT_VIEWS.get((step_counts.data_ptr(), num_envs))
-                    or _unsigned_counts(step_counts, num_envs)) <= max_steps):
+            and _counts_in_range(step_counts, num_envs, max_steps)):
         _check_step_counts(step_counts, num_envs, max_steps)  # any other form, or a bad count
     if not (type(gamma) is float and 0.0 <= gamma <= 1.0):  # the usual case, fast
         _check_discount("gamma", gamma)
@@ -169,31 +168,53 @@ def _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values) -> 
     raise AssertionError("check_gae_inputs: the fast test failed but no field is wrong")
 
 
-#: (address, num_envs) -> those num_envs int64s read as unsigned (`_unsigned_counts`)
-_COUNT_VIEWS: dict[tuple[int, int], memoryview] = {}
+class _CountView:
+    """The memory of a contiguous CPU int64 tensor [num_envs] (num_envs > 0), read in
+    place (no aten op, no copy), and the last counts found there in range."""
+
+    __slots__ = ("raw", "unsigned", "passed", "passed_max")
+
+    def __init__(self, address: int, num_envs: int) -> None:
+        raw = memoryview((ctypes.c_uint64 * num_envs).from_address(address)).cast("B")
+        self.raw = raw
+        # read as unsigned, a negative count is above 2**63: one `max` checks both ends
+        self.unsigned = raw.cast("Q")
+        self.passed = b""
+        self.passed_max = 0
+
+
+#: (address, num_envs) -> its `_CountView`
+_COUNT_VIEWS: dict[tuple[int, int], _CountView] = {}
 #: entries kept before `_COUNT_VIEWS` starts over (a rollout buffer keeps one address)
 _COUNT_VIEWS_MAX = 64
 
 
-def _unsigned_counts(step_counts: Tensor, num_envs: int) -> memoryview:
-    """The elements of a contiguous CPU int64 tensor [num_envs] (num_envs > 0) as
-    unsigned 64-bit ints, read in place: no aten op, no copy.
+def _counts_in_range(step_counts: Tensor, num_envs: int, max_steps: int) -> bool:
+    """Whether every count of a contiguous CPU int64 tensor [num_envs] (num_envs > 0) is
+    in [0, max_steps], read in place: no aten op, no copy.
 
-    Read as unsigned, a negative count is above 2**63, so one `max` checks both ends of
-    the range. The view reads memory at an address, not a tensor: it is cached in
-    `_COUNT_VIEWS` per (address, num_envs) (callers look there first), and read only
-    while a live tensor of that many elements sits at that address (the caller's), so it
-    never reads freed memory; building a ctypes view (about as slow as the whole check)
-    happens once per buffer.
+    The view reads memory at an address, not a tensor: it is cached per (address,
+    num_envs) and read only while a live tensor of that many elements sits at that
+    address (the caller's), so it never reads freed memory, and a ctypes view (about as
+    slow as the whole check) is built once per buffer. Counts byte-equal to the last
+    that passed there (a rollout buffer's, call after call) need no scan: one memcmp.
     """
     key = (step_counts.data_ptr(), num_envs)
     view = _COUNT_VIEWS.get(key)
     if view is None:
         if len(_COUNT_VIEWS) >= _COUNT_VIEWS_MAX:
             _COUNT_VIEWS.clear()
-        array = (ctypes.c_uint64 * num_envs).from_address(key[0])
-        view = _COUNT_VIEWS[key] = memoryview(array).cast("B").cast("Q")
-    return view
+        view = _COUNT_VIEWS[key] = _CountView(*key)
+    if view.passed_max <= max_steps and view.raw.tobytes() == view.passed:
+        return True
+    if num_envs > _PYTHON_RANGE_MAX:  # one NumPy pass beats Python's max
+        largest = int(np.frombuffer(view.unsigned, dtype=np.uint64).max())
+    else:
+        largest = max(view.unsigned)
+    if largest > max_steps:
+        return False
+    view.passed, view.passed_max = view.raw.tobytes(), largest
+    return True
 
 
 def _check_step_counts(step_counts: StepCounts, num_envs: int, max_steps: int) -> None:
