@@ -5,7 +5,7 @@ well-formed tensors dispatches no aten op and reads step counts in place, even t
 its cache of count views; the numba method hands tensors to its kernel by address, its
 only ops the two output allocations, and still gets strided, lazily negated and
 non-int64 inputs right; `auto` looks its choice up in the table once per shape, dtype,
-device and autograd need; the compiled method builds no discounts tensor per call on
+device type and autograd need; the compiled method builds no discounts tensor per call on
 the CPU.
 """
 
@@ -160,7 +160,7 @@ def test_a_lazy_method_takes_its_own_place_in_methods_on_first_call():
     assert METHODS["numba"] is gae_numba
 
 
-def test_auto_looks_its_choice_up_once_per_shape_dtype_device_and_autograd_need():
+def test_auto_looks_its_choice_up_once_per_shape_dtype_device_type_and_autograd_need():
     from esper.gae.auto import cached_choice, choose
 
     cached_choice.cache_clear()
@@ -178,7 +178,7 @@ def test_auto_looks_its_choice_up_once_per_shape_dtype_device_and_autograd_need(
     adv, _ = compute_gae(*args, gamma=GAMMA, gae_lambda=LAMBDA, method="auto")
     assert cached_choice.cache_info().misses == 5
     assert adv.grad_fn is not None  # a method that keeps the graph was chosen
-    assert cached_choice((300, 30), torch.float32, torch.device("cpu"), True) == choose(
+    assert cached_choice((300, 30), torch.float32, "cpu", True) == choose(
         "cpu", 300, 30, differentiable=True)
 
 

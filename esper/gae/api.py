@@ -553,7 +553,8 @@ def compute_gae(
     if method == "auto":  # chosen here, not in gae_auto: a call layer less per call
         differentiable = torch.is_grad_enabled() and (
             rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
-        gae_method = METHODS[_auto_choice(shape, dtype, rewards.device, differentiable)]
+        device_type = "cpu" if rewards.is_cpu else rewards.device.type  # no device built on the CPU
+        gae_method = METHODS[_auto_choice(shape, dtype, device_type, differentiable)]
     if dtype in HALF_DTYPES:  # one rounding at the end instead of one per step
         rewards, values, bootstrap_values = (
             t.float() for t in (rewards, values, bootstrap_values)
@@ -572,7 +573,7 @@ def compute_gae(
 # (numba, triton and inductor take seconds to import) and their modules, which reuse the
 # helpers above, can be imported first without a cycle.
 
-def _auto_choice(shape: torch.Size, dtype: torch.dtype, device: torch.device,
+def _auto_choice(shape: torch.Size, dtype: torch.dtype, device_type: str,
                  differentiable: bool) -> str:
     """`esper.gae.auto.cached_choice`, which takes this function's place on its first
     call (that module imports this one, so it is imported late)."""
@@ -580,7 +581,7 @@ def _auto_choice(shape: torch.Size, dtype: torch.dtype, device: torch.device,
     from esper.gae.auto import cached_choice
 
     _auto_choice = cached_choice
-    return cached_choice(shape, dtype, device, differentiable)
+    return cached_choice(shape, dtype, device_type, differentiable)
 
 
 @functools.cache

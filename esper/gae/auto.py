@@ -98,19 +98,20 @@ def choose(device_type: str, num_envs: int, max_steps: int, differentiable: bool
     return "scan"  # runs on every device, and keeps autograd
 
 
-#: distinct (shape, dtype, device, differentiable) whose choice `cached_choice` keeps
+#: distinct (shape, dtype, device type, differentiable) whose choice `cached_choice` keeps
 CHOICE_CACHE_SIZE = 256
 
 
 @functools.lru_cache(maxsize=CHOICE_CACHE_SIZE)
-def cached_choice(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+def cached_choice(shape: tuple[int, ...], dtype: torch.dtype, device_type: str,
                   differentiable: bool) -> str:
-    """`choose` for inputs of this shape [num_envs, max_steps], dtype and device, read from
-    the table once per distinct key: a rollout's shape repeats every iteration, and
-    scanning the table costs about a microsecond, as much as `auto` may add to the call.
-    (`dtype` is part of the key so that a table ranking by dtype needs no change here.)
+    """`choose` for inputs of this shape [num_envs, max_steps] and dtype on a device of
+    this type (`cpu`, `cuda`: all the table tells apart), read from the table once per
+    distinct key: a rollout's shape repeats every iteration, and scanning the table
+    costs about a microsecond, as much as `auto` may add to the call. (`dtype` is part of
+    the key so that a table ranking by dtype needs no change here.)
     `cached_choice.cache_clear()` forgets the choices, e.g. after changing `CROSSOVERS`."""
-    return choose(device.type, shape[0], shape[1], differentiable)
+    return choose(device_type, shape[0], shape[1], differentiable)
 
 
 def gae_auto(
@@ -126,14 +127,14 @@ def gae_auto(
     reset: str = "mask",
 ) -> tuple[Tensor, Tensor]:
     """GAE by `choose(device, num_envs, max_steps, differentiable)` (cached per shape,
-    dtype, device and `differentiable`: `cached_choice`); arguments and results as
+    dtype, device type and `differentiable`: `cached_choice`); arguments and results as
     `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
     dtype and device). `differentiable` when an input requires grad in grad mode: then
     the fastest method that keeps the graph runs. No host sync beyond the chosen
     method's (none for any fast one)."""
     differentiable = torch.is_grad_enabled() and (
         rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
-    method = cached_choice(rewards.shape, rewards.dtype, rewards.device, differentiable)
+    method = cached_choice(rewards.shape, rewards.dtype, rewards.device.type, differentiable)
     return api.METHODS[method](
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,

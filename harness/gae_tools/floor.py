@@ -353,7 +353,7 @@ def measure_shape(shape: Shape, methods: Sequence[str], rounds: int,
         from esper.gae.auto import cached_choice
 
         rewards = args[0]
-        pick = cached_choice(rewards.shape, rewards.dtype, rewards.device, False)
+        pick = cached_choice(rewards.shape, rewards.dtype, rewards.device.type, False)
     return ShapeResult(shape, samples, pick)
 
 
