@@ -13,7 +13,7 @@ import torch
 from esper.gae import METHODS
 from harness.gae_tools import floor
 from harness.gae_tools.floor import (
-    CHECK, FLOOR, FLOOR_NUMPY, NO_OP, SMALL, ShapeResult, batch_sizes, check_targets, main,
+    CHECK, FLOOR_NUMPY, NO_OP, SMALL, ShapeResult, batch_sizes, check_targets, main,
     markdown, sample_rounds,
 )
 

@@ -97,10 +97,10 @@ def check_gae_inputs(
       (a generator, a set, a NumPy array) is rejected.
     - step counts given as a tensor: 1-D [num_envs] of a `COUNT_DTYPES` dtype; every
       count in [0, max_steps]. A CPU tensor is read in place (`_counts_in_range`, or
-      `esper.host_view` for other dtypes and layouts: no aten op, no sync). Any other device gets a device-side assert (`device_count_check`):
-      no host sync, so a bad count is reported at a later synchronising call as a
-      device-side assertion failure (on CUDA it also poisons the context), not as a
-      `ValueError` here.
+      `esper.host_view` for other dtypes and layouts: no aten op, no sync). Any other
+      device gets a device-side assert (`device_count_check`): no host sync, so a bad
+      count is reported at a later synchronising call as a device-side assertion
+      failure (on CUDA it also poisons the context), not as a `ValueError` here.
     - `gamma`, `gae_lambda`: Python (or NumPy) real numbers in [0, 1]; NaN, bools and
       tensors (reading one would sync) are rejected.
     """

@@ -56,7 +56,7 @@ from harness import exits
 from harness.exits import UsageError
 from harness.findings import Case
 from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
-from harness.gae_tools.crossovers import _warm_up
+from harness.gae_tools.crossovers import warm_up_methods
 from harness.measure import stats
 from harness.measure.counters import profile_call
 from harness.measure.timing import pinned_threads
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with pinned_threads(1):
         print("warming up (numba JIT, torch.compile's first call) ...", file=sys.stderr, flush=True)
-        notes = _warm_up(methods, torch.device("cpu"))
+        notes = warm_up_methods(methods, torch.device("cpu"))
         results = []
         for shape in SHAPES:
             print(f"measuring {shape[0]}x{shape[1]} ({rounds} rounds) ...", file=sys.stderr,
