@@ -24,9 +24,10 @@ CPU tensors only: the kernel gets each tensor's address and reads its memory in 
 `scan` or `triton` there). Handing over addresses, not `.numpy()` views, is what keeps
 the call near its floor at small shapes: a `.numpy()` view dispatches four aten ops and
 costs about as much as the whole kernel at 4 x 25 (eight of them were a third of the
-call); an address is one attribute read (`python -m harness.gae_tools.floor`). The kernel computes outside autograd, so an input that requires grad (in grad
-mode) is refused too, rather than its gradient dropped; `esper.gae.compute_gae` runs
-float16 and bfloat16 inputs in float32, and this kernel takes float32 and float64.
+call); an address is one attribute read (`python -m harness.gae_tools.floor`). The
+kernel computes outside autograd, so an input that requires grad (in grad mode) is
+refused too, rather than its gradient dropped; `esper.gae.compute_gae` runs float16 and
+bfloat16 inputs in float32, and this kernel takes float32 and float64.
 
 Compile time is one-off: kernels compile lazily per input dtype on first use and are
 cached on disk (`cache=True`), so later processes load them. `warm_up()` compiles or
