@@ -24,6 +24,7 @@ truncation before a row's last step both agree.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import importlib.util
@@ -55,6 +56,7 @@ COUNT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 NON_DIFFERENTIABLE = frozenset({"numba", "triton"})
 #: Below this many envs, CPU count tensors are range-checked in Python (no NumPy call).
 _PYTHON_RANGE_MAX = 64
+_BOOL, _INT64 = torch.bool, torch.int64
 
 
 def _shape_error(field: str, expected: object, got: object) -> ValueError:
@@ -74,9 +76,14 @@ def check_gae_inputs(
     step_counts: StepCounts,
     gamma: float,
     gae_lambda: float,
-) -> None:
+) -> tuple[torch.Size, torch.dtype]:
     """Validate every argument; raise `ValueError` naming it, what was expected and what
-    was received. No host sync on any device.
+    was received. No host sync on any device. Returns the inputs' shape [num_envs,
+    max_steps] and float dtype, which `compute_gae` goes on with.
+
+    Well-formed CPU inputs (a contiguous int64 count tensor, as a rollout buffer keeps
+    them) dispatch no aten op and take about 25 attribute reads, one to two microseconds
+    (`python -m harness.gae_tools.floor` times it).
 
     What is checked where:
 
@@ -89,35 +96,50 @@ def check_gae_inputs(
       (`bool` and other types rejected) in [0, max_steps]. Any other non-tensor
       (a generator, a set, a NumPy array) is rejected.
     - step counts given as a tensor: 1-D [num_envs] of a `COUNT_DTYPES` dtype; every
-      count in [0, max_steps]. A CPU tensor is read in place (`esper.host_view`: no aten
-      op, no sync). Any other device gets a device-side assert (`device_count_check`):
-      no host sync, so a bad count is reported at a later synchronising call as a
-      device-side assertion failure (on CUDA it also poisons the context), not as a
-      `ValueError` here.
+      count in [0, max_steps]. A CPU tensor is read in place (`_counts_in_range`, or
+      `esper.host_view` for other dtypes and layouts: no aten op, no sync). Any other
+      device gets a device-side assert (`device_count_check`): no host sync, so a bad
+      count is reported at a later synchronising call as a device-side assertion
+      failure (on CUDA it also poisons the context), not as a `ValueError` here.
     - `gamma`, `gae_lambda`: Python (or NumPy) real numbers in [0, 1]; NaN, bools and
       tensors (reading one would sync) are rejected.
     """
+    # Well-formed inputs take one expression of metadata reads and no aten op: each read
+    # costs tens of nanoseconds, and this runs on every call. dtypes are singletons, so
+    # `is` compares them; on the CPU `is_cpu` settles the device without building one.
     try:
         shape = rewards.shape
         dtype = rewards.dtype
-        device = rewards.device
         tensors_ok = (
-            len(shape) == 2 and dtype in FLOAT_DTYPES
-            and values.shape == shape and values.dtype == dtype and values.device == device
-            and bootstrap_values.shape == shape and bootstrap_values.dtype == dtype
-            and bootstrap_values.device == device
-            and dones.shape == shape and dones.dtype == torch.bool and dones.device == device
-            and truncated.shape == shape and truncated.dtype == torch.bool
-            and truncated.device == device
+            dtype in FLOAT_DTYPES and len(shape) == 2
+            and values.dtype is dtype and bootstrap_values.dtype is dtype
+            and dones.dtype is _BOOL and truncated.dtype is _BOOL
+            and shape == values.shape == bootstrap_values.shape == dones.shape == truncated.shape
+            and ((rewards.is_cpu and values.is_cpu and bootstrap_values.is_cpu
+                  and dones.is_cpu and truncated.is_cpu)
+                 or _same_device(rewards, values, dones, truncated, bootstrap_values))
         )
     except AttributeError:  # not a tensor
         tensors_ok = False
     if not tensors_ok:
         _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values)
-    _check_step_counts(step_counts, *shape)
-    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-        if not (type(value) is float and 0.0 <= value <= 1.0):  # the usual case, fast
-            _check_discount(name, value)
+    num_envs, max_steps = shape
+    if not (isinstance(step_counts, Tensor) and step_counts.dtype is _INT64
+            and step_counts.is_cpu and num_envs > 0
+            and step_counts.shape == (num_envs,) and step_counts.is_contiguous()
+            and not step_counts.is_neg()
+            and _counts_in_range(step_counts, num_envs, max_steps)):
+        _check_step_counts(step_counts, num_envs, max_steps)  # any other form, or a bad count
+    if not (type(gamma) is float and 0.0 <= gamma <= 1.0):  # the usual case, fast
+        _check_discount("gamma", gamma)
+    if not (type(gae_lambda) is float and 0.0 <= gae_lambda <= 1.0):
+        _check_discount("gae_lambda", gae_lambda)
+    return shape, dtype
+
+
+def _same_device(rewards: Tensor, *others: Tensor) -> bool:
+    device = rewards.device
+    return all(tensor.device == device for tensor in others)
 
 
 def _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values) -> None:
@@ -144,6 +166,55 @@ def _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values) -> 
         if tensor.device != rewards.device:
             raise _shape_error(f"{name}.device", rewards.device, tensor.device)
     raise AssertionError("check_gae_inputs: the fast test failed but no field is wrong")
+
+
+class _CountView:
+    """The memory of a contiguous CPU int64 tensor [num_envs] (num_envs > 0), read in
+    place (no aten op, no copy), and the last counts found there in range."""
+
+    __slots__ = ("raw", "unsigned", "passed", "passed_max")
+
+    def __init__(self, address: int, num_envs: int) -> None:
+        raw = memoryview((ctypes.c_uint64 * num_envs).from_address(address)).cast("B")
+        self.raw = raw
+        # read as unsigned, a negative count is above 2**63: one `max` checks both ends
+        self.unsigned = raw.cast("Q")
+        self.passed = b""
+        self.passed_max = 0
+
+
+#: (address, num_envs) -> its `_CountView`
+_COUNT_VIEWS: dict[tuple[int, int], _CountView] = {}
+#: entries kept before `_COUNT_VIEWS` starts over (a rollout buffer keeps one address)
+_COUNT_VIEWS_MAX = 64
+
+
+def _counts_in_range(step_counts: Tensor, num_envs: int, max_steps: int) -> bool:
+    """Whether every count of a contiguous CPU int64 tensor [num_envs] (num_envs > 0) is
+    in [0, max_steps], read in place: no aten op, no copy.
+
+    The view reads memory at an address, not a tensor: it is cached per (address,
+    num_envs) and read only while a live tensor of that many elements sits at that
+    address (the caller's), so it never reads freed memory, and a ctypes view (about as
+    slow as the whole check) is built once per buffer. Counts byte-equal to the last
+    that passed there (a rollout buffer's, call after call) need no scan: one memcmp.
+    """
+    key = (step_counts.data_ptr(), num_envs)
+    view = _COUNT_VIEWS.get(key)
+    if view is None:
+        if len(_COUNT_VIEWS) >= _COUNT_VIEWS_MAX:
+            _COUNT_VIEWS.clear()
+        view = _COUNT_VIEWS[key] = _CountView(*key)
+    if view.passed_max <= max_steps and view.raw.tobytes() == view.passed:
+        return True
+    if num_envs > _PYTHON_RANGE_MAX:  # one NumPy pass beats Python's max
+        largest = int(np.frombuffer(view.unsigned, dtype=np.uint64).max())
+    else:
+        largest = max(view.unsigned)
+    if largest > max_steps:
+        return False
+    view.passed, view.passed_max = view.raw.tobytes(), largest
+    return True
 
 
 def _check_step_counts(step_counts: StepCounts, num_envs: int, max_steps: int) -> None:
@@ -222,8 +293,11 @@ def refuse_grad(method: str, rewards: Tensor, values: Tensor, bootstrap_values: 
 
 
 def step_counts_tensor(step_counts: StepCounts, device: torch.device) -> Tensor:
-    """`step_counts` as an int64 tensor [num_envs] on `device`; a tensor stays a tensor."""
+    """`step_counts` as an int64 tensor [num_envs] on `device`; a tensor stays a tensor
+    (itself when it already is one: no op)."""
     if isinstance(step_counts, Tensor):
+        if step_counts.dtype is _INT64 and step_counts.device == device:
+            return step_counts
         return step_counts.to(device=device, dtype=torch.int64, non_blocking=True)
     return torch.as_tensor(list(step_counts), dtype=torch.int64, device=device)
 
@@ -466,21 +540,26 @@ def compute_gae(
     `ValueError` (under `torch.no_grad()` they run). `auto` then chooses the fastest
     differentiable method instead.
     """
-    if method not in METHODS:
+    gae_method = METHODS.get(method)
+    if gae_method is None:
         raise ValueError(
             f"compute_gae: method: expected one of {', '.join(METHODS)}; got {method!r}"
         )
     if reset not in ("clone", "mask"):
         raise ValueError(f"compute_gae: reset: expected 'clone' or 'mask'; got {reset!r}")
-    check_gae_inputs(
+    shape, dtype = check_gae_inputs(
         rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
     )
-    dtype = rewards.dtype
+    if method == "auto":  # chosen here, not in gae_auto: a call layer less per call
+        differentiable = torch.is_grad_enabled() and (
+            rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
+        device_type = "cpu" if rewards.is_cpu else rewards.device.type  # no device built on the CPU
+        gae_method = METHODS[_auto_choice(shape, dtype, device_type, differentiable)]
     if dtype in HALF_DTYPES:  # one rounding at the end instead of one per step
         rewards, values, bootstrap_values = (
             t.float() for t in (rewards, values, bootstrap_values)
         )
-    advantages, returns = METHODS[method](
+    advantages, returns = gae_method(
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,
     )
@@ -494,16 +573,32 @@ def compute_gae(
 # (numba, triton and inductor take seconds to import) and their modules, which reuse the
 # helpers above, can be imported first without a cycle.
 
+def _auto_choice(shape: torch.Size, dtype: torch.dtype, device_type: str,
+                 differentiable: bool) -> str:
+    """`esper.gae.auto.cached_choice`, which takes this function's place on its first
+    call (that module imports this one, so it is imported late)."""
+    global _auto_choice
+    from esper.gae.auto import cached_choice
+
+    _auto_choice = cached_choice
+    return cached_choice(shape, dtype, device_type, differentiable)
+
+
 @functools.cache
 def _load(module: str, name: str) -> GaeFn:
     return getattr(importlib.import_module(module), name)
 
 
-def _lazy(module: str, name: str) -> GaeFn:
-    """A method that imports `module` on its first call and then calls `module.name`."""
+def _lazy(key: str, module: str, name: str) -> GaeFn:
+    """A method that imports `module` on its first call, puts `module.name` in its own
+    place, `METHODS[key]` (so later calls skip this wrapper, a fraction of a microsecond
+    each), and calls it."""
 
     def method(*args, **kwargs):
-        return _load(module, name)(*args, **kwargs)
+        loaded = _load(module, name)
+        if METHODS.get(key) is method:
+            METHODS[key] = loaded
+        return loaded(*args, **kwargs)
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"`{module}.{name}`, imported on first call."
@@ -540,7 +635,7 @@ def _register_extra_methods() -> None:
     }
     for name, device_types in optional.items():
         if device_types:
-            METHODS[name] = _lazy(f"esper.gae.{_MODULES[name]}", f"gae_{name}")
+            METHODS[name] = _lazy(name, f"esper.gae.{_MODULES[name]}", f"gae_{name}")
             DEVICE_TYPES[name] = device_types
 
 

@@ -46,7 +46,10 @@ CUDA row: not measured (no GPU here); a reasoned default.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import torch
 
 from esper.gae import api
 from esper.gae.api import StepCounts, Tensor
@@ -95,6 +98,22 @@ def choose(device_type: str, num_envs: int, max_steps: int, differentiable: bool
     return "scan"  # runs on every device, and keeps autograd
 
 
+#: distinct (shape, dtype, device type, differentiable) whose choice `cached_choice` keeps
+CHOICE_CACHE_SIZE = 256
+
+
+@functools.lru_cache(maxsize=CHOICE_CACHE_SIZE)
+def cached_choice(shape: tuple[int, ...], dtype: torch.dtype, device_type: str,
+                  differentiable: bool) -> str:
+    """`choose` for inputs of this shape [num_envs, max_steps] and dtype on a device of
+    this type (`cpu`, `cuda`: all the table tells apart), read from the table once per
+    distinct key: a rollout's shape repeats every iteration, and scanning the table
+    costs about a microsecond, as much as `auto` may add to the call. (`dtype` is part of
+    the key so that a table ranking by dtype needs no change here.)
+    `cached_choice.cache_clear()` forgets the choices, e.g. after changing `CROSSOVERS`."""
+    return choose(device_type, shape[0], shape[1], differentiable)
+
+
 def gae_auto(
     rewards: Tensor,
     values: Tensor,
@@ -107,13 +126,15 @@ def gae_auto(
     gae_lambda: float,
     reset: str = "mask",
 ) -> tuple[Tensor, Tensor]:
-    """GAE by `choose(device, num_envs, max_steps, differentiable)`; arguments and results
-    as `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
+    """GAE by `choose(device, num_envs, max_steps, differentiable)` (cached per shape,
+    dtype, device type and `differentiable`: `cached_choice`); arguments and results as
+    `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
     dtype and device). `differentiable` when an input requires grad in grad mode: then
     the fastest method that keeps the graph runs. No host sync beyond the chosen
     method's (none for any fast one)."""
-    differentiable = api.first_requiring_grad(rewards, values, bootstrap_values) is not None
-    method = choose(rewards.device.type, *rewards.shape, differentiable=differentiable)
+    differentiable = torch.is_grad_enabled() and (
+        rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
+    method = cached_choice(rewards.shape, rewards.dtype, rewards.device.type, differentiable)
     return api.METHODS[method](
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,

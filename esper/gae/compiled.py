@@ -131,12 +131,35 @@ def gae_compiled(
         inputs = [_pad_to(t, shape) for t in inputs]
         counts = F.pad(counts, (0, shape[0] - num_envs))
     levels = max(SCAN_LEVELS, (max_steps - 1).bit_length())
-    # a tensor on the inputs' device: a graph input (no recompile per value); filled
-    # by kernels, not copied from the host, so no sync on CUDA
-    discounts = torch.full((2,), gamma, dtype=rewards.dtype, device=rewards.device)
-    discounts[1:].fill_(gae_lambda)
+    discounts = _discounts(gamma, gae_lambda, rewards)
     advantages, returns = _compiled(*inputs, counts, discounts, levels)
-    return advantages[:num_envs, :max_steps], returns[:num_envs, :max_steps]
+    if shape != (num_envs, max_steps):
+        return advantages[:num_envs, :max_steps], returns[:num_envs, :max_steps]
+    return advantages, returns
+
+
+#: (gamma, gae_lambda, dtype) -> `_discounts` on the CPU
+_CPU_DISCOUNTS: dict[tuple[float, float, torch.dtype], Tensor] = {}
+#: entries kept before `_CPU_DISCOUNTS` starts over
+_CPU_DISCOUNTS_MAX = 64
+
+
+def _discounts(gamma: float, gae_lambda: float, like: Tensor) -> Tensor:
+    """[2] = (gamma, gae_lambda) in `like`'s dtype, on its device: a graph input, so new
+    values never recompile. On CUDA a new tensor per call, filled by kernels (no host
+    copy, so no sync, and no other stream can read it half-filled); on the CPU one per
+    value, cached (the graph only reads it): two aten ops fewer on every call."""
+    if not like.is_cpu:
+        discounts = torch.full((2,), gamma, dtype=like.dtype, device=like.device)
+        discounts[1:].fill_(gae_lambda)
+        return discounts
+    key = (gamma, gae_lambda, like.dtype)
+    discounts = _CPU_DISCOUNTS.get(key)
+    if discounts is None:
+        if len(_CPU_DISCOUNTS) >= _CPU_DISCOUNTS_MAX:
+            _CPU_DISCOUNTS.clear()
+        discounts = _CPU_DISCOUNTS[key] = torch.tensor([gamma, gae_lambda], dtype=like.dtype)
+    return discounts
 
 
 def compile_seconds(dtype: torch.dtype = torch.float32,

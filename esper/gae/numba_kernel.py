@@ -19,11 +19,15 @@ element cannot use SIMD.) Selects, never products with a 0/1 flag, keep stale pa
 (even NaN) out of every valid entry. Arithmetic runs in the inputs' dtype, as the torch
 methods do.
 
-CPU tensors only: the kernel reads them through zero-copy `.numpy()` views, so CUDA
-tensors are refused with a `ValueError` naming the device (use `scan` or `triton`
-there). The kernel computes outside autograd, so an input that requires grad (in grad
-mode) is refused too, rather than its gradient dropped; `esper.gae.compute_gae` runs
-float16 and bfloat16 inputs in float32, and this kernel takes float32 and float64.
+CPU tensors only: the kernel gets each tensor's address and reads its memory in place
+(`numba.carray`), so CUDA tensors are refused with a `ValueError` naming the device (use
+`scan` or `triton` there). Handing over addresses, not `.numpy()` views, is what keeps
+the call near its floor at small shapes: a `.numpy()` view dispatches four aten ops and
+costs about as much as the whole kernel at 4 x 25 (eight of them were a third of the
+call); an address is one attribute read (`python -m harness.gae_tools.floor`). The
+kernel computes outside autograd, so an input that requires grad (in grad mode) is
+refused too, rather than its gradient dropped; `esper.gae.compute_gae` runs float16 and
+bfloat16 inputs in float32, and this kernel takes float32 and float64.
 
 Compile time is one-off: kernels compile lazily per input dtype on first use and are
 cached on disk (`cache=True`), so later processes load them. `warm_up()` compiles or
@@ -37,7 +41,9 @@ import time
 import numba
 import numpy as np
 import torch
-from numba import uint64
+from numba import types, uint64
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from esper.gae.api import StepCounts, Tensor, refuse_grad
 
@@ -202,31 +208,98 @@ def _gae_parallel(rewards, values, dones, truncated, bootstrap, step_counts,
     return bad
 
 
+@intrinsic
+def _address(typingctx, address):
+    """An integer address as a `void *`, for `numba.carray` (nopython mode has no cast)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(address), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _arrays(rewards, values, dones, truncated, bootstrap, step_counts, advantages, returns,
+            num_envs, max_steps, dtype):
+    """The eight arrays at these addresses: floats of `dtype` and uint8 flags (a bool
+    tensor's bytes are 0 or 1) [num_envs, max_steps], int64 counts [num_envs]."""
+    shape = (num_envs, max_steps)
+    return (numba.carray(_address(rewards), shape, dtype),
+            numba.carray(_address(values), shape, dtype),
+            numba.carray(_address(dones), shape, np.uint8),
+            numba.carray(_address(truncated), shape, np.uint8),
+            numba.carray(_address(bootstrap), shape, dtype),
+            numba.carray(_address(step_counts), (num_envs,), np.int64),
+            numba.carray(_address(advantages), shape, dtype),
+            numba.carray(_address(returns), shape, dtype))
+
+
+@numba.njit(cache=True, nogil=True)
+def _serial_at(rewards, values, dones, truncated, bootstrap, step_counts, advantages,
+               returns, num_envs, max_steps, gamma, trace, double):
+    """`_gae_serial` on the tensors at these addresses (C-contiguous, float64 when
+    `double`, else float32); `gamma` and `trace` are rounded to that dtype here."""
+    if double:
+        r, v, d, t, b, c, a, ret = _arrays(rewards, values, dones, truncated, bootstrap,
+                                           step_counts, advantages, returns, num_envs,
+                                           max_steps, np.float64)
+        return _gae_serial(r, v, d, t, b, c, np.float64(gamma), np.float64(trace), a, ret)
+    r, v, d, t, b, c, a, ret = _arrays(rewards, values, dones, truncated, bootstrap,
+                                       step_counts, advantages, returns, num_envs,
+                                       max_steps, np.float32)
+    return _gae_serial(r, v, d, t, b, c, np.float32(gamma), np.float32(trace), a, ret)
+
+
+@numba.njit(cache=True, nogil=True)
+def _parallel_at(rewards, values, dones, truncated, bootstrap, step_counts, advantages,
+                 returns, num_envs, max_steps, gamma, trace, double, chunks):
+    """`_gae_parallel` on the tensors at these addresses, as `_serial_at`."""
+    if double:
+        r, v, d, t, b, c, a, ret = _arrays(rewards, values, dones, truncated, bootstrap,
+                                           step_counts, advantages, returns, num_envs,
+                                           max_steps, np.float64)
+        return _gae_parallel(r, v, d, t, b, c, np.float64(gamma), np.float64(trace), a, ret,
+                             chunks)
+    r, v, d, t, b, c, a, ret = _arrays(rewards, values, dones, truncated, bootstrap,
+                                       step_counts, advantages, returns, num_envs,
+                                       max_steps, np.float32)
+    return _gae_parallel(r, v, d, t, b, c, np.float32(gamma), np.float32(trace), a, ret, chunks)
+
+
 def _run_parallel(*args) -> int:
-    """`_gae_parallel(*args)`, keeping torch's thread count: the first parallel call
+    """`_parallel_at(*args)`, keeping torch's thread count: the first parallel call
     launches numba's OpenMP pool, which sets the calling thread's OpenMP thread count
     (the count torch reads and uses) to numba's own, e.g. from 1 back to all cores."""
     torch_threads = torch.get_num_threads()
-    bad = _gae_parallel(*args)
+    bad = _parallel_at(*args)
     if torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
     return bad
 
 
-def _counts_array(step_counts: StepCounts) -> np.ndarray:
-    """`step_counts` as an int64 array [num_envs]; a CPU int64 tensor is viewed, not copied."""
+def _in_place(tensor: Tensor) -> Tensor:
+    """`tensor` itself when the kernel can read its memory as it is (C-contiguous, no lazy
+    negation), else such a copy."""
+    if tensor.is_contiguous() and not tensor.is_neg():
+        return tensor
+    return tensor.resolve_neg().contiguous()
+
+
+def _counts_tensor(step_counts: StepCounts) -> Tensor:
+    """`step_counts` as a C-contiguous int64 CPU tensor [num_envs]; a tensor already so is
+    used as it is."""
     if isinstance(step_counts, Tensor):
-        if step_counts.device.type != "cpu":
+        if not step_counts.is_cpu:
             raise ValueError(
                 f"gae_numba: step_counts.device: expected cpu; got {step_counts.device}"
             )
-        return step_counts.numpy().astype(np.int64, copy=False)
-    return np.array(step_counts, dtype=np.int64).reshape(-1)  # reshape: [] stays 1-D
+        if step_counts.dtype is not torch.int64:
+            step_counts = step_counts.to(torch.int64)
+        return _in_place(step_counts)
+    return torch.tensor(list(step_counts), dtype=torch.int64)
 
 
-def _flags(tensor: Tensor) -> np.ndarray:
-    """A bool tensor as a uint8 array view (0/1): numba vectorizes uint8 flags, not bools."""
-    return tensor.contiguous().view(torch.uint8).numpy()
+_FLOAT32, _FLOAT64 = torch.float32, torch.float64
 
 
 def gae_numba(
@@ -253,54 +326,71 @@ def gae_numba(
     threads when the batch has at least `PARALLEL_MIN_ELEMENTS` elements, else on the
     calling thread; `threads` (1: the serial kernel) overrides that choice, to measure
     it. `reset` is accepted for a uniform signature and has no effect.
+
+    The kernel reads the tensors' memory in place (a non-contiguous input is copied
+    first); the only aten ops on the usual path are the two outputs' allocations.
     """
-    if rewards.device.type != "cpu":
+    if not rewards.is_cpu:
         raise ValueError(
             f"gae_numba: rewards.device: expected cpu (numba runs on the host; use "
             f"'scan' or 'triton' on {rewards.device.type}); got {rewards.device}"
         )
-    if rewards.dtype not in (torch.float32, torch.float64):
+    dtype = rewards.dtype
+    if dtype is not _FLOAT32 and dtype is not _FLOAT64:
         raise ValueError(
             f"gae_numba: rewards.dtype: expected float32 or float64 (compute_gae computes "
-            f"float16 and bfloat16 in float32); got {rewards.dtype}"
+            f"float16 and bfloat16 in float32); got {dtype}"
         )
-    refuse_grad("numba", rewards, values, bootstrap_values)
-    counts = _counts_array(step_counts)
-    advantages = torch.empty(rewards.shape, dtype=rewards.dtype)
-    returns = torch.empty(rewards.shape, dtype=rewards.dtype)
-    # detach: .numpy() refuses tensors that require grad; contiguous: a no-op on the
-    # usual inputs, and one compiled layout (C order) for the kernel
-    floats = [t.detach().contiguous().numpy() for t in (rewards, values, bootstrap_values)]
-    scalar = floats[0].dtype.type  # gamma and the trace in the inputs' dtype
-    args = (floats[0], floats[1], _flags(dones), _flags(truncated), floats[2], counts,
-            scalar(gamma), scalar(gamma * gae_lambda), advantages.numpy(), returns.numpy())
+    if torch.is_grad_enabled() and (rewards.requires_grad or values.requires_grad
+                                    or bootstrap_values.requires_grad):
+        refuse_grad("numba", rewards, values, bootstrap_values)
+    counts = step_counts
+    if not (isinstance(counts, Tensor) and counts.dtype is torch.int64 and counts.is_cpu
+            and counts.is_contiguous() and not counts.is_neg()):
+        counts = _counts_tensor(step_counts)
+    if not (rewards.is_contiguous() and values.is_contiguous() and dones.is_contiguous()
+            and truncated.is_contiguous() and bootstrap_values.is_contiguous()
+            and not (rewards.is_neg() or values.is_neg() or dones.is_neg()
+                     or truncated.is_neg() or bootstrap_values.is_neg())):
+        rewards, values, dones, truncated, bootstrap_values = (
+            _in_place(t) for t in (rewards, values, dones, truncated, bootstrap_values))
+    advantages = torch.empty_like(rewards)  # contiguous, as rewards now is
+    returns = torch.empty_like(rewards)
+    num_envs, max_steps = rewards.shape
+    if type(gamma) is not float or type(gae_lambda) is not float:  # one compiled signature
+        gamma, gae_lambda = float(gamma), float(gae_lambda)
+    args = (rewards.data_ptr(), values.data_ptr(), dones.data_ptr(), truncated.data_ptr(),
+            bootstrap_values.data_ptr(), counts.data_ptr(), advantages.data_ptr(),
+            returns.data_ptr(), num_envs, max_steps, gamma, gamma * gae_lambda,
+            dtype is _FLOAT64)
     if threads is None:
-        threads = min(torch.get_num_threads(), rewards.shape[0])
-        threads = threads if rewards.numel() >= PARALLEL_MIN_ELEMENTS else 1
+        threads = 1
+        if num_envs * max_steps >= PARALLEL_MIN_ELEMENTS:
+            threads = min(torch.get_num_threads(), num_envs)
     if threads > 1:
         bad = _run_parallel(*args, threads)
     else:
-        bad = _gae_serial(*args)
+        bad = _serial_at(*args)
     if bad >= 0:
         raise ValueError(
-            f"gae_numba: step_counts[{bad}]: expected an int in [0, {rewards.shape[1]}]; "
+            f"gae_numba: step_counts[{bad}]: expected an int in [0, {max_steps}]; "
             f"got {int(counts[bad])}"
         )
     return advantages, returns
 
 
 def warm_up() -> float:
-    """Compile (or load from the disk cache) the serial and parallel kernels for float32
-    and float64 inputs.
+    """Compile (or load from the disk cache) the serial and parallel kernels (each takes
+    float32 and float64 inputs).
 
     Returns the seconds it took: the one-off JIT cost, to report apart from steady state.
     """
     start = time.perf_counter()
-    counts = np.ones(2, dtype=np.int64)
-    for dtype in (np.float32, np.float64):
-        floats = np.zeros((2, 1), dtype=dtype)
-        flags = np.zeros((2, 1), dtype=np.uint8)
-        inputs = (floats, floats, flags, flags, floats, counts, dtype(0.99), dtype(0.95))
-        _gae_serial(*inputs, np.empty_like(floats), np.empty_like(floats))
-        _run_parallel(*inputs, np.empty_like(floats), np.empty_like(floats), 2)
+    for dtype in (torch.float32, torch.float64):
+        floats = torch.zeros((2, 1), dtype=dtype)
+        flags = torch.zeros((2, 1), dtype=torch.bool)
+        counts = torch.ones(2, dtype=torch.int64)
+        for threads in (1, 2):
+            gae_numba(floats, floats, flags, flags, floats, counts, gamma=0.99,
+                      gae_lambda=0.95, threads=threads)
     return time.perf_counter() - start

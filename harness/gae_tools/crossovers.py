@@ -178,7 +178,7 @@ def numba_table(results: dict[Shape, tuple[float, float]]) -> str:
     return "\n".join(lines)
 
 
-def _warm_up(methods: list[str], device: torch.device) -> list[str]:
+def warm_up_methods(methods: list[str], device: torch.device) -> list[str]:
     """Pay the one-off JIT/compile costs before timing; lines saying what they took."""
     lines = []
     if "numba" in methods:
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = timed_methods(device)
     started = time.perf_counter()
     with pinned_threads(args.threads):
-        notes = _warm_up(methods, device)
+        notes = warm_up_methods(methods, device)
         grid = measure_grid(device, shapes, methods, budget)
     print(f"# GAE crossovers on {device.type}, {args.threads} torch thread(s), "
           f"{os.cpu_count()} CPU cores\n")
