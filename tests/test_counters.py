@@ -18,6 +18,7 @@ from harness.measure.counters import (
     IncompleteProfileError,
     ProfiledEvent,
     _native_stderr_captured,
+    MemoryEvent,
     count_events,
     peak_live_bytes,
     profile_call,
@@ -80,15 +81,15 @@ def test_allocations_count_positive_memory_events_only():
 
 
 def test_peak_is_the_most_live_bytes_in_time_order_on_the_host():
-    def memory(nbytes: int, at: int, on_device: bool = False) -> ProfiledEvent:
-        return ProfiledEvent("[memory]", nbytes, on_device, start_ns=at)
+    def memory(nbytes: int, ptr: int, at: int, on_device: bool = False) -> MemoryEvent:
+        return MemoryEvent(nbytes, ptr, at, on_device)
 
     # given out of order: +100 @1, +300 @2, -100 @3, +50 @4, -300 @5 -> live 100, 400, 300, 350
-    events = [memory(-100, 3), memory(300, 2), memory(100, 1), memory(-300, 5), memory(50, 4),
-              memory(10_000, 2, on_device=True)]  # the GPU's memory is not the host's peak
+    events = [memory(-100, 1, 3), memory(300, 2, 2), memory(100, 1, 1), memory(-300, 2, 5),
+              memory(50, 3, 4), memory(10_000, 9, 2, on_device=True)]  # not the host's
     assert peak_live_bytes(events) == 400
-    assert count_events(events, on_cuda=False).peak_bytes == 400
-    assert peak_live_bytes([memory(-64, 1)]) == 0  # freeing what it found costs nothing
+    # freeing what it found (not allocated in the window) neither costs nor saves anything
+    assert peak_live_bytes([memory(-64, 7, 1), memory(32, 8, 2)]) == 32
 
 
 def test_profile_call_on_the_cpu_reports_the_peak_of_a_real_call():
@@ -101,6 +102,20 @@ def test_profile_call_on_the_cpu_reports_the_peak_of_a_real_call():
     counters = profile_call(call)
     assert counters.peak_bytes >= 24_000 and counters.peak_bytes < 24_000 + 4096
     assert counters.as_row()["peak_bytes"] == counters.peak_bytes
+
+
+def test_the_peak_does_not_depend_on_what_an_earlier_call_left_to_free():
+    """A call that frees the previous call's result (like gradients set to None) has the
+    same peak on every call, the first included."""
+    kept = {}
+
+    def call():
+        kept.pop("last", None)  # frees what the previous call allocated
+        kept["last"] = torch.empty(5000, dtype=torch.float64)  # 40000 bytes
+        return torch.empty(100)
+
+    peaks = [profile_call(call).peak_bytes for _ in range(3)]
+    assert peaks[0] == peaks[1] == peaks[2] >= 40_000
 
 
 def test_an_empty_cuda_profile_fails_and_says_why():

@@ -143,7 +143,8 @@ def test_baseline_problems_name_the_command_that_fixes_them(tmp_path):
     bad_count.write_text(json.dumps({
         "schema_version": 1, "fingerprint": gate_counters.fingerprint(),
         "counters": [{"finding": "F", "case": "c", "variant": "v", "op_calls": "many",
-                      "host_syncs": 0, "allocations": 0, "allocated_bytes": 0}]}))
+                      "host_syncs": 0, "allocations": 0, "allocated_bytes": 0,
+                      "peak_bytes": 0}]}))
     with pytest.raises(UsageError, match=r"counters\[0\].*integers >= 0.*'op_calls': 'many'"):
         gate_counters.load_baseline(bad_count)
 

@@ -182,7 +182,7 @@ def test_an_empty_invariants_config_is_an_error_not_a_pass(tmp_path, capsys):
 def _truncated(path: Path) -> None:
     text = json.dumps(_document([{"finding": FINDING, "case": "c", "variant": "v",
                                   "op_calls": 1, "host_syncs": 0, "allocations": 1,
-                                  "allocated_bytes": 4}]), indent=1)
+                                  "allocated_bytes": 4, "peak_bytes": 4}]), indent=1)
     path.write_text(text[: len(text) // 2])
 
 
@@ -202,7 +202,7 @@ CORRUPT = [
      "counters[0]: expected an object; got int"),
     ("a duplicate entry", lambda p: p.write_text(json.dumps(_document(
         [{"finding": FINDING, "case": "c", "variant": "v", "op_calls": 1, "host_syncs": 0,
-          "allocations": 1, "allocated_bytes": 4}] * 2))),
+          "allocations": 1, "allocated_bytes": 4, "peak_bytes": 4}] * 2))),
      "counters[1]: expected one entry per finding, case and variant; got ('B4-DRL-03', 'c', 'v') again"),
 ]
 
@@ -277,7 +277,7 @@ def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys)
 
 def _cell(finding, variant, **fields) -> gate_counters.CellCounts:
     counts = fields.pop("counts", {"op_calls": 10, "host_syncs": 0, "allocations": 2,
-                                   "allocated_bytes": 64})
+                                   "allocated_bytes": 64, "peak_bytes": 64})
     return gate_counters.CellCounts(finding, "c", variant, counts=counts, **fields)
 
 
@@ -288,7 +288,8 @@ def test_write_baseline_merges_cell_by_cell(tmp_path):
     path.write_text(json.dumps(_document([
         {"finding": c.finding, "case": c.case, "variant": c.variant, **c.counts,
          **({"tolerance": c.tolerance} if c.tolerance else {})} for c in old])))
-    more = {"op_calls": 11, "host_syncs": 0, "allocations": 2, "allocated_bytes": 64}
+    more = {"op_calls": 11, "host_syncs": 0, "allocations": 2, "allocated_bytes": 64,
+            "peak_bytes": 64}
     update = gate_counters.write_baseline(path, [
         _cell("F2", "kept-tolerance", counts=more),
         _cell("F2", "skipped-here", counts=None, skipped="needs CUDA"),
@@ -307,7 +308,8 @@ def test_write_baseline_merges_cell_by_cell(tmp_path):
 def test_an_unmergeable_baseline_is_replaced_only_when_asked_or_when_nothing_is_lost(tmp_path):
     path = tmp_path / "counters.json"
     other_torch = {**_document([]), "fingerprint": {"torch": "1.0", "device": "cpu", "threads": 1}}
-    entry = {"case": "c", "op_calls": 1, "host_syncs": 0, "allocations": 1, "allocated_bytes": 4}
+    entry = {"case": "c", "op_calls": 1, "host_syncs": 0, "allocations": 1, "allocated_bytes": 4,
+             "peak_bytes": 4}
     path.write_text(json.dumps({**other_torch, "counters": [
         {"finding": "F1", "variant": "a", **entry}, {"finding": "F2", "variant": "a", **entry}]}))
     with pytest.raises(UsageError, match=r"baseline not updated, it would lose F2: .*"

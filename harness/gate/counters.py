@@ -47,7 +47,7 @@ from harness.progress import Progress
 
 SCHEMA_VERSION = 1
 DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "counters.json"
-COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes")
+COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes", "peak_bytes")
 THREADS = 1
 UPDATE_COMMAND = "python -m harness.gate --update-baseline"
 

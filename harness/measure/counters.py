@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from torch._C._profiler import _EventType
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -71,30 +72,57 @@ class ProfiledEvent:
     nbytes: int = 0
     """For a `[memory]` event: bytes allocated (> 0) or freed (< 0)."""
     on_device: bool = False
-    """Whether the event ran on the GPU (a kernel, a copy, a memset), not on the host; for
-    a `[memory]` event, whether the memory is the GPU's."""
-    start_ns: int = 0
-    """When the event started (orders allocations and frees for the peak)."""
+    """Whether the event ran on the GPU (a kernel, a copy, a memset), not on the host."""
 
 
 def kineto_events(prof: profile) -> list[ProfiledEvent]:
     """The raw Kineto events of a finished profiler run."""
     return [
-        ProfiledEvent(event.name(), event.nbytes(), event.device_type() != DeviceType.CPU,
-                      event.start_ns())
+        ProfiledEvent(event.name(), event.nbytes(), event.device_type() != DeviceType.CPU)
         for event in prof.profiler.kineto_results.events()
     ]
 
 
-def peak_live_bytes(events: Iterable[ProfiledEvent]) -> int:
-    """The most bytes the window held allocated at once on the host (CPU `[memory]`
-    events, in time order): what the call needed on top of what it found allocated.
-    Memory the call frees but did not allocate only lowers the running total."""
+@dataclass(frozen=True)
+class MemoryEvent:
+    """One allocation (`nbytes` > 0) or free (< 0) the profiler saw."""
+
+    nbytes: int
+    ptr: int
+    """The address: a free is matched with the allocation it undoes."""
+    start_ns: int
+    on_device: bool = False
+    """Whether it is the GPU's memory (not the host's)."""
+
+
+def memory_events(prof: profile) -> list[MemoryEvent]:
+    """The allocations and frees of a finished profiler run (`profile_memory=True`)."""
+    out = []
+    nodes = list(prof.profiler.kineto_results.experimental_event_tree())
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.children)
+        if node.typed[0] == _EventType.Allocation:
+            fields = node.typed[1]
+            out.append(MemoryEvent(fields.alloc_size, fields.ptr, node.start_time_ns,
+                                   fields.device.type != "cpu"))
+    return out
+
+
+def peak_live_bytes(events: Iterable[MemoryEvent]) -> int:
+    """The most host bytes allocated within the window and alive at once, in time order:
+    what the call needed on top of what it found. A free of memory the window did not
+    allocate (an earlier call's gradients, say) is not counted, so the peak of a call is
+    the same whatever ran before it."""
     live = peak = 0
-    for event in sorted((e for e in events if e.name == "[memory]" and not e.on_device),
-                        key=lambda e: e.start_ns):
-        live += event.nbytes
-        peak = max(peak, live)
+    mine: dict[int, int] = {}
+    for event in sorted((e for e in events if not e.on_device), key=lambda e: e.start_ns):
+        if event.nbytes > 0:
+            mine[event.ptr] = event.nbytes
+            live += event.nbytes
+            peak = max(peak, live)
+        elif event.ptr in mine:
+            live -= mine.pop(event.ptr)
     return peak
 
 
@@ -114,9 +142,10 @@ class Counters:
     allocated_bytes: int
     kernel_launches: int | None
     peak_bytes: int = 0
-    """The most bytes the call held allocated at once: on the CPU from the profiler's
-    memory events (`peak_live_bytes`); on CUDA `torch.cuda.max_memory_allocated` of the
-    device, reset before the call, less what was allocated before it."""
+    """The most bytes the call held allocated at once (`profile_call` fills it): on the
+    CPU from the profiler's allocation events (`peak_live_bytes`); on CUDA
+    `torch.cuda.max_memory_allocated` of the device, reset before the call, less what was
+    allocated before it."""
     ops: dict[str, int] = field(default_factory=dict, compare=False)
 
     def as_row(self) -> dict[str, int | None]:
@@ -167,7 +196,6 @@ def count_events(
         allocations=allocations,
         allocated_bytes=allocated_bytes,
         kernel_launches=launches,
-        peak_bytes=peak_live_bytes(events),
         ops=ops,
     )
 
@@ -265,10 +293,11 @@ def profile_call(
     if trace_path is not None:
         prof.export_chrome_trace(trace_path)
     counters = count_events(kineto_events(prof), on_cuda, "\n".join(messages))
-    if on_cuda:  # the device's own allocator knows its peak; the host's events do not
+    if on_cuda:  # the device's own allocator knows its peak
         peak = torch.cuda.max_memory_allocated(device) - before
-        counters = dataclasses.replace(counters, peak_bytes=peak)
-    return counters
+    else:
+        peak = peak_live_bytes(memory_events(prof))
+    return dataclasses.replace(counters, peak_bytes=peak)
 
 
 # --- host-to-device copies (the transfer findings: H4, H5, audit 1.3) ---------------------
