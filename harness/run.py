@@ -378,7 +378,8 @@ def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[floa
                     known[(cell["finding"], cell["case"])] = sum(cell["seconds"].values())
         except RunFileError:  # an unreadable earlier run only costs the estimate
             continue
-    return [known.get((f.id, c.label), (1 + len(f.variants)) * options.time_budget_s)
+    budget = options.time_budget_s
+    return [known.get((f.id, c.label), (1 + len(f.variants)) * budget * f.budget_factor)
             for f, c in cells]
 
 

@@ -5,7 +5,8 @@
   2. each variant called once and checked against the reference: a mismatch is a
      `mismatch` row carrying the max error and that variant is not timed there;
   3. the variants that agree are timed together, interleaved, on the device's clock;
-  4. a separate profiling pass counts ops, syncs, allocations and kernel launches;
+  4. a separate profiling pass counts ops, syncs, allocations and kernel launches (and,
+     at a finding's first case, its profiles make the Chrome trace);
   5. each variant's time ratio to the baseline gets a bootstrap 95% interval and a verdict;
   6. for a finding that counts its bytes (`Finding.min_bytes`), the achieved bandwidth per
      variant and the case's bandwidth floor and label (`harness.measure.bandwidth`).
@@ -15,9 +16,8 @@ A variant that raises is recorded as a `failed` row with its error; the run goes
 from __future__ import annotations
 
 import contextlib
-import gzip
 import math
-import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.profiler import record_function
 
 from harness.measure.bandwidth import bound_label
-from harness.measure.counters import profile_call, profiling
+from harness.measure.counters import profile_call
 from harness.findings import Case, Finding
 from harness.measure.stats import (
     Verdict, bootstrap_ratio_ci, classify, paired_difference_ci, paired_ratio_ci,
@@ -38,6 +37,7 @@ from harness.measure.stats import (
 from harness.measure.timing import (
     Measurement, Precision, VariantError, make_clock, measure_interleaved,
 )
+from harness.measure.trace import merge_traces
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class CaseRun:
                 self.measurements = measure_interleaved(
                     calls, make_clock(o.device), finding=f.id, case=self.case.label,
                     min_samples=o.min_samples, max_samples=o.max_samples,
-                    time_budget_s=o.time_budget_s, precision=precision,
+                    time_budget_s=o.time_budget_s * f.budget_factor, precision=precision,
                     # paired: every variant makes the same calls, in the same order
                     min_sample_time=None if f.paired else 1e-3,
                     warmup_budget_s=math.inf if f.paired else 0.1,
@@ -207,39 +207,31 @@ class CaseRun:
         self.sample_metrics[variant].append(dict(self.finding.sample_metrics(variant, self.inputs)))
 
     def _profile(self, trace_path: Path | None) -> None:
+        """Counters of each variant from one profiled call; with `trace_path`, the same
+        profiles merged into the cell's Chrome trace (`harness.measure.trace`)."""
         device, limit = self.options.device, self.finding.profile_max_s
-        for variant in list(self.measurements):
-            median = self.measurements[variant].median
-            if limit is not None and median > limit:
-                self.cells[variant]["profile_note"] = (
-                    f"not profiled: one call takes {median:.3g} s and this finding profiles "
-                    f"calls up to {limit:g} s (the profiler slows op-heavy calls ~20x)")
-                continue
-            try:
-                counters = profile_call(self.finding.make_call(variant, self.inputs), device)
-            except Exception as err:
-                self._fail(variant, err, "profiling")
-                del self.measurements[variant]
-                continue
-            self.cells[variant].update(counters.as_row())
-        if trace_path is not None and self.measurements:
-            self._trace(trace_path)
-
-    def _trace(self, trace_path: Path) -> None:
-        """One Chrome trace of every timed variant, each inside a `variant:<name>` range."""
-        device = self.options.device
-        calls = {v: self.finding.make_call(v, self.inputs) for v in self.measurements}
-        with profiling(device, profile_memory=True) as prof:
-            for variant, call in calls.items():
-                with record_function(f"variant:{variant}"):
-                    call()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # the trace ends when this device is done
-        raw = trace_path.with_suffix("")  # traces/<id>.json.gz -> traces/<id>.json
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        raw.unlink()
+        with tempfile.TemporaryDirectory(prefix="esper-bench-trace-") as scratch:
+            parts: dict[str, Path] = {}
+            for index, variant in enumerate(list(self.measurements)):
+                median = self.measurements[variant].median
+                if limit is not None and median > limit:
+                    self.cells[variant]["profile_note"] = (
+                        f"not profiled: one call takes {median:.3g} s and this finding profiles "
+                        f"calls up to {limit:g} s (the profiler slows op-heavy calls ~20x)")
+                    continue
+                part = Path(scratch) / f"{index}.json" if trace_path is not None else None
+                try:
+                    counters = profile_call(self.finding.make_call(variant, self.inputs), device,
+                                            None if part is None else str(part))
+                except Exception as err:
+                    self._fail(variant, err, "profiling")
+                    del self.measurements[variant]
+                    continue
+                self.cells[variant].update(counters.as_row())
+                if part is not None:
+                    parts[variant] = part
+            if trace_path is not None and parts:
+                merge_traces(parts, trace_path)
 
     def _extra_metrics(self) -> None:
         if self.finding.extra_metrics is None:

@@ -20,7 +20,7 @@ PUBLIC_NAMES = ["Case", "Finding", "max_abs_difference", "register"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
-                  "sample_metrics", "min_bytes", "answer", "profile_max_s", "long", "duration_s",
+                  "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "long", "duration_s",
                   "ticket", "notes", "gated")
 
 
@@ -80,6 +80,8 @@ def _declare(**changes) -> Finding:
     ({"long": "no"}, "long: expected True or False; got 'no'"),
     ({"answer": "rate"}, "answer: expected a tuple of str; got 'rate'"),
     ({"profile_max_s": 0}, "profile_max_s: expected None or seconds > 0; got 0"),
+    ({"budget_factor": 0}, "budget_factor: expected a finite number > 0; got 0"),
+    ({"budget_factor": float("inf")}, "budget_factor: expected a finite number > 0; got inf"),
     ({"duration_s": 30}, "duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
     ({"notes": "one note"}, "notes: expected a tuple of str; got 'one note'"),
     ({"min_bytes": 64}, "min_bytes: expected None or a callable case -> bytes; got 64"),

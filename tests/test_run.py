@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -86,7 +87,10 @@ def test_gate_failure_isolation_and_schema(tiny, tmp_path):
     assert set(rows["variant"]) == {"good", "twice"}
     assert {"finding", "variant", "case", "p_n", "sample", "seconds", "allocations"} <= set(rows.columns)
     assert (rows["seconds"] > 0).all()
-    assert (run.folder / "traces" / f"{TEST_ID}.json.gz").stat().st_size > 0
+    with gzip.open(run.folder / "traces" / f"{TEST_ID}.json.gz", "rt") as f:
+        trace = json.load(f)["traceEvents"]
+    assert {e["name"] for e in trace if e["name"].startswith("variant:")} == {
+        "variant:good", "variant:twice"}  # the timed variants, each under its range
     assert len(rows) == len(run.rows)
 
 
@@ -251,3 +255,26 @@ def test_calls_over_the_findings_profile_limit_get_no_counters_and_say_why():
     assert rows["good"]["op_calls"] >= 1 and "profile_note" not in rows["good"]
     assert "op_calls" not in rows["twice"] and rows["twice"]["status"] == "ok"
     assert rows["twice"]["profile_note"].startswith("not profiled: one call takes 0.03")
+
+
+def test_a_findings_budget_factor_multiplies_the_runs_budget_per_cell():
+    import dataclasses
+    import time as time_module
+
+    from harness.runner import CaseRun, RunOptions
+
+    def make_call(variant, x):
+        return lambda: (time_module.sleep(2e-3), (x * 2).sum())[1]
+
+    finding = dataclasses.replace(_tiny_finding(), variants=("good", "twice"), make_call=make_call)
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3,
+                         precision=0.0, profile=False)
+    rounds = {}
+    for factor in (1.0, 8.0):
+        cell = CaseRun(dataclasses.replace(finding, budget_factor=factor), Case.of(n=64),
+                       options).run()
+        (row,) = [r for r in cell.summary if r["variant"] == "twice"]
+        assert row["stopped_by"] == "time_budget"
+        rounds[factor] = row["n"]
+    # ~4 ms a round: 0.05 s holds a handful of rounds, 0.4 s several times as many
+    assert rounds[8.0] >= 3 * rounds[1.0], rounds

@@ -7,6 +7,7 @@ pieces (launch detection, the cell assignment) as units.
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -76,6 +77,21 @@ def test_sharded_run_renders_one_report(sharded):
     page = run.folder.parent.parent / "reports" / run.run_id / "index.html"
     assert page.is_file() and "B4-PT-05" in page.read_text()
     assert done.stdout.count("results: ") == 1  # rank 0 alone writes the result
+
+
+def test_each_trace_names_the_rank_that_recorded_it(sharded):
+    run, _ = sharded
+    case0 = {}  # a finding's trace is recorded at its first case, by that cell's rank
+    for cell in read_cells(run.folder):
+        if cell["order"][1] == 0:
+            case0[cell["finding"]] = cell["rank"]
+    traces = sorted((run.folder / "traces").glob("*.json.gz"))
+    assert {t.name.removesuffix(".json.gz") for t in traces} == set(case0)
+    for trace in traces:
+        with gzip.open(trace, "rt") as f:
+            info = json.load(f)["distributedInfo"]
+        assert info["world_size"] == 2
+        assert info["rank"] == case0[trace.name.removesuffix(".json.gz")]
 
 
 def test_a_failing_rank_marks_its_cells_and_the_others_are_kept(tmp_path):

@@ -183,6 +183,11 @@ class Finding:
     """Calls slower than this (median seconds) get no profiling pass, so no counters: the
     profiler slows a call by the number of ops it records (about 20x for a Python loop of
     small ops), and such a call's counts scale with its size. None: profile every call."""
+    budget_factor: float = 1.0
+    """Multiplies the run's `--time-budget` (sampling seconds per cell) for this finding's
+    cells: for a call so slow that the run's budget holds only the minimum rounds
+    (`E2E-iteration`: an iteration takes about 0.5 s), so that adaptive sampling can reach
+    its precision. Sampling still stops as soon as it does."""
     long: bool = False
     """A long finding (learning runs, many episodes): it runs only when named with
     `--findings` or with `--all`, never in the default run; its quick cases stay CI-sized."""
@@ -232,6 +237,10 @@ class Finding:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                                   or not limit > 0):
             self._bad("profile_max_s", "None or seconds > 0", limit)
+        factor = self.budget_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                0 < factor < float("inf")):
+            self._bad("budget_factor", "a finite number > 0", factor)
         duration = self.duration_s
         if duration is not None and not (
                 isinstance(duration, tuple) and len(duration) == 2
