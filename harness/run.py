@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the findings and exit")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
-                        "quick 0.3)")
+                        "quick 0.3; a finding of slow calls may declare a multiple: "
+                        "E2E-iteration 30x)")
     p.add_argument("--precision", type=float, default=0.03, metavar="FRACTION",
                    help="stop sampling a cell once every ratio's 95%% interval is within "
                         "+-FRACTION of it (default 0.03); 0: sample for the whole budget")

@@ -61,8 +61,10 @@ def merge_traces(parts: Mapping[str, Path], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:  # a reader never sees half a trace
-        with gzip.open(temporary, "wt", encoding="utf-8") as f:
-            json.dump(document, f)
+        # dumps then one write: json.dump's chunked writes take several times as long for
+        # a trace of hundreds of thousands of events; level 6 compresses ~3x faster than 9
+        with gzip.open(temporary, "wb", compresslevel=6) as f:
+            f.write(json.dumps(document).encode("utf-8"))
         os.replace(temporary, out)
     finally:
         temporary.unlink(missing_ok=True)
