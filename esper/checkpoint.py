@@ -63,9 +63,14 @@ def load_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
         state = torch.load(path, map_location=trainer.device, weights_only=True)
     except (pickle.UnpicklingError, KeyError, RuntimeError, EOFError) as err:
         # what torch.load raises for a file that is not a torch checkpoint at all
+        # torch.load's first line only: the rest of its message advises weights_only=False,
+        # which would run whatever code an unknown file holds
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if "weights_only" in first:
+            first = "not a weights-only torch file"
         raise ValueError(
             f"resume {path}: expected a checkpoint written by save_checkpoint; got a file "
-            f"torch.load cannot read ({type(err).__name__}: {err})"
+            f"torch.load cannot read ({type(err).__name__}: {first})"
         ) from err
     version = state.get("format_version") if isinstance(state, dict) else None
     if version != FORMAT_VERSION:

@@ -99,6 +99,18 @@ def test_resume_of_a_missing_checkpoint_exits_2(capsys, tmp_path):
     assert "absent.pt" in err
 
 
+def test_resume_of_a_file_that_is_not_a_checkpoint_says_so_in_one_line(capsys, tmp_path):
+    """torch.load's own message for it is a page that suggests weights_only=False: loading
+    an unknown file that way can run arbitrary code, so the error must not pass that on."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint")
+    err = run_main(capsys, "--device", "cpu", "--resume", str(text))
+    (line,) = [l for l in err.splitlines() if "error:" in l]
+    assert f"resume {text}: expected a checkpoint written by save_checkpoint" in line
+    assert "UnpicklingError" in line
+    assert "weights_only" not in err and len(err.splitlines()) <= 8  # the usage, then one line
+
+
 # ------------------------------------------------------ bad input, limits and signals
 
 TINY = ("--envs", "1", "--steps", "2", "--device", "cpu")
