@@ -510,4 +510,4 @@ def _cell_detail(summary: list[dict]) -> str:
 main = command(_main)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    ranks.exit_process(main())

@@ -47,7 +47,7 @@ from harness.gate.table import (
     step_summary_path, summary_line,
 )
 from harness.project import load_project_config
-from harness.ranks import Launch, Spread
+from harness.ranks import Launch, Spread, exit_process
 from harness.results import atomic_write_text
 
 
@@ -312,4 +312,4 @@ def _report(args: argparse.Namespace, rows: list[GateRow] | None) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -40,7 +40,7 @@ from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate import ab as gate_ab
 from harness.gate.plant import plant_lines
 from harness.gate.table import rows_document
-from harness.ranks import Launch, Spread, solo_environment
+from harness.ranks import Launch, Spread, exit_process, solo_environment
 from harness.results import atomic_write_text
 
 PLANTED_METHOD = "scan"
@@ -342,4 +342,4 @@ def run_scenarios(args: argparse.Namespace, spread: Spread | None = None) -> lis
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
