@@ -65,7 +65,7 @@ def load_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
         # what torch.load raises for a file that is not a torch checkpoint at all
         # torch.load's first line only: the rest of its message advises weights_only=False,
         # which would run whatever code an unknown file holds
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        first = next(iter(str(err).strip().splitlines()), "")
         if "weights_only" in first:
             first = "not a weights-only torch file"
         raise ValueError(

@@ -25,10 +25,9 @@ def variant_range(name: str, events: list[dict]) -> dict | None:
     if not spans:
         return None
     first = min(spans, key=lambda e: e["ts"])
-    start = min(e["ts"] for e in spans)
     end = max(e["ts"] + e["dur"] for e in spans)
     return {"ph": "X", "cat": "user_annotation", "name": f"variant:{name}", "pid": first["pid"],
-            "tid": first["tid"], "ts": start, "dur": end - start, "args": {}}
+            "tid": first["tid"], "ts": first["ts"], "dur": end - first["ts"], "args": {}}
 
 
 def merge_traces(parts: Mapping[str, Path], out: Path) -> Path:
