@@ -186,7 +186,7 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
-        min_samples=5 if args.quick else 10, precision=args.precision,
+        min_samples=5 if args.quick else 8, precision=args.precision,
         profile=not args.no_profile,
     )
 

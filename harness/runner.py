@@ -49,7 +49,7 @@ class RunOptions:
     seed: int = 0
     time_budget_s: float = 1.0
     """Sampling budget per finding x case (warm-up and calibration included)."""
-    min_samples: int = 10
+    min_samples: int = 8
     max_samples: int = 200
     precision: float = 0.03
     """Adaptive sampling: a cell stops sampling once every ratio's 95% interval is within
@@ -266,7 +266,8 @@ class CaseRun:
                                       "not timed in this case")
                 continue
             interval = paired_ratio_ci if self.finding.paired else bootstrap_ratio_ci
-            ci = interval(m.samples, base.samples, seed=self.options.seed)
+            # a variant settled early is compared with the baseline of the same rounds
+            ci = interval(m.samples, base.samples[:m.n], seed=self.options.seed)
             cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
                         ci_halfwidth=relative_halfwidth(ci), verdict=classify(ci))
         self._compare_sample_metrics(reference, timed)

@@ -370,6 +370,37 @@ def test_precision_runs_a_noisy_no_difference_pair_to_its_budget():
     assert ci.low < 1.0 < ci.high  # no difference, and the budget was spent to say so
 
 
+def test_precision_settles_each_variant_on_its_own_and_stops_sampling_it():
+    """A variant whose ratio is known leaves the rounds while a noisy one goes on: its
+    calls stop (the log shows none after it settled), its interval is the one checked
+    (against the reference's samples of the same rounds), and the reference keeps
+    sampling with the open variant until the budget."""
+    clock = FakeClock()
+    fns = {"loop": clock.variant("loop", lognormal(4 * MS, 0.02, seed=6)),
+           "fast": clock.variant("fast", lognormal(MS, 0.02, seed=7)),
+           "noisy": clock.variant("noisy", lognormal(4 * MS, 0.4, seed=8))}
+    result = measure(fns, clock, warmup=0, min_samples=5, max_samples=10_000,
+                     time_budget_s=0.5, precision=Precision(0.03, reference="loop"))
+    loop, fast, noisy = result["loop"], result["fast"], result["noisy"]
+    assert fast.stopped_by is StopReason.PRECISION_REACHED
+    assert noisy.stopped_by is StopReason.TIME_BUDGET
+    assert loop.stopped_by is StopReason.TIME_BUDGET
+    assert 8 <= fast.n < noisy.n == loop.n
+    # the calls of `fast` end where its samples end: each sample is `number` calls
+    sampled_fast = [name for name in clock.log if name == "fast"]
+    prepared_calls = 1 + fast.warmup_calls
+    assert len(sampled_fast) == prepared_calls + calibration_calls(fast) + fast.n * fast.number_per_sample
+    ci = stats.bootstrap_ratio_ci(fast.samples, loop.samples[:fast.n])
+    assert fast.precision_reached == pytest.approx(stats.relative_halfwidth(ci))
+    assert fast.precision_reached <= 0.03 < noisy.precision_reached
+    assert loop.precision_reached == noisy.precision_reached  # the cell's widest
+
+
+def calibration_calls(m) -> int:
+    """Calls `calibrate` made for `m`: blocks of 1, 2, 4, ... up to its number."""
+    return 2 * m.number_per_sample - 1
+
+
 def test_precision_takes_its_minimum_rounds_even_on_identical_samples():
     clock = FakeClock()
     fns = {"a": clock.variant("a", constant(MS)), "b": clock.variant("b", constant(2 * MS))}

@@ -257,14 +257,18 @@ class StopReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Precision:
-    """Adaptive sampling: stop as soon as every answer is known to +-`target`.
+    """Adaptive sampling: stop sampling each variant as soon as its answer is known to
+    +-`target`, and the cell once every answer is.
 
     The answer of a cell is each variant's time ratio to `reference`; it is known to
     +-`target` when the half-width of its 95% bootstrap interval (the one the results
-    report, `stats.bootstrap_ratio_ci`) is at most `target` times the ratio. A cell with
-    one variant asks the same of that variant's median. Intervals are checked after
-    `min_rounds` rounds and then every quarter more rounds (their cost stays a small part
-    of the sampling), so a lucky streak of a few similar samples cannot end sampling.
+    report, `stats.bootstrap_ratio_ci`) is at most `target` times the ratio. A variant
+    whose ratio is known leaves the rounds (it is *settled*); the reference keeps
+    sampling while any other is open, and a settled variant's interval is taken against
+    the reference's samples of the rounds it was in. A cell with one variant asks the
+    same of that variant's median. Intervals are checked after `min_rounds` rounds and
+    then every quarter more rounds (their cost stays a small part of the sampling), so a
+    lucky streak of a few similar samples cannot end sampling.
     """
 
     target: float = 0.03
@@ -277,7 +281,8 @@ class Precision:
     """Seed of the bootstrap (the same seed gives the same decision)."""
     paired: bool = False
     """Round k of every variant did the same work: intervals of per-round ratios
-    (`stats.paired_ratio_ci`) instead of two independent sets of samples."""
+    (`stats.paired_ratio_ci`) instead of two independent sets of samples; variants
+    settle together, so that every one makes the same calls."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target) and self.target >= 0.0):
@@ -286,20 +291,27 @@ class Precision:
             raise ValueError(
                 f"Precision.min_rounds: expected an integer >= 2; got {self.min_rounds!r}")
 
-    def widest(self, samples: Mapping[str, Sequence[float]]) -> float:
-        """The largest relative half-width among the cell's intervals now."""
-        names = list(samples)
-        reference = self.reference if self.reference in samples else names[0]
-        others = [n for n in names if n != reference] or [reference]
-        widths = []
-        for name in others:
+    def reference_of(self, names: Sequence[str]) -> str:
+        """The variant the ratios are taken against, among `names`."""
+        return self.reference if self.reference in names else names[0]
+
+    def widths(self, samples: Mapping[str, Sequence[float]],
+               names: Sequence[str] | None = None) -> dict[str, float]:
+        """Relative half-width of each of `names`' interval now (default: every variant
+        but the reference; the reference itself when it is alone)."""
+        reference = self.reference_of(list(samples))
+        if names is None:
+            names = [n for n in samples if n != reference] or [reference]
+        widths = {}
+        for name in names:
             if name == reference:  # one variant: how well its median is known
                 ci = stats.bootstrap_median_ci(samples[name], seed=self.seed)
             else:
                 interval = stats.paired_ratio_ci if self.paired else stats.bootstrap_ratio_ci
-                ci = interval(samples[name], samples[reference], seed=self.seed)
-            widths.append(stats.relative_halfwidth(ci))
-        return max(widths)
+                own = samples[name]
+                ci = interval(own, samples[reference][:len(own)], seed=self.seed)
+            widths[name] = stats.relative_halfwidth(ci)
+        return widths
 
 
 @dataclass(frozen=True)
@@ -322,10 +334,12 @@ class Measurement:
     warmup_seconds: float
     """Total seconds of the `warmup_calls`."""
     stopped_by: StopReason
-    """Why sampling stopped."""
+    """Why sampling of this variant stopped (with a `Precision`, a variant whose ratio
+    was known stops before the others)."""
     precision_reached: float | None = None
-    """With adaptive sampling: the widest relative 95% interval half-width of the cell's
-    ratios at the last check (0.03 = +-3%); None without it."""
+    """With adaptive sampling: the relative 95% interval half-width of this variant's
+    ratio at its last check (0.03 = +-3%; the reference: the widest of the cell's);
+    None without it."""
 
     def __post_init__(self) -> None:
         # Coerce lists from callers or JSON into the immutable form the stats assume.
@@ -440,36 +454,72 @@ def _sample_round(
 
 
 class _StopRule:
-    """Decides after each round whether sampling ends, and why (see measure_interleaved)."""
+    """Decides after each round which variants go on sampling, and why each stopped (see
+    measure_interleaved and Precision).
 
-    def __init__(self, *, min_samples: int, max_samples: int, target_rel_iqr: float,
-                 precision: Precision | None, budget_spent: Callable[[], bool]) -> None:
+    `active` lists the variants the next round samples; `stopped` says why each other
+    one stopped; `widths` holds each variant's interval half-width at its last check
+    (the reference: the widest of the cell)."""
+
+    def __init__(self, names: Sequence[str], *, min_samples: int, max_samples: int,
+                 target_rel_iqr: float, precision: Precision | None,
+                 budget_spent: Callable[[], bool]) -> None:
         self.min_samples, self.max_samples = min_samples, max_samples
         self.target_rel_iqr, self.precision = target_rel_iqr, precision
         self.budget_spent = budget_spent
+        self.reference = precision.reference_of(names) if precision else names[0]
+        self.active = list(names)
+        self.stopped: dict[str, StopReason] = {}
+        self.widths: dict[str, float] = {}
         self.first_check = max(min_samples, precision.min_rounds) if precision else min_samples
         self.next_check = self.first_check
-        self.widest: float | None = None
-        """The widest relative interval half-width at the last check (with a Precision)."""
 
-    def __call__(self, samples: Mapping[str, list[float]]) -> StopReason | None:
-        rounds = len(next(iter(samples.values())))
+    def __call__(self, samples: Mapping[str, list[float]]) -> bool:
+        """Whether sampling ends after the round just taken."""
+        rounds = len(samples[self.reference])
         if rounds < self.min_samples:
-            return None
+            return False
+        budget_spent = self.budget_spent()
         if self.precision is None:
             if _converged(samples, self.target_rel_iqr):
-                return StopReason.TARGET_REACHED
+                return self._stop_all(StopReason.TARGET_REACHED)
         elif self.precision.target > 0 and (rounds >= self.next_check
-                                            or rounds >= self.max_samples or self.budget_spent()):
-            self.widest = self.precision.widest(samples)
+                                            or rounds >= self.max_samples or budget_spent):
             self.next_check = rounds + max(1, rounds // 4)
-            if rounds >= self.first_check and self.widest <= self.precision.target:
-                return StopReason.PRECISION_REACHED
+            if self._settle(samples, ready=rounds >= self.first_check):
+                return True
         if rounds >= self.max_samples:
-            return StopReason.MAX_SAMPLES
-        if self.budget_spent():
-            return StopReason.TIME_BUDGET
-        return None
+            return self._stop_all(StopReason.MAX_SAMPLES)
+        if budget_spent:
+            return self._stop_all(StopReason.TIME_BUDGET)
+        return False
+
+    def _settle(self, samples: Mapping[str, list[float]], ready: bool) -> bool:
+        """Check the open intervals; with `ready`, settle those within the target (all
+        at once when paired). True when none is left open."""
+        target = self.precision.target
+        others = [n for n in self.active if n != self.reference] or [self.reference]
+        self.widths.update(self.precision.widths(samples, others))
+        if self.reference not in others:
+            self.widths[self.reference] = max(w for n, w in self.widths.items()
+                                              if n != self.reference)
+        if not ready:
+            return False
+        known = [n for n in others if self.widths[n] <= target]
+        if self.precision.paired and len(known) < len(others):
+            return False
+        for name in known:
+            self.stopped[name] = StopReason.PRECISION_REACHED
+            self.active.remove(name)
+        if self.active == [self.reference] and self.reference not in others:
+            return self._stop_all(StopReason.PRECISION_REACHED)
+        return not self.active
+
+    def _stop_all(self, reason: StopReason) -> bool:
+        for name in self.active:
+            self.stopped[name] = reason
+        self.active = []
+        return True
 
 
 def _converged(samples: Mapping[str, list[float]], target_rel_iqr: float) -> bool:
@@ -530,10 +580,10 @@ def measure_interleaved(
     calibrated to `min_sample_time`. Then rounds of one sample
     per variant, in `fns` order (A B C A B C ...), run until, after `min_samples` rounds,
     the answer is known (with a `precision`: every variant's time ratio to the reference
-    within +-precision.target at 95%; without: every variant's IQR/median <=
-    `target_rel_iqr`), or `max_samples` rounds are done, or `time_budget_s` seconds (read
-    from `now`, counted from entry, warm-up and calibration included) are spent.
-    `min_samples` rounds are always taken.
+    within +-precision.target at 95%, each variant leaving the rounds as soon as its own
+    is; without: every variant's IQR/median <= `target_rel_iqr`), or `max_samples`
+    rounds are done, or `time_budget_s` seconds (read from `now`, counted from entry,
+    warm-up and calibration included) are spent. `min_samples` rounds are always taken.
 
     `min_sample_time=None` takes one call per sample without calibrating, so that every
     variant makes the same calls in the same order (paired measurements of stateful
@@ -542,8 +592,8 @@ def measure_interleaved(
     the order every other round (A B, B A, ...), so that no variant always goes first.
 
     Returns name -> Measurement, keyed by `finding`, `case`, the clock's device and
-    the torch thread count in effect; with a `precision`, each carries the widest
-    interval half-width reached (`precision_reached`). A raising variant stops everything
+    the torch thread count in effect; with a `precision`, each carries the interval
+    half-width it reached (`precision_reached`). A raising variant stops everything
     with a `VariantError` naming it, chained `from` the original exception.
     """
     _check_sampling_args(
@@ -555,15 +605,16 @@ def measure_interleaved(
         for name, fn in fns.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    rule = _StopRule(min_samples=min_samples, max_samples=max_samples,
+    rule = _StopRule(list(fns), min_samples=min_samples, max_samples=max_samples,
                      target_rel_iqr=target_rel_iqr, precision=precision,
                      budget_spent=lambda: now() - started >= time_budget_s)
-    stopped_by = None
-    while stopped_by is None:
-        rounds = len(next(iter(samples.values())))
-        _sample_round(fns, clock, prepared, samples, after_sample,
+    done = False
+    while not done:
+        rounds = len(samples[rule.reference])
+        active = {name: fns[name] for name in rule.active}
+        _sample_round(active, clock, prepared, samples, after_sample,
                       reverse=alternate and rounds % 2 == 1)
-        stopped_by = rule(samples)
+        done = rule(samples)
     threads = torch.get_num_threads()
     return {
         name: Measurement(
@@ -573,8 +624,8 @@ def measure_interleaved(
             first_call_seconds=prepared[name].first_call_seconds,
             warmup_calls=prepared[name].warmup_calls,
             warmup_seconds=prepared[name].warmup_seconds,
-            stopped_by=stopped_by,
-            precision_reached=rule.widest,
+            stopped_by=rule.stopped[name],
+            precision_reached=rule.widths.get(name),
         )
         for name in fns
     }

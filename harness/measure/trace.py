@@ -14,6 +14,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+
+import orjson
+
+from harness.measure.counters import collector_paused
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,12 +38,16 @@ def merge_traces(parts: Mapping[str, Path], out: Path) -> Path:
     """Write `out` (gzip-compressed JSON) from the Chrome traces `parts` (variant name ->
     trace file, in the order they ran): the first part's document with every part's events,
     each part's under its `variant:<name>` range; metadata events (`ph` M) are kept once."""
+    with collector_paused():  # JSON holds no reference cycles
+        return _merge(parts, out)
+
+
+def _merge(parts: Mapping[str, Path], out: Path) -> Path:
     document: dict | None = None
     events: list[dict] = []
     seen_metadata: set[str] = set()
     for name, path in parts.items():
-        with open(path, encoding="utf-8") as f:
-            part = json.load(f)
+        part = orjson.loads(path.read_bytes())
         if document is None:
             document = {k: v for k, v in part.items() if k != "traceEvents"}
         own = part.get("traceEvents", [])
@@ -60,10 +68,10 @@ def merge_traces(parts: Mapping[str, Path], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:  # a reader never sees half a trace
-        # dumps then one write: json.dump's chunked writes take several times as long for
-        # a trace of hundreds of thousands of events; level 6 compresses ~3x faster than 9
-        with gzip.open(temporary, "wb", compresslevel=6) as f:
-            f.write(json.dumps(document).encode("utf-8"))
+        # a training iteration's trace holds ~700k events: orjson serializes them ~10x
+        # faster than json.dumps, and gzip level 1 ~3x faster than 6 (files ~20% larger)
+        with gzip.open(temporary, "wb", compresslevel=1) as f:
+            f.write(orjson.dumps(document))
         os.replace(temporary, out)
     finally:
         temporary.unlink(missing_ok=True)
