@@ -29,7 +29,7 @@ from harness.measure.machine import describe, fingerprint
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_project_config
-from harness.report.summary import format_seconds, summary_table
+from harness.report.summary import format_seconds, sampling_line, summary_table
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
     resolve_run_folder,
@@ -309,8 +309,7 @@ def _interrupted(writer: RunWriter, launch: ranks.Launch, err: KeyboardInterrupt
         status = "complete" if total is not None and done >= total else "interrupted"
         with signals_deferred():  # a run that had measured every cell stays complete
             writer.finish(status)
-        print(summary_table(pd.DataFrame(writer.summary)))
-        print(f"\nresults: {writer.folder}  ({status})")
+        _print_result(writer, pd.DataFrame(writer.summary), status)
         if status == "interrupted":
             print(f"stopped after {done} of {total} cells; continue with: python -m harness.run "
                   f"--resume {writer.folder.name} --out {writer.results_dir}", file=sys.stderr)
@@ -477,14 +476,23 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
     with signals_deferred():
         writer.finish("complete")
     table = pd.DataFrame(writer.summary)
-    print(summary_table(table))
-    print(f"\nresults: {writer.folder}  (complete)")
+    _print_result(writer, table, "complete")
     for outcome in outcomes:
         if outcome["rank"].get("error"):
             print(f"rank {outcome['rank']['rank']} failed: {outcome['rank']['error']}; its "
                   "remaining cells are marked failed", file=sys.stderr)
     bad = table["status"].isin(["mismatch", "failed"]).any() if not table.empty else False
     return 1 if bad else 0
+
+
+def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
+    """The summary table, how sampling went and where the results are."""
+    print(summary_table(table))
+    line = sampling_line(table, writer.metadata.get("precision", 0.0),
+                         writer.metadata.get("threads"))
+    if line:
+        print(f"\n{line}")
+    print(f"\nresults: {writer.folder}  ({status})")
 
 
 def shared_streams(summary: list[dict]) -> list[dict]:

@@ -104,9 +104,10 @@ def test_run_renders_its_report_and_the_index(runs):
     page = runs["base"] / "reports" / run_id / "index.html"
     links = assert_self_contained(page)
     assert set(FINDINGS) <= links.ids
-    assert {"flamegraph", "metadata"} <= links.ids
+    assert {"flamegraph", "metadata", "sampling"} <= links.ids
     assert f"{finding_png('B4-DRL-03', 'speedup')}" in links.images
     text = page.read_text()
+    assert re.search(r"sampling: \d+ of \d+ timed cells? reached \+-3%", text)
     assert "zero_tensor.clone() inside loop" in text  # the ticket's claim
     assert "No flamegraph: the run was made without --pyspy" in text
     index = runs["base"] / "reports" / "index.html"

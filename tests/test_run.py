@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 
@@ -102,10 +103,13 @@ def test_ctrl_c_keeps_what_was_measured(tiny, tmp_path):
     assert document["status"] == "interrupted"
 
 
-def test_real_findings_quick_run_agree(tmp_path):
+def test_real_findings_quick_run_agree(tmp_path, capsys):
     code = main(["--quick", "--findings", "B4-DRL-03", "B4-PT-05", "H3-stream-sync",
                  "--time-budget", "0.1", "--out", str(tmp_path), "--device", "cpu"])
     assert code == 0
+    # how sampling went, under the table: 3 timed cells (H3 needs CUDA and is not one)
+    assert re.search(r"\nsampling: \d of 3 timed cells reached \+-3%.*timing spread",
+                     capsys.readouterr().out)
     summary = load_run(None, tmp_path).summary
     h3 = summary[summary["finding"] == "H3-stream-sync"]
     assert (h3["verdict"] == "needs_cuda").all() and h3["median_s"].isna().all()

@@ -18,7 +18,7 @@ from harness.exits import UsageError, read_json
 from harness.results import SCHEMA_VERSION, Run, load_run, resolve_run_folder
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline
-from harness.report.summary import format_seconds, verdict_word
+from harness.report.summary import format_seconds, sampling_line, verdict_word
 from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
 #: the E2E-iteration phases, in the order an iteration runs them
@@ -263,6 +263,12 @@ def run_headlines(run: Run) -> list[Headline]:
         return []
     return [finding_headline(f, run.summary[run.summary["finding"] == f], run.metadata)
             for f in dict.fromkeys(run.summary["finding"])]
+
+
+def run_sampling_line(run: Run) -> str | None:
+    """`harness.report.summary.sampling_line` of a run, from its rows and options."""
+    return sampling_line(run.summary, run.metadata.get("precision") or 0.0,
+                         run.metadata.get("threads"))
 
 
 def counters_at(rows: pd.DataFrame, case: str | None) -> list[dict]:

@@ -8,7 +8,7 @@ metadata in a line and a link to the HTML report.
 from __future__ import annotations
 
 from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
-from harness.report.data import metadata_line, run_headlines, status_banner
+from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
 from harness.results import Run
 
 
@@ -34,7 +34,9 @@ def run_markdown(run: Run, link: str) -> str:
              h.verdict_text(), h.counters_text()) for h in run_headlines(run)]
     lines += _table(("finding", "claim", "headline case", "verdict (95% CI)",
                      "counters that changed"), rows) if rows else ["This run holds no rows."]
-    lines += ["", metadata_line(run.metadata), "", f"HTML report: [{link}]({link})"]
+    sampling = run_sampling_line(run)
+    lines += ["", metadata_line(run.metadata), *(["", sampling] if sampling else []), "",
+              f"HTML report: [{link}]({link})"]
     return "\n".join(lines)
 
 

@@ -31,8 +31,8 @@ from harness.report.compare import (
 from harness.report.data import (
     COUNTERS, E2E_ID, ReportError, counters_at, finding_text, format_date, has_bandwidth,
     metadata_line,
-    metadata_panel, param_columns, phase_breakdowns, run_headlines, sentences, status_banner,
-    table_rows,
+    metadata_panel, param_columns, phase_breakdowns, run_headlines, run_sampling_line, sentences,
+    status_banner, table_rows,
 )
 from harness.report.headline import Headline, estimate, estimate_fields
 from harness.report.history import MACHINE_FIELDS, STEP_FACTOR, History
@@ -199,7 +199,7 @@ def render_run(run: Run, out: Path) -> Path:
     page = _TEMPLATES.get_template("run.html.j2").render(
         run_id=run.run_id, metadata=metadata_panel(run.metadata), meta=run.metadata,
         meta_line=metadata_line(run.metadata), banner=status_banner(run.metadata),
-        headlines=headlines, sections=sections, flame=_flamegraph(run, out),
+        sampling=run_sampling_line(run), headlines=headlines, sections=sections, flame=_flamegraph(run, out),
         format_seconds=format_seconds, counters=COUNTERS,
     )
     atomic_write_text(out / "index.html", page)

@@ -58,3 +58,49 @@ def summary_table(summary: pd.DataFrame) -> str:
             "verdict": verdict_word(row),
         })
     return pd.DataFrame(lines).to_string(index=False)
+
+
+#: median IQR/median of a run's timed rows above which the machine is called noisy
+NOISY_SPREAD = 0.05
+#: how a cell's sampling ended, from its rows' `stopped_by` (the first present wins)
+_CELL_ENDS = (("time_budget", "{} spent {} budget"), ("max_samples", "{} hit the sample cap"),
+              ("target_reached", "{} reached the spread target"))
+
+
+def sampling_line(summary: pd.DataFrame, precision: float, threads: int | None = None
+                  ) -> str | None:
+    """How a run's sampling went, in one line: cells that reached the `precision` target
+    and those that spent their budget (a cell ends with its last open variant), and the
+    median IQR/median of the timed rows, called noisy above `NOISY_SPREAD` (with advice
+    that names `--threads 1` when the run used more `threads`): e.g.
+    'sampling: 14 of 48 timed cells reached +-3%, 34 spent their budget; timing spread
+    (median IQR/median) 9.1% (noisy: ...)'. None when nothing was timed."""
+    if summary.empty or not {"stopped_by", "median_s", "iqr_s"} <= set(summary.columns):
+        return None
+    timed = summary[summary.stopped_by.notna() & summary.median_s.notna()]
+    if timed.empty:
+        return None
+    ends = timed.groupby(["finding", "case"]).stopped_by.agg(set)
+    counts = {reason: 0 for reason, _ in _CELL_ENDS}
+    for reasons in ends:
+        for reason, _ in _CELL_ENDS:
+            if reason in reasons:
+                counts[reason] += 1
+                break
+    reached = len(ends) - sum(counts.values())
+    told = [text.format(counts[reason], "its" if counts[reason] == 1 else "their")
+            for reason, text in _CELL_ENDS if counts[reason]]
+    cells = f"{len(ends)} timed cell" + ("" if len(ends) == 1 else "s")
+    if precision > 0:
+        head = [f"sampling: {reached} of {cells} reached +-{100 * precision:.2g}%", *told]
+    else:
+        head = [f"sampling: fixed (--precision 0), {cells}" + (": " if told else ""), *told]
+    spread = float((timed.iqr_s / timed.median_s).median())
+    line = head[0] + ", ".join(head[1:]) if precision <= 0 else ", ".join(head)
+    line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
+    if spread > NOISY_SPREAD:
+        remedies = "a larger --time-budget" + (", --threads 1" if (threads or 1) > 1 else "")
+        line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; a +-{100 * precision:.2g}% answer "
+                 f"may need {remedies} or a quieter machine)"
+                 if precision > 0 else f" (noisy: above {100 * NOISY_SPREAD:.0f}%)")
+    return line

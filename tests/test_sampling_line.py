@@ -1,0 +1,50 @@
+"""The run's one-line account of adaptive sampling: how many cells reached the precision
+target, how many spent their budget, and how noisy the machine was."""
+
+import pandas as pd
+import pytest
+
+from harness.report.summary import sampling_line
+
+
+def row(finding, case, variant, stopped_by, median_s=1e-3, iqr_s=1e-4, status="ok"):
+    return {"finding": finding, "case": case, "variant": variant, "status": status,
+            "stopped_by": stopped_by, "median_s": median_s, "iqr_s": iqr_s}
+
+
+def test_counts_cells_by_how_every_timed_row_stopped_and_states_the_spread():
+    rows = pd.DataFrame([
+        row("A", "c1", "x", "precision_reached"), row("A", "c1", "y", "precision_reached"),
+        # one open variant makes the whole cell a budget cell
+        row("A", "c2", "x", "time_budget"), row("A", "c2", "y", "precision_reached"),
+        row("B", "c1", "x", "max_samples", iqr_s=5e-4),
+        # untimed rows are no cell of sampling
+        row("B", "c2", "x", None, median_s=None, iqr_s=None, status="needs_cuda"),
+    ])
+    line = sampling_line(rows, precision=0.03, threads=2)
+    assert line.startswith("sampling: 1 of 3 timed cells reached +-3%, 1 spent its budget, "
+                           "1 hit the sample cap")
+    # spreads 0.1, 0.1, 0.1, 0.1, 0.5: the median is 10%, above 5% is called noisy
+    assert "timing spread (median IQR/median) 10%" in line
+    assert "noisy" in line and "--time-budget" in line and "--threads 1" in line
+    assert "--threads" not in sampling_line(rows, precision=0.03, threads=1)
+
+
+def test_a_quiet_machine_is_not_called_noisy():
+    rows = pd.DataFrame([row("A", "c1", "x", "precision_reached", iqr_s=2e-5),
+                         row("A", "c1", "y", "precision_reached", iqr_s=3e-5)])
+    line = sampling_line(rows, precision=0.03)
+    assert line == ("sampling: 1 of 1 timed cell reached +-3%; "
+                    "timing spread (median IQR/median) 2.5%")
+
+
+def test_fixed_sampling_says_so():
+    rows = pd.DataFrame([row("A", "c1", "x", "time_budget", iqr_s=2e-5)])
+    assert sampling_line(rows, precision=0.0).startswith(
+        "sampling: fixed (--precision 0), 1 timed cell: 1 spent its budget;")
+
+
+@pytest.mark.parametrize("rows", [pd.DataFrame(), pd.DataFrame([row("B", "c2", "x", None, None, None,
+                                                                   "needs_cuda")])])
+def test_nothing_timed_gives_no_line(rows):
+    assert sampling_line(rows, precision=0.03) is None
