@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "quick 0.3; a finding of slow calls may declare a multiple: "
                         "E2E-iteration 30x)")
     p.add_argument("--precision", type=float, default=0.03, metavar="FRACTION",
-                   help="stop sampling a cell once every ratio's 95%% interval is within "
-                        "+-FRACTION of it (default 0.03); 0: sample for the whole budget")
+                   help="stop sampling a variant once its ratio's 95%% interval is within "
+                        "+-FRACTION of it, and a cell once every one is (default 0.03); "
+                        "0: sample for the whole budget")
     p.add_argument("--out", type=_path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
     p.add_argument("--resume", metavar="RUN",
@@ -488,8 +489,7 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
 def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
-    line = sampling_line(table, writer.metadata.get("precision", 0.0),
-                         writer.metadata.get("threads"))
+    line = sampling_line(table, writer.metadata.get("precision", 0.0))
     if line:
         print(f"\n{line}")
     print(f"\nresults: {writer.folder}  ({status})")

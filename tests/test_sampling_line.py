@@ -21,13 +21,12 @@ def test_counts_cells_by_how_every_timed_row_stopped_and_states_the_spread():
         # untimed rows are no cell of sampling
         row("B", "c2", "x", None, median_s=None, iqr_s=None, status="needs_cuda"),
     ])
-    line = sampling_line(rows, precision=0.03, threads=2)
+    line = sampling_line(rows, precision=0.03)
     assert line.startswith("sampling: 1 of 3 timed cells reached +-3%, 1 spent its budget, "
                            "1 hit the sample cap")
     # spreads 0.1, 0.1, 0.1, 0.1, 0.5: the median is 10%, above 5% is called noisy
     assert "timing spread (median IQR/median) 10%" in line
-    assert "noisy" in line and "--time-budget" in line and "--threads 1" in line
-    assert "--threads" not in sampling_line(rows, precision=0.03, threads=1)
+    assert "noisy" in line and "--time-budget" in line
 
 
 def test_a_quiet_machine_is_not_called_noisy():

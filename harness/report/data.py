@@ -267,8 +267,7 @@ def run_headlines(run: Run) -> list[Headline]:
 
 def run_sampling_line(run: Run) -> str | None:
     """`harness.report.summary.sampling_line` of a run, from its rows and options."""
-    return sampling_line(run.summary, run.metadata.get("precision") or 0.0,
-                         run.metadata.get("threads"))
+    return sampling_line(run.summary, run.metadata.get("precision") or 0.0)
 
 
 def counters_at(rows: pd.DataFrame, case: str | None) -> list[dict]:

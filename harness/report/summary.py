@@ -67,12 +67,10 @@ _CELL_ENDS = (("time_budget", "{} spent {} budget"), ("max_samples", "{} hit the
               ("target_reached", "{} reached the spread target"))
 
 
-def sampling_line(summary: pd.DataFrame, precision: float, threads: int | None = None
-                  ) -> str | None:
+def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
     """How a run's sampling went, in one line: cells that reached the `precision` target
     and those that spent their budget (a cell ends with its last open variant), and the
-    median IQR/median of the timed rows, called noisy above `NOISY_SPREAD` (with advice
-    that names `--threads 1` when the run used more `threads`): e.g.
+    median IQR/median of the timed rows, called noisy above `NOISY_SPREAD`: e.g.
     'sampling: 14 of 48 timed cells reached +-3%, 34 spent their budget; timing spread
     (median IQR/median) 9.1% (noisy: ...)'. None when nothing was timed."""
     if summary.empty or not {"stopped_by", "median_s", "iqr_s"} <= set(summary.columns):
@@ -99,8 +97,7 @@ def sampling_line(summary: pd.DataFrame, precision: float, threads: int | None =
     line = head[0] + ", ".join(head[1:]) if precision <= 0 else ", ".join(head)
     line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
     if spread > NOISY_SPREAD:
-        remedies = "a larger --time-budget" + (", --threads 1" if (threads or 1) > 1 else "")
         line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; a +-{100 * precision:.2g}% answer "
-                 f"may need {remedies} or a quieter machine)"
+                 "may need a larger --time-budget or a quieter machine)"
                  if precision > 0 else f" (noisy: above {100 * NOISY_SPREAD:.0f}%)")
     return line
