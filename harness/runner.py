@@ -52,7 +52,7 @@ class RunOptions:
     min_samples: int = 8
     max_samples: int = 200
     precision: float = 0.03
-    """Adaptive sampling: a cell stops sampling once every ratio's 95% interval is within
+    """Adaptive sampling: a variant stops sampling once its ratio's 95% interval is within
     +-precision of it (`harness.measure.timing.Precision`); 0 samples for the whole budget."""
     profile: bool = True
     copy_bandwidth_bytes_per_s: float | None = None
