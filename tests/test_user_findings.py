@@ -17,6 +17,7 @@ import pytest
 from harness import findings as registry
 from harness.exits import UsageError
 from harness.gate import cli as gate
+from harness.gate.table import Outcome
 from harness.gate.counters import fingerprint
 from harness.project import ProjectConfig, load_project_config, parse
 from harness.results import load_run
@@ -344,7 +345,8 @@ def test_against_a_revision_of_the_users_repository_catches_a_slower_commit(tmp_
     assert set(rows) == {"torch", "rows", "cols"}
     assert rows["rows"]["outcome"] == "regression" and rows["rows"]["ci"]["low"] > 5
     for unchanged in ("torch", "cols"):
-        assert rows[unchanged]["outcome"] in ("pass", "within threshold"), rows
+        assert rows[unchanged]["outcome"] in (Outcome.PASS.value,
+                                              Outcome.WITHIN_THRESHOLD.value), rows
     listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                             text=True).stdout
     assert len(listed.splitlines()) == 1  # its worktree was removed
