@@ -497,21 +497,23 @@ class _StopRule:
     def _settle(self, samples: Mapping[str, list[float]], ready: bool) -> bool:
         """Check the open intervals; with `ready`, settle those within the target (all
         at once when paired). True when none is left open."""
-        target = self.precision.target
-        others = [n for n in self.active if n != self.reference] or [self.reference]
+        others = [n for n in self.active if n != self.reference]
+        alone = not others  # one variant: its own median is the answer
+        if alone:
+            others = [self.reference]
         self.widths.update(self.precision.widths(samples, others))
-        if self.reference not in others:
+        if not alone:
             self.widths[self.reference] = max(w for n, w in self.widths.items()
                                               if n != self.reference)
         if not ready:
             return False
-        known = [n for n in others if self.widths[n] <= target]
+        known = [n for n in others if self.widths[n] <= self.precision.target]
         if self.precision.paired and len(known) < len(others):
             return False
         for name in known:
             self.stopped[name] = StopReason.PRECISION_REACHED
             self.active.remove(name)
-        if self.active == [self.reference] and self.reference not in others:
+        if not alone and self.active == [self.reference]:  # every other one settled
             return self._stop_all(StopReason.PRECISION_REACHED)
         return not self.active
 

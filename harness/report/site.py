@@ -199,7 +199,8 @@ def render_run(run: Run, out: Path) -> Path:
     page = _TEMPLATES.get_template("run.html.j2").render(
         run_id=run.run_id, metadata=metadata_panel(run.metadata), meta=run.metadata,
         meta_line=metadata_line(run.metadata), banner=status_banner(run.metadata),
-        sampling=run_sampling_line(run), headlines=headlines, sections=sections, flame=_flamegraph(run, out),
+        sampling=run_sampling_line(run), headlines=headlines, sections=sections,
+        flame=_flamegraph(run, out),
         format_seconds=format_seconds, counters=COUNTERS,
     )
     atomic_write_text(out / "index.html", page)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pandas as pd
@@ -79,22 +80,17 @@ def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
     if timed.empty:
         return None
     ends = timed.groupby(["finding", "case"]).stopped_by.agg(set)
-    counts = {reason: 0 for reason, _ in _CELL_ENDS}
-    for reasons in ends:
-        for reason, _ in _CELL_ENDS:
-            if reason in reasons:
-                counts[reason] += 1
-                break
-    reached = len(ends) - sum(counts.values())
-    told = [text.format(counts[reason], "its" if counts[reason] == 1 else "their")
-            for reason, text in _CELL_ENDS if counts[reason]]
+    counts = collections.Counter(  # None: every variant of the cell reached the precision
+        next((reason for reason, _ in _CELL_ENDS if reason in reasons), None) for reasons in ends)
+    told = ", ".join(text.format(counts[reason], "its" if counts[reason] == 1 else "their")
+                     for reason, text in _CELL_ENDS if counts[reason])
     cells = f"{len(ends)} timed cell" + ("" if len(ends) == 1 else "s")
     if precision > 0:
-        head = [f"sampling: {reached} of {cells} reached +-{100 * precision:.2g}%", *told]
+        line = (f"sampling: {counts[None]} of {cells} reached +-{100 * precision:.2g}%"
+                + (f", {told}" if told else ""))
     else:
-        head = [f"sampling: fixed (--precision 0), {cells}" + (": " if told else ""), *told]
+        line = f"sampling: fixed (--precision 0), {cells}" + (f": {told}" if told else "")
     spread = float((timed.iqr_s / timed.median_s).median())
-    line = head[0] + ", ".join(head[1:]) if precision <= 0 else ", ".join(head)
     line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
     if spread > NOISY_SPREAD:
         line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; a +-{100 * precision:.2g}% answer "
