@@ -22,7 +22,7 @@ from harness.report.plots import crossings, scaling_figure
 from harness.report.cli import main as report_main
 from harness.report.compare import Change, compare_runs
 from harness.report.data import PHASES, ReportError, phase_breakdowns
-from harness.report.site import COPY_LIMIT_BYTES, attach, prepare_folder, render_run, update_index
+from harness.report.site import COPY_LIMIT_BYTES, attach, render_run, update_index
 from harness.results import Run, load_run
 from harness.run import main as run_main
 from harness.report.verdicts import case_phrase, claim_factor, verdict_sentence
@@ -130,18 +130,46 @@ def test_report_cli_renders_a_run_by_id(runs, tmp_path, capsys):
     assert page.read_text().count("(baseline)</td>") == int(summary["baseline"].sum())
 
 
-def test_rendering_again_replaces_the_report_but_not_other_folders(runs, tmp_path):
+def test_rendering_again_replaces_the_report_but_not_other_files(runs, tmp_path):
     out = tmp_path / "again"
     assert report_main([str(runs["a"]), "--out", str(out)]) == 0
-    (out / "stale.png").write_bytes(b"x")
-    assert report_main([str(runs["a"]), "--out", str(out)]) == 0
-    assert not (out / "stale.png").exists()
+    written = json.loads((out / "report.json").read_text())["files"]
+    assert "index.html" in written and any(f.endswith(".png") for f in written)
+    (out / "mine.png").write_bytes(b"x")  # not the report's: kept
+    assert report_main([str(runs["b"]), "--out", str(out)]) == 0
+    assert (out / "mine.png").read_bytes() == b"x"
+    now = json.loads((out / "report.json").read_text())["files"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
+                  if p.is_file()) == sorted([*now, "mine.png", "report.json"])
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep")
-    with pytest.raises(ReportError, match="expected an empty folder or an earlier report"):
-        prepare_folder(other)
-    assert (other / "notes.txt").read_text() == "keep"
+    assert report_main([str(runs["a"]), "--out", str(other)]) == 2
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+def test_report_out_empty_never_empties_the_current_folder(runs, tmp_path, monkeypatch, capsys):
+    """The example that deleted a user's file: `--out ''` from a folder holding a
+    report.json and a file of the user's."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "report.json").write_text(json.dumps({"kind": "run"}))
+    (here / "thesis.tex").write_text("keep")
+    monkeypatch.chdir(here)
+    for out in ("", "."):
+        assert report_main([str(runs["a"]), "--out", out]) == 2
+        assert "the current folder, which is never emptied" in capsys.readouterr().err
+    assert sorted(p.name for p in here.iterdir()) == ["report.json", "thesis.tex"]
+    assert (here / "thesis.tex").read_text() == "keep"
+
+
+def test_a_corrupt_sibling_report_is_named_and_the_index_still_written(runs, tmp_path, capsys):
+    reports = tmp_path / "reports"
+    (reports / "broken").mkdir(parents=True)
+    (reports / "broken" / "report.json").write_text("{not json")
+    assert report_main([str(runs["a"]), "--out", str(reports / "fine")]) == 0
+    assert f"{reports / 'broken' / 'report.json'}: not listed" in capsys.readouterr().err
+    assert "fine/index.html" in (reports / "index.html").read_text()
 
 
 def test_report_module_runs_as_a_command(tmp_path):

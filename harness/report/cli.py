@@ -22,6 +22,7 @@ from harness import exits
 from harness.exits import UsageError
 from harness.report.compare import DEFAULT_FACTOR
 from harness.report.data import ReportError, open_run
+from harness.report.folder import check_destination
 from harness.report.history import build_history
 from harness.report.markdown import compare_markdown, run_markdown
 from harness.report.site import (
@@ -66,11 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_out(out: Path) -> None:
-    """UsageError unless `out` can be a report folder: not a file, writable, and its
-    parent's index.html (rewritten after the report) is one harness.report wrote."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: expected a folder; got {out}, a file")
+def check_out(out: Path, protect: list[Path] | tuple[Path, ...] = ()) -> None:
+    """UsageError unless `out` can be a report folder (`harness.report.folder`: never the
+    current folder, home, a repository root or a folder holding the runs in `protect`;
+    empty or an earlier report), writable, and its parent's index.html (rewritten after
+    the report) is one harness.report wrote."""
+    check_destination(out, protect)
     exits.check_writable(out / "index.html", "--out")
     exits.check_writable(out.parent / "index.html", "--out")
     check_index(out.parent)
@@ -98,7 +100,7 @@ def _history(args: argparse.Namespace, results: Path) -> Path:
         raise UsageError(f"--results: expected a folder of runs; got {results} (no such "
                          "folder); make a run with python -m harness.run")
     out = args.out or DEFAULT_REPORTS_DIR / HISTORY_FOLDER
-    check_out(out)
+    check_out(out, [results])
     history = build_history(results)
     if not history.runs:
         readable = f" readable: {'; '.join(history.skipped)}" if history.skipped else ""
@@ -136,7 +138,7 @@ def render_runs(new: Run, old: Run | None, out: Path | None, *, force: bool = Fa
     out = Path(out or DEFAULT_REPORTS_DIR / (
         new.run_id if old is None else f"{new.run_id}-vs-{old.run_id}"))
     try:
-        check_out(out)
+        check_out(out, [new.folder] + ([old.folder] if old is not None else []))
     except ReportError:
         raise
     except UsageError as err:  # as a ReportError, which harness.run reports without failing

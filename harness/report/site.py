@@ -3,9 +3,11 @@ of all reports.
 
 A report folder is self-contained and opens from disk: `index.html`, the PNG figures
 next to it, copies of small traces and the flamegraph, and `report.json` (what the
-folder holds, read back by the index, and any chart's layout problems). The folder is disposable: rendering again
-replaces it. The index is rewritten only when it carries INDEX_GENERATOR's meta tag
-(this module wrote it). Nothing here measures; everything comes from the runs' files.
+folder holds, read back by the index, any chart's layout problems, and the list of files
+the report wrote). Each page is drawn in a staging folder and moved in when complete
+(`harness.report.folder`): rendering again removes only the files the earlier report
+listed. The index is rewritten only when it carries INDEX_GENERATOR's meta tag (this
+module wrote it). Nothing here measures; everything comes from the runs' files.
 
 A run's page opens with the summary table (one `Headline` per finding) and the run's
 metadata in a line; each finding's section with its answer chart and verdicts, the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +37,7 @@ from harness.report.data import (
     metadata_panel, param_columns, phase_breakdowns, run_headlines, run_sampling_line, sentences,
     status_banner, table_rows,
 )
+from harness.report.folder import MARKER, is_staging, staged
 from harness.report.headline import Headline, estimate, estimate_fields
 from harness.report.history import MACHINE_FIELDS, STEP_FACTOR, History
 from harness.report.summary import verdict_word
@@ -41,7 +45,6 @@ from harness.report.verdicts import present
 from harness.results import Run, atomic_write_text
 from harness.report.summary import format_seconds
 
-MARKER = "report.json"
 #: marks an index page this module wrote, and so may rewrite
 INDEX_GENERATOR = "esper-bench harness.report index"
 INDEX_TAG = f'<meta name="generator" content="{INDEX_GENERATOR}">'
@@ -67,22 +70,6 @@ class Attachment:
     """Relative to the report folder."""
     size: str
     copied: bool
-
-
-def prepare_folder(out: Path) -> None:
-    """Empty `out` for a new report; refuse a non-empty folder that is not a report."""
-    if out.exists():
-        if not out.is_dir():
-            raise ReportError(f"--out {out}: expected a folder; got a file")
-        if any(out.iterdir()) and not (out / MARKER).is_file():
-            raise ReportError(
-                f"--out {out}: expected an empty folder or an earlier report (with {MARKER}); "
-                "got a folder holding other files. Choose another --out."
-            )
-        shutil.rmtree(out)  # an earlier report: the folder is disposable
-    out.mkdir(parents=True)
-    # marked before anything is drawn, so that a render that dies half-way can be redone
-    atomic_write_text(out / MARKER, json.dumps({"kind": "partial"}))
 
 
 def _size(path: Path) -> str:
@@ -193,18 +180,19 @@ def _marker(kind: str, run: Run, **extra) -> str:
 def render_run(run: Run, out: Path) -> Path:
     """Write the report of `run` into `out` (replacing an earlier one); returns its page."""
     out = Path(out)
-    prepare_folder(out)
-    headlines = run_headlines(run)
-    sections = [_finding_section(run, h.finding, h, out) for h in headlines]
-    page = _TEMPLATES.get_template("run.html.j2").render(
-        run_id=run.run_id, metadata=metadata_panel(run.metadata), meta=run.metadata,
-        meta_line=metadata_line(run.metadata), banner=status_banner(run.metadata),
-        sampling=run_sampling_line(run), headlines=headlines, sections=sections,
-        flame=_flamegraph(run, out),
-        format_seconds=format_seconds, counters=COUNTERS,
-    )
-    atomic_write_text(out / "index.html", page)
-    atomic_write_text(out / MARKER, _marker("run", run, layout_problems=_layout_problems(sections)))
+    with staged(out, protect=[run.folder]) as stage:
+        headlines = run_headlines(run)
+        sections = [_finding_section(run, h.finding, h, stage) for h in headlines]
+        page = _TEMPLATES.get_template("run.html.j2").render(
+            run_id=run.run_id, metadata=metadata_panel(run.metadata), meta=run.metadata,
+            meta_line=metadata_line(run.metadata), banner=status_banner(run.metadata),
+            sampling=run_sampling_line(run), headlines=headlines, sections=sections,
+            flame=_flamegraph(run, stage),
+            format_seconds=format_seconds, counters=COUNTERS,
+        )
+        atomic_write_text(stage / "index.html", page)
+        atomic_write_text(stage / MARKER,
+                          _marker("run", run, layout_problems=_layout_problems(sections)))
     return out / "index.html"
 
 
@@ -223,28 +211,35 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
     differences = check_comparable(new, old, force)
     table = compare_runs(new, old, factor=factor, force=force)
     out = Path(out)
-    prepare_folder(out)
     counts = table["change"].value_counts().to_dict()
-    page = _TEMPLATES.get_template("compare.html.j2").render(
-        new=new, old=old, factor=factor, differences=differences,
-        headlines=compare_headlines(new, old, table),
-        banners=[(label, status_banner(r.metadata)) for label, r in (("new", new), ("old", old))
-                 if status_banner(r.metadata)],
-        rows=table.astype(object).where(table.notna(), None).to_dict("records"),
-        counts=[(c.value, counts.get(c.value, 0)) for c in Change],
-        figure=plots.compare_figure(table, factor, out),
-        new_meta=dict(metadata_panel(new.metadata)), old_meta=dict(metadata_panel(old.metadata)),
-        format_seconds=format_seconds,
-    )
-    atomic_write_text(out / "index.html", page)
-    atomic_write_text(out / MARKER, _marker("compare", new, old_run_id=old.run_id))
+    with staged(out, protect=[new.folder, old.folder]) as stage:
+        page = _TEMPLATES.get_template("compare.html.j2").render(
+            new=new, old=old, factor=factor, differences=differences,
+            headlines=compare_headlines(new, old, table),
+            banners=[(label, status_banner(r.metadata)) for label, r in (("new", new),
+                                                                          ("old", old))
+                     if status_banner(r.metadata)],
+            rows=table.astype(object).where(table.notna(), None).to_dict("records"),
+            counts=[(c.value, counts.get(c.value, 0)) for c in Change],
+            figure=plots.compare_figure(table, factor, stage),
+            new_meta=dict(metadata_panel(new.metadata)),
+            old_meta=dict(metadata_panel(old.metadata)),
+            format_seconds=format_seconds,
+        )
+        atomic_write_text(stage / "index.html", page)
+        atomic_write_text(stage / MARKER, _marker("compare", new, old_run_id=old.run_id))
     return out / "index.html"
 
 
 def render_history(history: History, out: Path, results_dir: Path) -> Path:
     """Write the history page of `history` into `out`; returns its page."""
     out = Path(out)
-    prepare_folder(out)
+    with staged(out, protect=[results_dir]) as stage:
+        _draw_history(history, stage, results_dir)
+    return out / "index.html"
+
+
+def _draw_history(history: History, out: Path, results_dir: Path) -> None:
     points = history.points
     findings = []
     for finding in dict.fromkeys(points["finding"]):
@@ -276,7 +271,6 @@ def render_history(history: History, out: Path, results_dir: Path) -> Path:
     atomic_write_text(out / "index.html", page)
     atomic_write_text(out / MARKER, json.dumps({"kind": "history", "runs": len(history.runs),
                                                 "created": rendered}, indent=1))
-    return out / "index.html"
 
 
 def _speedup_text(point: dict) -> str:
@@ -318,9 +312,16 @@ def update_index(reports_dir: Path) -> Path:
     check_index(reports_dir)
     entries = []
     for marker in sorted(reports_dir.glob(f"*/{MARKER}")):
-        entry = json.loads(marker.read_text())
-        if entry.get("kind") not in ("run", "compare", "history"):
-            continue  # a render that did not finish
+        if is_staging(marker.parent):
+            continue  # a render in progress
+        try:
+            entry = json.loads(marker.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            print(f"{marker}: not listed in {reports_dir / 'index.html'}: expected a report's "
+                  f"JSON marker; got a file that cannot be read as one ({err})", file=sys.stderr)
+            continue
+        if not isinstance(entry, dict) or entry.get("kind") not in ("run", "compare", "history"):
+            continue  # a render that did not finish, or not a report
         entries.append({**entry, "href": f"{marker.parent.name}/index.html",
                         "folder": marker.parent.name})
     entries.sort(key=_created, reverse=True)
