@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import math
 import sys
 from pathlib import Path
 
@@ -29,17 +30,20 @@ from harness.measure.machine import describe, fingerprint
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_project_config
+from harness.report.reliability import reliability
 from harness.report.summary import format_seconds, sampling_line, summary_table
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
     resolve_run_folder,
 )
-from harness.runner import CaseRun, RunOptions
+from harness.measure.decision import DEFAULT_MARGIN
+from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
 
 #: options a resumed run keeps from the run it continues (dest -> flag)
 MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--findings",
                        "findings_module": "--findings-module", "all": "--all",
                        "time_budget": "--time-budget", "precision": "--precision",
+                       "margin": "--margin", "placebo": "--placebo",
                        "no_profile": "--no-profile",
                        "seed": "--seed", "threads": "--threads"}
 
@@ -76,10 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
                         "quick 0.3; a finding of slow calls may declare a multiple: "
                         "E2E-iteration 30x)")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="FRACTION",
+                   help="the practical margin of the words: a ratio whose interval lies "
+                        "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "
+                        f"else 'inconclusive' (default {DEFAULT_MARGIN}; a finding may "
+                        "declare its own)")
     p.add_argument("--precision", type=float, default=0.03, metavar="FRACTION",
-                   help="stop sampling a variant once its ratio's 95%% interval is within "
-                        "+-FRACTION of it, and a cell once every one is (default 0.03); "
-                        "0: sample for the whole budget")
+                   help="a variant stops sampling once its word is decided and its ratio's "
+                        "interval is within +-FRACTION of it (default 0.03); 0: every "
+                        "variant samples the whole budget")
+    p.add_argument("--placebo", choices=PLACEBO_MODES, default="headline",
+                   help="where the baseline is also timed against a second copy of itself, "
+                        "the run's measured noise floor (default: each finding's headline "
+                        "cell)")
     p.add_argument("--out", type=_path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
     p.add_argument("--resume", metavar="RUN",
@@ -178,17 +191,20 @@ def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device)
 
 
 def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
-    if args.time_budget is not None and not args.time_budget > 0:
-        raise UsageError(f"--time-budget: expected seconds > 0; got {args.time_budget}")
+    if args.time_budget is not None and not (math.isfinite(args.time_budget)
+                                             and args.time_budget > 0):
+        raise UsageError(f"--time-budget: expected finite seconds > 0; got {args.time_budget}")
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads: expected a positive int; got {args.threads}")
     if not 0.0 <= args.precision < 1.0:
         raise UsageError(f"--precision: expected a fraction in [0, 1); got {args.precision}")
+    if not (math.isfinite(args.margin) and 0.0 < args.margin < 1.0):
+        raise UsageError(f"--margin: expected a fraction in (0, 1), e.g. 0.05; got {args.margin}")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
-        min_samples=5 if args.quick else 8, precision=args.precision,
-        profile=not args.no_profile,
+        min_samples=5 if args.quick else 8, precision=args.precision, margin=args.margin,
+        placebo=args.placebo, profile=not args.no_profile,
     )
 
 
@@ -317,14 +333,51 @@ def _interrupted(writer: RunWriter, launch: ranks.Launch, err: KeyboardInterrupt
     return 128 + getattr(err, "signum", 2)
 
 
+def headline_label(finding: registry.Finding, options: RunOptions) -> str:
+    """The label of `finding`'s headline case in this run: `Finding.headline_case` of its
+    cases, or the first; a `headline_case` that raises or returns another object falls
+    back to the first case, said on stderr."""
+    cases = finding.cases(options.quick)
+    if finding.headline_case is None:
+        return cases[0].label
+    try:
+        chosen = finding.headline_case(list(cases))
+    except Exception as err:  # user code: said, and the first case heads the finding
+        print(f"{finding.id}: headline_case raised {type(err).__name__}: {err}; the first "
+              "case heads it", file=sys.stderr)
+        return cases[0].label
+    if chosen not in cases:
+        print(f"{finding.id}: headline_case: expected one of the run's cases; got {chosen!r}; "
+              "the first case heads it", file=sys.stderr)
+        return cases[0].label
+    return chosen.label
+
+
+def finding_info(finding: registry.Finding, options: RunOptions) -> dict:
+    """What the report needs to know of `finding`, recorded when the run is made (so that
+    it renders from the run's files alone)."""
+    cases = finding.cases(options.quick)
+    return {"title": finding.title, "claim": finding.claim, "ticket": finding.ticket,
+            "notes": list(finding.notes), "variants": list(finding.variants),
+            "baseline": finding.baseline, "peers": list(finding.peers),
+            "answer": list(finding.answer), "claim_factor": finding.claim_factor,
+            "claim_tolerance": finding.claim_tolerance,
+            "margin": finding.margin or options.margin, "paired": finding.paired,
+            "cases": [c.label for c in cases], "headline_case": headline_label(finding, options),
+            "origin": registry.ORIGINS.get(finding.id, "register()")}
+
+
 def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWriter:
     stamp = dt.datetime.now(dt.timezone.utc)
     recorded = {dest: getattr(args, dest) for dest in MEASUREMENT_OPTIONS}
     recorded["device"] = args.device if launch.distributed else str(options.device)
     metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
                 "seed": options.seed, "time_budget_s": options.time_budget_s,
-                "precision": options.precision,
+                "precision": options.precision, "margin": options.margin,
+                "placebo": options.placebo,
+                "process_noise": dataclasses.asdict(options.process_noise),
                 "profile": options.profile, "findings": [f.id for f in selected],
+                "finding_info": {f.id: finding_info(f, options) for f in selected},
                 "options": recorded,
                 "cells_total": sum(len(f.cases(options.quick)) for f in selected),
                 "world_size": launch.world_size,
@@ -428,7 +481,8 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
             trace = (writer.traces / f"{finding.id}.json.gz"
                      if options.profile and case_index == 0 else None)
             try:
-                cell = CaseRun(finding, case, options).run(trace)
+                cell = CaseRun(finding, case, options,
+                               headline=case.label == headline_label(finding, options)).run(trace)
             except Exception as err:
                 if not launch.distributed:
                     raise
@@ -489,10 +543,15 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
 def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
-    line = sampling_line(table, writer.metadata.get("precision", 0.0))
-    if line:
+    lines = [sampling_line(table, writer.metadata.get("precision", 0.0))]
+    trust = reliability(table)
+    lines += [trust.placebo_line(), trust.words_line()]
+    for line in filter(None, lines):
         print(f"\n{line}")
     print(f"\nresults: {writer.folder}  ({status})")
+    if trust.noisy:
+        print(f"noisy run: a placebo read {', '.join(trust.placebo_decisive)}; its close "
+              "words may not repeat (see the noise floor line above)", file=sys.stderr)
 
 
 def shared_streams(summary: list[dict]) -> list[dict]:

@@ -7,7 +7,8 @@
   3. the variants that agree are timed together, interleaved, on the device's clock;
   4. a separate profiling pass counts ops, syncs, allocations and kernel launches (and,
      at a finding's first case, its profiles make the Chrome trace);
-  5. each variant's time ratio to the baseline gets a bootstrap 95% interval and a verdict;
+  5. each variant's time ratio to the baseline, from the per-round log ratios, gets its
+     interval (`harness.measure.estimate`) and its word (`harness.measure.decision`);
   6. for a finding that counts its bytes (`Finding.min_bytes`), the achieved bandwidth per
      variant and the case's bandwidth floor and label (`harness.measure.bandwidth`).
 A variant that raises is recorded as a `failed` row with its error; the run goes on.
@@ -29,15 +30,20 @@ import torch
 
 from harness.measure.bandwidth import bound_label
 from harness.measure.counters import profile_call
-from harness.findings import Case, Finding
-from harness.measure.stats import (
-    Verdict, bootstrap_ratio_ci, classify, paired_difference_ci, paired_ratio_ci,
-    relative_halfwidth,
+from harness.findings import PLACEBO, Case, Finding
+from harness.measure.decision import (
+    DEFAULT_MARGIN, Word, claim_word, decide, lean, rounds_to_decide, word_p_value,
 )
+from harness.measure.estimate import ProcessNoise, rounds_estimate
+from harness.measure.stats import Verdict, paired_difference_ci
 from harness.measure.timing import (
-    Measurement, Precision, VariantError, make_clock, measure_interleaved,
+    Measurement, Sampling, VariantError, make_clock, measure_interleaved,
 )
 from harness.measure.trace import merge_traces
+
+#: what `RunOptions.placebo` may be: the placebo in each finding's headline cell, in
+#: every cell, or nowhere
+PLACEBO_MODES = ("headline", "all", "none")
 
 
 @dataclass(frozen=True)
@@ -48,16 +54,42 @@ class RunOptions:
     quick: bool = False
     seed: int = 0
     time_budget_s: float = 1.0
-    """Sampling budget per finding x case (warm-up and calibration included)."""
+    """Seconds of sampling per finding x case (the rounds only; first calls, warm-up and
+    profiling are reported apart)."""
     min_samples: int = 8
+    """Rounds always taken, and the first check of the words."""
     max_samples: int = 200
+    margin: float = DEFAULT_MARGIN
+    """The practical margin of the words: within it either way is *same*."""
     precision: float = 0.03
-    """Adaptive sampling: a variant stops sampling once its ratio's 95% interval is within
-    +-precision of it (`harness.measure.timing.Precision`); 0 samples for the whole budget."""
+    """A variant stops sampling once its word is decided and its ratio's interval
+    half-width is at most this fraction of it; 0: every variant samples the whole budget."""
+    placebo: str = "headline"
+    """Where the baseline is also timed against a second copy of itself (PLACEBO_MODES)."""
+    process_noise: ProcessNoise = ProcessNoise()
+    """The per-process offset of a ratio, by call length (`harness.measure.estimate`)."""
     profile: bool = True
     copy_bandwidth_bytes_per_s: float | None = None
     """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
     None: no bandwidth floor in the rows."""
+
+    def sampling(self, finding: Finding) -> Sampling:
+        """The sampling of `finding`'s cells under these options."""
+        return Sampling(
+            time_budget_s=self.time_budget_s * finding.budget_factor,
+            min_rounds=self.min_samples, max_rounds=self.max_samples,
+            # paired: every variant makes the same calls, one per sample
+            min_sample_time=None if finding.paired else 1e-3,
+            warmup_budget_s=math.inf if finding.paired else 0.1,
+            sequential=self.precision > 0, precision=self.precision,
+            margin=finding.margin or self.margin, seed=self.seed, paired=finding.paired,
+            process_sd=self.process_sd)
+
+    def process_sd(self, variant: str, seconds: float) -> float:
+        """The per-process offset (log units) of `variant`'s ratio for calls of `seconds`
+        (the placebo runs the baseline's own code: `ProcessNoise.same_code_sd`)."""
+        noise = self.process_noise
+        return noise.same_code_sd if variant == PLACEBO else noise(seconds)
 
 
 def describe_error(err: BaseException) -> str:
@@ -72,11 +104,20 @@ def describe_error(err: BaseException) -> str:
 class CaseRun:
     """Everything measured for one finding x case; `summary` and `samples` are the rows."""
 
-    def __init__(self, finding: Finding, case: Case, options: RunOptions) -> None:
+    def __init__(self, finding: Finding, case: Case, options: RunOptions,
+                 headline: bool = False) -> None:
         self.finding, self.case, self.options = finding, case, options
-        self.cells: dict[str, dict] = {v: {} for v in finding.variants}
+        self.headline = headline
+        """Whether this is the finding's headline case (`Finding.headline_case`)."""
+        placebo = options.placebo == "all" or (headline and options.placebo == "headline")
+        self.variants: tuple[str, ...] = finding.variants + ((PLACEBO,) if placebo else ())
+        """The finding's variants, and the placebo where this cell times one."""
+        self.cells: dict[str, dict] = {v: {} for v in self.variants}
         self.measurements: dict[str, Measurement] = {}
         self.inputs = None
+        self.placebo_inputs = None
+        """The placebo's own copy of the inputs, built from the same seed, so that a call
+        that changes its inputs (a buffer it fills) changes only its own."""
         self.seconds: dict[str, float] = {}
         """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
         self.sample_metrics: dict[str, list[dict[str, float]]] = {}
@@ -98,6 +139,15 @@ class CaseRun:
             return self
         with self._stage("check"):
             self._check(self._first_calls())
+        if PLACEBO in self._active() and f.baseline not in self._active():
+            self.cells[PLACEBO].update(status=Verdict.NOT_TIMED,
+                                       reason=f"the baseline {f.baseline} was not timed here")
+        if PLACEBO in self._active():
+            try:
+                with self._stage("build"):
+                    self.placebo_inputs = f.build(self.case, options.device, options.seed)
+            except Exception as err:  # the placebo is the baseline's code: said, not fatal
+                self._fail(PLACEBO, err, "building the placebo's inputs")
         with self._stage("time"):
             self._time()
         if options.profile:
@@ -120,30 +170,44 @@ class CaseRun:
 
     def fail_all(self, err: BaseException, stage: str) -> "CaseRun":
         """Record every variant of the cell as failed at `stage` (a cell that could not run)."""
-        for variant in self.finding.variants:
+        for variant in self.variants:
             self.cells[variant] = {}
             self._fail(variant, err, stage)
         return self
 
     def _active(self) -> list[str]:
-        return [v for v in self.finding.variants if "status" not in self.cells[v]]
+        return [v for v in self.variants if "status" not in self.cells[v]]
+
+    def _call(self, variant: str):
+        """The timed call of `variant` (the placebo: the baseline's, on its own inputs)."""
+        return self.finding.make_call(self._code(variant), self._inputs_of(variant))
+
+    def _inputs_of(self, variant: str):
+        return self.placebo_inputs if variant == PLACEBO else self.inputs
+
+    def _code(self, variant: str) -> str:
+        """The finding's variant whose code `variant` runs (the placebo runs the baseline's)."""
+        return self.finding.baseline if variant == PLACEBO else variant
 
     def _fail(self, variant: str, err: BaseException, stage: str) -> None:
         self.cells[variant].update(status=Verdict.FAILED, error=f"{stage}: {describe_error(err)}")
 
     def _skip(self) -> None:
-        for variant in self.finding.variants:
-            reason = self.finding.skip(variant, self.case, self.options.device)
+        for variant in self.variants:
+            reason = self.finding.skip(self._code(variant), self.case, self.options.device)
             if reason == "needs CUDA":
                 self.cells[variant].update(status=Verdict.NEEDS_CUDA, reason=reason)
             elif reason:
                 self.cells[variant].update(status=Verdict.NOT_TIMED, reason=reason)
 
     def _first_calls(self) -> dict[str, object]:
+        """Each variant's first output (the placebo is the baseline's code: not checked)."""
         outputs = {}
         for variant in self._active():
+            if variant == PLACEBO:
+                continue
             try:
-                outputs[variant] = self.finding.make_call(variant, self.inputs)()
+                outputs[variant] = self._call(variant)()
             except Exception as err:  # a crashing variant is a row, not the end of the run
                 self._fail(variant, err, "first call")
         return outputs
@@ -168,6 +232,8 @@ class CaseRun:
             return
         tolerance = f.tolerance(self.case)
         for variant in self._active():
+            if variant == PLACEBO:
+                continue
             try:
                 error = float(f.check(outputs[variant], reference))
             except Exception as err:
@@ -181,22 +247,16 @@ class CaseRun:
                 )
 
     def _time(self) -> None:
-        o, f = self.options, self.finding
+        f = self.finding
+        sampling = self.options.sampling(f)
         while self._active():
-            calls = {v: f.make_call(v, self.inputs) for v in self._active()}
-            precision = Precision(o.precision, reference=f.baseline, seed=o.seed,
-                                  paired=f.paired)
+            calls = {v: self._call(v) for v in self._active()}
             self.sample_metrics = {v: [] for v in calls}
             try:
                 self.measurements = measure_interleaved(
-                    calls, make_clock(o.device), finding=f.id, case=self.case.label,
-                    min_samples=o.min_samples, max_samples=o.max_samples,
-                    time_budget_s=o.time_budget_s * f.budget_factor, precision=precision,
-                    # paired: every variant makes the same calls, in the same order
-                    min_sample_time=None if f.paired else 1e-3,
-                    warmup_budget_s=math.inf if f.paired else 0.1,
+                    calls, make_clock(self.options.device), finding=f.id, case=self.case.label,
+                    sampling=sampling, reference=f.baseline,
                     after_sample=self._read_sample_metrics if f.sample_metrics else None,
-                    alternate=f.paired,
                 )
                 return
             except VariantError as err:  # drop it and time the others again
@@ -204,7 +264,8 @@ class CaseRun:
         self.measurements = {}
 
     def _read_sample_metrics(self, variant: str) -> None:
-        self.sample_metrics[variant].append(dict(self.finding.sample_metrics(variant, self.inputs)))
+        self.sample_metrics[variant].append(
+            dict(self.finding.sample_metrics(self._code(variant), self._inputs_of(variant))))
 
     def _profile(self, trace_path: Path | None) -> None:
         """Counters of each variant from one profiled call; with `trace_path`, the same
@@ -213,6 +274,8 @@ class CaseRun:
         with tempfile.TemporaryDirectory(prefix="esper-bench-trace-") as scratch:
             parts: dict[str, Path] = {}
             for index, variant in enumerate(list(self.measurements)):
+                if variant == PLACEBO:  # the baseline's code: its counts are the baseline's
+                    continue
                 median = self.measurements[variant].median
                 if limit is not None and median > limit:
                     self.cells[variant]["profile_note"] = (
@@ -221,7 +284,7 @@ class CaseRun:
                     continue
                 part = Path(scratch) / f"{index}.json" if trace_path is not None else None
                 try:
-                    counters = profile_call(self.finding.make_call(variant, self.inputs), device,
+                    counters = profile_call(self._call(variant), device,
                                             None if part is None else str(part))
                 except Exception as err:
                     self._fail(variant, err, "profiling")
@@ -237,6 +300,8 @@ class CaseRun:
         if self.finding.extra_metrics is None:
             return
         for variant in list(self.measurements):
+            if variant == PLACEBO:
+                continue
             try:
                 self.cells[variant].update(self.finding.extra_metrics(variant, self.inputs))
             except Exception as err:
@@ -244,10 +309,11 @@ class CaseRun:
                 del self.measurements[variant]
 
     def _compare(self) -> None:
-        """Ratios to the baseline; where it was not timed in this case (e.g. the loop at
-        sizes where it would take minutes), to the first timed variant instead, named in
-        `compared_to` so that no ratio is read against the wrong denominator."""
-        timed = [v for v in self.finding.variants if v in self.measurements]
+        """Each variant's ratio to the baseline, its interval and its word; where the
+        baseline was not timed in this case (e.g. the loop at sizes where it would take
+        minutes), to the first timed variant instead, named in `compared_to` so that no
+        ratio is read against the wrong denominator."""
+        timed = [v for v in self.variants if v in self.measurements]
         if not timed:
             return
         reference = self.finding.baseline if self.finding.baseline in timed else timed[0]
@@ -258,19 +324,42 @@ class CaseRun:
             cell.update(status="ok", n=m.n, median_s=m.median, iqr_s=m.iqr,
                         number_per_sample=m.number_per_sample,
                         first_call_s=m.first_call_seconds, stopped_by=m.stopped_by.value,
-                        precision_reached=m.precision_reached, compared_to=reference)
+                        precision_reached=m.precision_reached, compared_to=reference,
+                        call_overhead_s=m.call_overhead_s)
             if variant == reference:
                 cell["verdict"] = Verdict.BASELINE
                 if reference != self.finding.baseline:
                     cell["reason"] = (f"stands in for the baseline {self.finding.baseline}, "
                                       "not timed in this case")
                 continue
-            interval = paired_ratio_ci if self.finding.paired else bootstrap_ratio_ci
-            # a variant settled early is compared with the baseline of the same rounds
-            ci = interval(m.samples, base.samples[:m.n], seed=self.options.seed)
-            cell.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high, speedup=ci.speedup,
-                        ci_halfwidth=relative_halfwidth(ci), verdict=classify(ci))
+            cell.update(self._words(m, base, variant))
         self._compare_sample_metrics(reference, timed)
+
+    def _words(self, m: Measurement, base: Measurement, variant: str) -> dict:
+        """The ratio of `m` to `base` over the rounds `m` was sampled in (a variant that
+        stopped early is compared with the baseline's samples of the same rounds), its
+        interval at the level its checks used, its word and, for a claim that states a
+        factor, the claim's word."""
+        margin = self.finding.margin or self.options.margin
+        process_sd = self.options.process_sd(variant, min(m.median, base.median))
+        estimate = rounds_estimate(m.samples, base.samples[:m.n], process_sd=process_sd)
+        low, high = estimate.interval(m.confidence)
+        word = decide(low, high, margin)
+        fields = dict(ratio=estimate.ratio, ci_low=low, ci_high=high, ci_level=m.confidence,
+                      speedup=1.0 / estimate.ratio,
+                      ci_halfwidth=(high - low) / 2.0 / estimate.ratio,
+                      verdict=Verdict(word.value), margin=margin, interval="paired",
+                      log_se=estimate.se, df=estimate.df, process_sd=process_sd,
+                      pvalue=word_p_value(estimate, word, margin))
+        if word is Word.INCONCLUSIVE:
+            fields.update(lean=lean(estimate.ratio, margin).value,
+                          rounds_to_decide=rounds_to_decide(estimate, m.confidence, margin))
+        factor = self.finding.claim_factor
+        if factor is not None and variant != PLACEBO and variant not in self.finding.peers:
+            fields.update(claim_factor=factor, claim_tolerance=self.finding.claim_tolerance,
+                          claim_word=claim_word(1.0 / high, 1.0 / low, factor,
+                                                self.finding.claim_tolerance).value)
+        return fields
 
     def _compare_sample_metrics(self, reference: str, timed: list[str]) -> None:
         """Median of each sample metric per variant; in a paired finding, the per-round
@@ -311,7 +400,7 @@ class CaseRun:
         if copy is None:
             return
         case_cells = {"min_bytes": nbytes, "floor_s": nbytes / copy}
-        own = [m.median for v, m in self.measurements.items() if v not in f.peers]
+        own = [m.median for v, m in self.measurements.items() if v not in (*f.peers, PLACEBO)]
         if own:
             case_cells["bound"] = bound_label(min(own), case_cells["floor_s"])
         for cell in self.cells.values():
@@ -322,31 +411,37 @@ class CaseRun:
     def _base(self) -> dict:
         return {"finding": self.finding.id, "case": self.case.label,
                 **{f"p_{k}": v for k, v in self.case.params},
-                "device": str(self.options.device)}
+                "device": str(self.options.device), "headline": self.headline}
 
     @property
     def summary(self) -> list[dict]:
         rows = []
-        for variant in self.finding.variants:
+        for variant in self.variants:
             cell = dict(self.cells[variant])
             status = cell.pop("status", None)
             verdict = cell.pop("verdict", status)
             status = "ok" if status == "ok" else getattr(status, "value", status)
             rows.append({**self._base(), "variant": variant,
                          "baseline": variant == self.finding.baseline,
+                         "placebo": variant == PLACEBO,
                          "status": status, "verdict": getattr(verdict, "value", verdict), **cell})
         return rows
 
     @property
     def samples(self) -> list[dict]:
+        """One row per sample: its round (samples of one round pair up across variants)
+        and where in the round's shuffled order it was taken."""
         counters = {s["variant"]: s for s in self.summary}
         rows = []
         for variant, m in self.measurements.items():
             extra = {k: counters[variant].get(k) for k in
                      ("op_calls", "host_syncs", "allocations", "allocated_bytes", "kernel_launches")}
             per_sample = self.sample_metrics.get(variant) or [{}] * m.n
-            for index, (seconds, metrics) in enumerate(zip(m.samples, per_sample)):
+            positions = m.positions or (None,) * m.n
+            for index, (seconds, metrics, position) in enumerate(
+                    zip(m.samples, per_sample, positions)):
                 rows.append({**self._base(), "variant": variant, "threads": m.key.threads,
-                             "sample": index, "seconds": seconds,
-                             "number_per_sample": m.number_per_sample, **extra, **metrics})
+                             "sample": index, "round": index, "position": position,
+                             "seconds": seconds, "number_per_sample": m.number_per_sample,
+                             **extra, **metrics})
         return rows

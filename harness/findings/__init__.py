@@ -35,6 +35,19 @@ import torch
 Inputs = Any
 Call = Callable[[], Any]
 
+#: the variant name of the baseline timed against a second copy of itself (the placebo)
+PLACEBO = "placebo"
+#: a claimed speed-up in a claim's words: "~4x", "up to 25x", "about 3.5x"
+_CLAIMED = re.compile(r"(?:~|\bup to\s+|\babout\s+|\baround\s+)\s*(\d+(?:\.\d+)?)\s*x\b",
+                      re.IGNORECASE)
+
+
+def claim_factor_of(claim: str) -> float | None:
+    """The speed-up a claim states ("could be ~4x faster" -> 4.0), or None."""
+    match = _CLAIMED.search(claim or "")
+    return float(match.group(1)) if match else None
+
+
 #: a finding id: a letter or digit, then letters, digits, `.`, `_` or `-` (it names files)
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -188,6 +201,19 @@ class Finding:
     cells: for a call so slow that the run's budget holds only the minimum rounds
     (`E2E-iteration`: an iteration takes about 0.5 s), so that adaptive sampling can reach
     its precision. Sampling still stops as soon as it does."""
+    margin: float | None = None
+    """The practical margin of this finding's words (a fraction in (0, 1), e.g. 0.1: a
+    change within 10% either way is *same*); None: the run's `--margin` (default 5%)."""
+    claim_factor: float | None = None
+    """The speed-up the claim states (4.0 for "~4x"), which gets its own word: met,
+    exceeded, not met or inconclusive; None: read from `claim` ("~4x", "up to 25x") where
+    it states one."""
+    claim_tolerance: float = 0.25
+    """How far below `claim_factor` the measured speed-up may lie and the claim still be
+    met (0.25: down to factor / 1.25); printed with the claim's word."""
+    headline_case: Callable[[list[Case]], Case] | None = None
+    """The run's cases -> the one whose answer heads the report (and whose cell also times
+    the baseline against itself, the run's placebo); None: the first case."""
     long: bool = False
     """A long finding (learning runs, many episodes): it runs only when named with
     `--findings` or with `--all`, never in the default run; its quick cases stay CI-sized."""
@@ -237,6 +263,20 @@ class Finding:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                                   or not limit > 0):
             self._bad("profile_max_s", "None or seconds > 0", limit)
+        if self.margin is not None:
+            self._set("margin", self._fraction("margin", self.margin, "None or "))
+        if self.claim_factor is None:
+            self._set("claim_factor", claim_factor_of(self.claim))
+        elif (isinstance(self.claim_factor, bool) or not isinstance(self.claim_factor, (int, float))
+              or not (math.isfinite(self.claim_factor) and self.claim_factor > 0)):
+            self._bad("claim_factor", "None or a finite speed-up > 0, e.g. 4.0 for '~4x'",
+                      self.claim_factor)
+        tolerance = self.claim_tolerance
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+                math.isfinite(tolerance) and 0 < tolerance <= 1):
+            self._bad("claim_tolerance", "a fraction in (0, 1], e.g. 0.25", tolerance)
+        if self.headline_case is not None and not callable(self.headline_case):
+            self._bad("headline_case", "None or a callable cases -> Case", self.headline_case)
         factor = self.budget_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
                 0 < factor < float("inf")):
@@ -248,6 +288,13 @@ class Finding:
                         for v in duration)):
             self._bad("duration_s", "None or (quick seconds, default seconds), each >= 0",
                       duration)
+
+    def _fraction(self, name: str, value: Any, prefix: str = "") -> float:
+        """`value` as a float in (0, 1); else the field's ValueError."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and 0 < value < 1):
+            self._bad(name, f"{prefix}a fraction in (0, 1), e.g. 0.05", value)
+        return float(value)
 
     def _names(self, name: str, value: Any, *, allow_empty: bool, unique: bool = True
                ) -> tuple[str, ...]:
@@ -266,6 +313,9 @@ class Finding:
 
     def _check_variants(self) -> None:
         self._set("variants", self._names("variants", self.variants, allow_empty=False))
+        if PLACEBO in self.variants:
+            self._bad("variants", f"names other than {PLACEBO!r} (the run's placebo row, the "
+                      "baseline timed against itself, is called so)", self.variants)
         if self.baseline not in self.variants:
             self._bad("baseline", f"one of the variants ({', '.join(self.variants)})",
                       self.baseline)

@@ -3,15 +3,18 @@
 A `Clock` times `number` back-to-back calls of a function and returns total seconds;
 `make_clock` picks the device-correct one at run time (CUDA events on a GPU,
 `time.perf_counter_ns` on the CPU). `measure_interleaved` warms each variant up,
-calibrates how many calls make one sample, then samples the variants in turn
-(A B C A B C ...) so drift in the machine's state hits all of them alike. It returns
-one frozen `Measurement` per variant; statistics are derived from its raw samples.
+calibrates how many calls make one sample, then samples the variants in rounds, one
+sample of each per round in a shuffled order, so drift in the machine's state hits all
+of them alike and round k of two variants pairs up (`harness.measure.estimate`); each
+variant stops once its word is decided (`Sampling`). It returns one frozen
+`Measurement` per variant; statistics are derived from its samples.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import gc
 import math
 import os
 import sys
@@ -20,9 +23,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from harness.measure import stats
+from harness.measure.decision import DEFAULT_MARGIN, Looks, check_fraction, decide
+from harness.measure.estimate import PairedEstimate, rounds_estimate
 
 __all__ = [
     "Clock",
@@ -31,10 +37,11 @@ __all__ = [
     "CudaUnavailableError",
     "Measurement",
     "MeasurementKey",
-    "Precision",
+    "Sampling",
     "StopReason",
     "VariantError",
     "calibrate",
+    "call_overhead",
     "make_clock",
     "measure_interleaved",
     "pinned_threads",
@@ -243,76 +250,93 @@ class MeasurementKey:
 
 
 class StopReason(str, enum.Enum):
-    """Why interleaved sampling stopped."""
+    """Why sampling of a variant stopped."""
 
+    DECIDED = "decided"
+    """Its word against the baseline (faster, slower or same at the margin) was decided,
+    and its interval is within `Sampling.precision`."""
     PRECISION_REACHED = "precision_reached"
-    """Every ratio's 95% interval became as tight as the `Precision` target."""
-    TARGET_REACHED = "target_reached"
-    """Every variant's IQR/median fell to the target (without a `Precision`)."""
+    """Older runs only: the ratio's interval reached the precision target."""
     MAX_SAMPLES = "max_samples"
-    """The sample cap was reached first."""
+    """The round cap was reached first."""
     TIME_BUDGET = "time_budget"
-    """The time budget was spent first."""
+    """The sampling budget was spent first."""
+
+
+def no_process_noise(variant: str, seconds: float) -> float:
+    """`Sampling.process_sd` for callers that know of no offset between processes: 0."""
+    return 0.0
 
 
 @dataclass(frozen=True)
-class Precision:
-    """Adaptive sampling: stop sampling each variant as soon as its answer is known to
-    +-`target`, and the cell once every answer is.
+class Sampling:
+    """How the variants of one cell are sampled and when each one stops.
 
-    The answer of a cell is each variant's time ratio to `reference`; it is known to
-    +-`target` when the half-width of its 95% bootstrap interval (the one the results
-    report, `stats.bootstrap_ratio_ci`) is at most `target` times the ratio. A variant
-    whose ratio is known leaves the rounds (it is *settled*); the reference keeps
-    sampling while any other is open, and a settled variant's interval is taken against
-    the reference's samples of the rounds it was in. A cell with one variant asks the
-    same of that variant's median. Intervals are checked after `min_rounds` rounds and
-    then every quarter more rounds (their cost stays a small part of the sampling), so a
-    lucky streak of a few similar samples cannot end sampling.
+    Rounds, not samples: round k times every variant still sampling once, in an order
+    shuffled per round from `seed` (recorded in each `Measurement.positions`), with the
+    garbage collector off inside each timed sample. With `sequential`, each variant's
+    ratio to the reference is checked at the rounds of `looks()` and the variant stops
+    as soon as its word is decided there (`harness.measure.decision`) and its interval is
+    within +-`precision`, each check at the level the looks' correction gives; without
+    it, every variant runs to the budget or the round cap and is judged once.
     """
 
-    target: float = 0.03
-    """Relative half-width of every interval at which sampling stops; 0: never early."""
-    reference: str | None = None
-    """The variant ratios are taken against; None: the first variant sampled."""
+    time_budget_s: float = 10.0
+    """Seconds of sampling per cell: the rounds only (first calls, warm-up and
+    calibration are reported apart and bounded by `warmup_budget_s`)."""
     min_rounds: int = 8
-    """Rounds always taken before the first check."""
+    """Rounds always taken (and the first check)."""
+    max_rounds: int = 200
+    """The most rounds."""
+    warmup: int = 2
+    """Calls after the first and before calibration."""
+    warmup_budget_s: float = 0.1
+    """Warm-up stops after its first call once its calls have taken this long."""
+    min_sample_time: float | None = 1e-3
+    """Seconds one sample lasts at least (calls per sample are calibrated to it); None:
+    one call per sample, uncalibrated."""
+    sequential: bool = True
+    """Stop each variant once its word is decided (False: sample the whole budget)."""
+    margin: float = DEFAULT_MARGIN
+    """The practical margin of the words (`harness.measure.decision`)."""
+    precision: float = 0.03
+    """A decided variant stops once its ratio's interval half-width is also at most this
+    fraction of the ratio (a word alone can rest on an interval like [4x, 37x])."""
     seed: int = 0
-    """Seed of the bootstrap (the same seed gives the same decision)."""
+    """Seeds the order of the variants in each round."""
     paired: bool = False
-    """Round k of every variant did the same work: intervals of per-round ratios
-    (`stats.paired_ratio_ci`) instead of two independent sets of samples; variants
-    settle together, so that every one makes the same calls."""
+    """Round k of every variant does the same work (stateful calls, e.g. training
+    iterations): the variants stop together, once every word is decided."""
+    process_sd: Callable[[str, float], float] = no_process_noise
+    """(variant, seconds per call) -> the standard deviation (log units) of the offset a
+    fresh process gives that variant's ratio to the reference, for calls that long
+    (`harness.measure.estimate`)."""
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.target) and self.target >= 0.0):
-            raise ValueError(f"Precision.target: expected a fraction >= 0; got {self.target!r}")
-        if not isinstance(self.min_rounds, int) or self.min_rounds < 2:
-            raise ValueError(
-                f"Precision.min_rounds: expected an integer >= 2; got {self.min_rounds!r}")
+        if not (isinstance(self.time_budget_s, (int, float)) and math.isfinite(self.time_budget_s)
+                and self.time_budget_s > 0):
+            raise ValueError(f"Sampling.time_budget_s: expected finite seconds > 0; got "
+                             f"{self.time_budget_s!r}")
+        if not isinstance(self.min_rounds, int) or isinstance(self.min_rounds, bool) \
+                or self.min_rounds < 2:
+            raise ValueError(f"Sampling.min_rounds: expected an integer >= 2; got "
+                             f"{self.min_rounds!r}")
+        if not isinstance(self.max_rounds, int) or self.max_rounds < self.min_rounds:
+            raise ValueError(f"Sampling.max_rounds: expected an integer >= min_rounds "
+                             f"({self.min_rounds}); got {self.max_rounds!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"Sampling.warmup: expected an integer >= 0 calls; got "
+                             f"{self.warmup!r}")
+        if self.min_sample_time is not None:
+            _check_min_sample_time(self.min_sample_time)
+        check_fraction(self.margin, "Sampling.margin")
+        if not (math.isfinite(self.precision) and 0.0 <= self.precision < 1.0):
+            raise ValueError(f"Sampling.precision: expected a fraction in [0, 1); got "
+                             f"{self.precision!r}")
 
-    def reference_of(self, names: Sequence[str]) -> str:
-        """The variant the ratios are taken against, among `names`."""
-        return self.reference if self.reference in names else names[0]
-
-    def widths(self, samples: Mapping[str, Sequence[float]],
-               names: Sequence[str] | None = None) -> dict[str, float]:
-        """Relative half-width of each of `names`' interval now (default: every variant
-        but the reference; the reference itself when it is alone)."""
-        reference = self.reference_of(list(samples))
-        if names is None:
-            names = [n for n in samples if n != reference] or [reference]
-        widths = {}
-        for name in names:
-            if name == reference:  # one variant: how well its median is known
-                ci = stats.bootstrap_median_ci(samples[name], seed=self.seed)
-            else:
-                interval = stats.paired_ratio_ci if self.paired else stats.bootstrap_ratio_ci
-                own = samples[name]
-                ci = interval(own, samples[reference][:len(own)], seed=self.seed)
-            widths[name] = stats.relative_halfwidth(ci)
-        return widths
-
+    def looks(self) -> Looks:
+        """Where the words are checked, and at which level."""
+        return Looks(first=self.min_rounds, last=self.max_rounds, sequential=self.sequential)
 
 @dataclass(frozen=True)
 class Measurement:
@@ -334,12 +358,20 @@ class Measurement:
     warmup_seconds: float
     """Total seconds of the `warmup_calls`."""
     stopped_by: StopReason
-    """Why sampling of this variant stopped (with a `Precision`, a variant whose ratio
-    was known stops before the others)."""
+    """Why sampling of this variant stopped (a variant whose word is decided stops
+    before the others)."""
     precision_reached: float | None = None
-    """With adaptive sampling: the relative 95% interval half-width of this variant's
-    ratio at its last check (0.03 = +-3%; the reference: the widest of the cell's);
-    None without it."""
+    """The relative half-width of this variant's ratio interval at its last check
+    (0.03 = +-3%; the reference: the widest of the cell's); None when never checked."""
+    positions: tuple[int, ...] = ()
+    """Where in each round's shuffled order this variant's sample was taken (0: first)."""
+    call_overhead_s: float = 0.0
+    """Seconds per call the timing loop itself costs, measured with an empty function
+    and already removed from `samples`."""
+    confidence: float = 0.95
+    """The level of each check of the words (1 - 0.05 / looks)."""
+    looks: int = 1
+    """How many checks the sampling schedule held (`harness.measure.decision.Looks`)."""
 
     def __post_init__(self) -> None:
         # Coerce lists from callers or JSON into the immutable form the stats assume.
@@ -408,114 +440,121 @@ class _Prepared:
     number: int
 
 
-def _prepare(
-    name: str, fn: Callable[[], object], clock: Clock, warmup: int,
-    min_sample_time: float | None, warmup_budget_s: float,
-) -> _Prepared:
+def _prepare(name: str, fn: Callable[[], object], clock: Clock, sampling: Sampling) -> _Prepared:
     """Time the first call apart, warm up, then calibrate.
 
-    Warm-up runs `warmup` more calls, but stops after the first once they have taken
-    `warmup_budget_s` (a call of seconds needs no second warm-up call). A warm-up call
-    that alone lasts `min_sample_time` settles the calibration at one call per sample
-    without another call. With `min_sample_time` None: one call per sample, no
-    calibration.
+    Warm-up runs `sampling.warmup` more calls, but stops after the first once they have
+    taken `warmup_budget_s` (a call of seconds needs no second warm-up call). A warm-up
+    call that alone lasts `min_sample_time` settles the calibration at one call per
+    sample without another call. With `min_sample_time` None: one call per sample.
     """
     with _attributed(name, "first call"):
         first = clock.time(fn, 1)
     calls, warm, last = 0, 0.0, None
     with _attributed(name, "warm-up"):
-        while calls < warmup and (calls == 0 or warm < warmup_budget_s):
+        while calls < sampling.warmup and (calls == 0 or warm < sampling.warmup_budget_s):
             last = clock.time(fn, 1)
             warm, calls = warm + last, calls + 1
     number = 1
-    if min_sample_time is not None and (last is None or last < min_sample_time):
+    target = sampling.min_sample_time
+    if target is not None and (last is None or last < target):
         with _attributed(name, "calibration"):
-            number = calibrate(fn, clock, min_sample_time=min_sample_time)
+            number = calibrate(fn, clock, min_sample_time=target)
     return _Prepared(first_call_seconds=first, warmup_calls=calls, warmup_seconds=warm,
                      number=number)
 
 
-def _sample_round(
-    fns: Mapping[str, Callable[[], object]],
-    clock: Clock,
-    prepared: Mapping[str, _Prepared],
-    samples: dict[str, list[float]],
-    after_sample: Callable[[str], None] | None,
-    reverse: bool = False,
-) -> None:
-    """Append one sample (seconds per call) to each variant's list, in `fns` order (or
-    the reverse order)."""
-    for name, fn in (reversed(fns.items()) if reverse else fns.items()):
-        number = prepared[name].number
-        with _attributed(name, "sampling"):
-            samples[name].append(clock.time(fn, number) / number)
-            if after_sample is not None:  # outside the clock
-                after_sample(name)
+def _empty() -> None:
+    """The call whose cost is the timing loop's own (a loop step and a Python call)."""
+
+
+def call_overhead(clock: Clock, number: int, repeats: int = 5) -> float:
+    """Seconds per call that the clock's loop adds to any call: the fastest of `repeats`
+    timings of `number` calls of an empty function, per call."""
+    return min(clock.time(_empty, number) for _ in range(repeats)) / number
+
+
+#: a sample never drops below this share of its raw time when the loop's cost is removed
+OVERHEAD_FLOOR = 0.05
+
+
+def _timed(clock: Clock, fn: Callable[[], object], number: int, overhead: float) -> float:
+    """Seconds per call of one sample, the loop's own cost removed, with the garbage
+    collector off while it is timed (a collection belongs to no variant in particular)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        raw = clock.time(fn, number) / number
+    finally:
+        if enabled:
+            gc.enable()
+    return max(raw - overhead, OVERHEAD_FLOOR * raw)
 
 
 class _StopRule:
-    """Decides after each round which variants go on sampling, and why each stopped (see
-    measure_interleaved and Precision).
+    """Decides after each round which variants go on sampling, and why each stopped.
 
     `active` lists the variants the next round samples; `stopped` says why each other
-    one stopped; `widths` holds each variant's interval half-width at its last check
-    (the reference: the widest of the cell)."""
+    one stopped; `widths` holds each variant's relative interval half-width at its last
+    check (the reference: the widest of the cell)."""
 
-    def __init__(self, names: Sequence[str], *, min_samples: int, max_samples: int,
-                 target_rel_iqr: float, precision: Precision | None,
+    def __init__(self, names: Sequence[str], reference: str, sampling: Sampling,
                  budget_spent: Callable[[], bool]) -> None:
-        self.min_samples, self.max_samples = min_samples, max_samples
-        self.target_rel_iqr, self.precision = target_rel_iqr, precision
+        self.sampling, self.looks = sampling, sampling.looks()
         self.budget_spent = budget_spent
-        self.reference = precision.reference_of(names) if precision else names[0]
+        self.reference = reference
         self.active = list(names)
         self.stopped: dict[str, StopReason] = {}
         self.widths: dict[str, float] = {}
-        self.first_check = max(min_samples, precision.min_rounds) if precision else min_samples
-        self.next_check = self.first_check
+        self.checks = 0
 
     def __call__(self, samples: Mapping[str, list[float]]) -> bool:
         """Whether sampling ends after the round just taken."""
         rounds = len(samples[self.reference])
-        if rounds < self.min_samples:
+        if rounds < self.sampling.min_rounds:
             return False
         budget_spent = self.budget_spent()
-        if self.precision is None:
-            if _converged(samples, self.target_rel_iqr):
-                return self._stop_all(StopReason.TARGET_REACHED)
-        elif self.precision.target > 0 and (rounds >= self.next_check
-                                            or rounds >= self.max_samples or budget_spent):
-            self.next_check = rounds + max(1, rounds // 4)
-            if self._settle(samples, ready=rounds >= self.first_check):
+        last = rounds >= self.sampling.max_rounds or budget_spent
+        if self.sampling.sequential and (self.looks.due(rounds) or last):
+            self.checks += 1
+            if self._settle(samples):
                 return True
-        if rounds >= self.max_samples:
+        if rounds >= self.sampling.max_rounds:
             return self._stop_all(StopReason.MAX_SAMPLES)
         if budget_spent:
             return self._stop_all(StopReason.TIME_BUDGET)
         return False
 
-    def _settle(self, samples: Mapping[str, list[float]], ready: bool) -> bool:
-        """Check the open intervals; with `ready`, settle those within the target (all
-        at once when paired). True when none is left open."""
+    def estimate(self, samples: Mapping[str, Sequence[float]], name: str) -> PairedEstimate:
+        """`name`'s ratio to the reference over the rounds `name` was sampled in."""
+        own = samples[name]
+        base = samples[self.reference][:len(own)]
+        seconds = min(stats.median(own), stats.median(base))
+        return rounds_estimate(own, base, process_sd=self.sampling.process_sd(name, seconds))
+
+    def _settle(self, samples: Mapping[str, list[float]]) -> bool:
+        """Check every open word; stop those decided (all at once when paired). True when
+        none is left open."""
         others = [n for n in self.active if n != self.reference]
-        alone = not others  # one variant: its own median is the answer
-        if alone:
-            others = [self.reference]
-        self.widths.update(self.precision.widths(samples, others))
-        if not alone:
-            self.widths[self.reference] = max(w for n, w in self.widths.items()
-                                              if n != self.reference)
-        if not ready:
+        if not others:  # one variant: nothing to decide, it samples its budget
             return False
-        known = [n for n in others if self.widths[n] <= self.precision.target]
-        if self.precision.paired and len(known) < len(others):
+        level, margin = self.looks.confidence, self.sampling.margin
+        done = []
+        for name in others:
+            estimate = self.estimate(samples, name)
+            low, high = estimate.interval(level)
+            self.widths[name] = (high - low) / 2.0 / estimate.ratio
+            if decide(low, high, margin).decisive and self.widths[name] <= self.sampling.precision:
+                done.append((name, StopReason.DECIDED))
+        self.widths[self.reference] = max(self.widths[n] for n in others)
+        if self.sampling.paired and len(done) < len(others):
             return False
-        for name in known:
-            self.stopped[name] = StopReason.PRECISION_REACHED
+        for name, reason in done:
+            self.stopped[name] = reason
             self.active.remove(name)
-        if not alone and self.active == [self.reference]:  # every other one settled
-            return self._stop_all(StopReason.PRECISION_REACHED)
-        return not self.active
+        if self.active == [self.reference]:  # every other one settled
+            return self._stop_all(StopReason.DECIDED)
+        return False
 
     def _stop_all(self, reason: StopReason) -> bool:
         for name in self.active:
@@ -524,100 +563,57 @@ class _StopRule:
         return True
 
 
-def _converged(samples: Mapping[str, list[float]], target_rel_iqr: float) -> bool:
-    """Whether every variant's IQR/median is at or below the target."""
-    return all(stats.iqr(s) / stats.median(s) <= target_rel_iqr for s in samples.values())
-
-
-def _check_sampling_args(
-    fns: Mapping[str, Callable[[], object]],
-    warmup: int,
-    min_samples: int,
-    max_samples: int,
-    time_budget_s: float,
-    target_rel_iqr: float,
-    min_sample_time: float,
-) -> None:
-    """ValueError naming the first argument of `measure_interleaved` that is out of range."""
-    if not fns:
-        raise ValueError("fns: expected at least one variant; got an empty mapping")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup: expected an integer >= 0 calls; got {warmup!r}")
-    if not isinstance(min_samples, int) or min_samples < 1:
-        raise ValueError(f"min_samples: expected an integer >= 1; got {min_samples!r}")
-    if not isinstance(max_samples, int) or max_samples < min_samples:
-        raise ValueError(
-            f"max_samples: expected an integer >= min_samples ({min_samples}); got {max_samples!r}"
-        )
-    if not (math.isfinite(time_budget_s) and time_budget_s > 0.0):
-        raise ValueError(f"time_budget_s: expected finite seconds > 0; got {time_budget_s!r}")
-    if not target_rel_iqr >= 0.0:
-        raise ValueError(f"target_rel_iqr: expected a fraction >= 0; got {target_rel_iqr!r}")
-    if min_sample_time is not None:
-        _check_min_sample_time(min_sample_time)
-
-
 def measure_interleaved(
     fns: Mapping[str, Callable[[], object]],
     clock: Clock,
     *,
     finding: str,
     case: str,
-    warmup: int = 2,
-    min_samples: int = 10,
-    max_samples: int = 200,
-    time_budget_s: float = 10.0,
-    target_rel_iqr: float = 0.05,
-    precision: Precision | None = None,
-    min_sample_time: float | None = 1e-3,
-    warmup_budget_s: float = 0.1,
+    sampling: Sampling = Sampling(),
+    reference: str | None = None,
     after_sample: Callable[[str], None] | None = None,
-    alternate: bool = False,
     now: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Measurement]:
-    """Time every variant in `fns` (name -> zero-argument callable), interleaved.
+    """Time every variant in `fns` (name -> zero-argument callable) in shuffled rounds.
 
-    Each variant in turn: its first call is timed alone, up to `warmup` more calls run
-    (fewer once they have taken `warmup_budget_s`), and its calls per sample are
-    calibrated to `min_sample_time`. Then rounds of one sample
-    per variant, in `fns` order (A B C A B C ...), run until, after `min_samples` rounds,
-    the answer is known (with a `precision`: every variant's time ratio to the reference
-    within +-precision.target at 95%, each variant leaving the rounds as soon as its own
-    is; without: every variant's IQR/median <= `target_rel_iqr`), or `max_samples`
-    rounds are done, or `time_budget_s` seconds (read from `now`, counted from entry,
-    warm-up and calibration included) are spent. `min_samples` rounds are always taken.
+    Each variant in turn: its first call is timed alone, warm-up calls run, and its calls
+    per sample are calibrated (`Sampling`); the timing loop's own cost per call is
+    measured with an empty function and removed from every sample. Then rounds of one
+    sample per variant still sampling, in an order shuffled per round, until every
+    variant has stopped (`Sampling`: decided, precise enough, the round cap or the
+    budget, which counts sampling seconds only). Ratios are taken against `reference`
+    (default: the first variant), which samples while any other does.
 
-    `min_sample_time=None` takes one call per sample without calibrating, so that every
-    variant makes the same calls in the same order (paired measurements of stateful
-    work, e.g. training iterations). `after_sample(name)`, when given, runs after each
-    sample of `name`, outside the clock (to read what that call did). `alternate` reverses
-    the order every other round (A B, B A, ...), so that no variant always goes first.
-
-    Returns name -> Measurement, keyed by `finding`, `case`, the clock's device and
-    the torch thread count in effect; with a `precision`, each carries the interval
-    half-width it reached (`precision_reached`). A raising variant stops everything
-    with a `VariantError` naming it, chained `from` the original exception.
+    `after_sample(name)`, when given, runs after each sample of `name`, outside the
+    clock (to read what that call did). Returns name -> Measurement, keyed by `finding`,
+    `case`, the clock's device and the torch thread count in effect. A raising variant
+    stops everything with a `VariantError` naming it, chained `from` the original.
     """
-    _check_sampling_args(
-        fns, warmup, min_samples, max_samples, time_budget_s, target_rel_iqr, min_sample_time
-    )
+    if not fns:
+        raise ValueError("fns: expected at least one variant; got an empty mapping")
+    names = list(fns)
+    reference = reference if reference in fns else names[0]
+    prepared = {name: _prepare(name, fn, clock, sampling) for name, fn in fns.items()}
+    overhead = call_overhead(clock, max(p.number for p in prepared.values()))
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    positions: dict[str, list[int]] = {name: [] for name in names}
+    order_rng = np.random.default_rng(sampling.seed)
     started = now()
-    prepared = {
-        name: _prepare(name, fn, clock, warmup, min_sample_time, warmup_budget_s)
-        for name, fn in fns.items()
-    }
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    rule = _StopRule(list(fns), min_samples=min_samples, max_samples=max_samples,
-                     target_rel_iqr=target_rel_iqr, precision=precision,
-                     budget_spent=lambda: now() - started >= time_budget_s)
+    rule = _StopRule(names, reference, sampling,
+                     budget_spent=lambda: now() - started >= sampling.time_budget_s)
     done = False
     while not done:
-        rounds = len(samples[rule.reference])
-        active = {name: fns[name] for name in rule.active}
-        _sample_round(active, clock, prepared, samples, after_sample,
-                      reverse=alternate and rounds % 2 == 1)
+        order = [rule.active[i] for i in order_rng.permutation(len(rule.active))]
+        for position, name in enumerate(order):
+            number = prepared[name].number
+            with _attributed(name, "sampling"):
+                samples[name].append(_timed(clock, fns[name], number, overhead))
+                positions[name].append(position)
+                if after_sample is not None:  # outside the clock
+                    after_sample(name)
         done = rule(samples)
     threads = torch.get_num_threads()
+    looks = rule.looks
     return {
         name: Measurement(
             key=MeasurementKey(finding, case, name, str(clock.device), threads),
@@ -628,6 +624,10 @@ def measure_interleaved(
             warmup_seconds=prepared[name].warmup_seconds,
             stopped_by=rule.stopped[name],
             precision_reached=rule.widths.get(name),
+            positions=tuple(positions[name]),
+            call_overhead_s=overhead,
+            confidence=looks.confidence,
+            looks=looks.count,
         )
-        for name in fns
+        for name in names
     }

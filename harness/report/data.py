@@ -83,11 +83,26 @@ class FindingText:
     claim_factor: float | None
 
 
-def finding_text(finding_id: str, rows: pd.DataFrame) -> FindingText:
-    """Title, claim and notes of `finding_id`; a finding no longer registered keeps its id."""
+def recorded_info(metadata: dict | None, finding_id: str) -> dict | None:
+    """What the run recorded of `finding_id` when it was made (`finding_info`), or None
+    for runs made before runs described their findings."""
+    info = ((metadata or {}).get("finding_info") or {}).get(finding_id)
+    return info if isinstance(info, dict) else None
+
+
+def finding_text(finding_id: str, rows: pd.DataFrame, metadata: dict | None = None) -> FindingText:
+    """Title, claim and notes of `finding_id`: as the run recorded them, else (older runs)
+    from the registry; a finding known to neither keeps its id."""
+    marked = rows.loc[rows["baseline"].astype(bool), "variant"]
+    info = recorded_info(metadata, finding_id)
+    if info is not None:
+        return FindingText(finding_id, info.get("title") or finding_id,
+                           info.get("claim") or "", info.get("ticket") or "",
+                           tuple(info.get("notes") or ()),
+                           info.get("baseline") or (marked.iloc[0] if len(marked) else "baseline"),
+                           info.get("claim_factor"))
     registry.select(None)  # loads the built-in findings
     known = registry.FINDINGS.get(finding_id)
-    marked = rows.loc[rows["baseline"].astype(bool), "variant"]
     baseline = known.baseline if known else (marked.iloc[0] if len(marked) else "baseline")
     if known is None:
         return FindingText(finding_id, finding_id, "(this finding is not in the registry)", "",
@@ -246,15 +261,21 @@ def sentences(rows: pd.DataFrame, text: FindingText,
 
 def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict) -> Headline:
     """The headline of `finding_id` in a run (its rows and the run's metadata)."""
-    text = finding_text(finding_id, rows)
-    known = registry.FINDINGS.get(finding_id)
-    expected = None
-    if known is not None and metadata.get("quick") is not None:
-        quick = bool(metadata["quick"])
-        expected = len(registry.planned(known, quick).cases(quick))  # a failing cases(): 1
+    text = finding_text(finding_id, rows, metadata)
+    info = recorded_info(metadata, finding_id)
+    if info is not None:
+        peers, answer = tuple(info.get("peers") or ()), tuple(info.get("answer") or ())
+        expected = len(info["cases"]) if isinstance(info.get("cases"), list) else None
+    else:
+        known = registry.FINDINGS.get(finding_id)
+        peers, answer = (known.peers, known.answer) if known else ((), ())
+        expected = None
+        if known is not None and metadata.get("quick") is not None:
+            quick = bool(metadata["quick"])
+            expected = len(registry.planned(known, quick).cases(quick))  # a failing cases(): 1
     return headline(finding_id, rows, claim=text.claim, baseline=text.baseline,
-                    claim_factor=text.claim_factor, peers=known.peers if known else (),
-                    cases_expected=expected, answer=known.answer if known else ())
+                    claim_factor=text.claim_factor, peers=peers,
+                    cases_expected=expected, answer=answer)
 
 
 def run_headlines(run: Run) -> list[Headline]:

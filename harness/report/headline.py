@@ -19,6 +19,7 @@ import numbers
 from dataclasses import dataclass
 
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from esper.trainer import TrainConfig
 from esper.variants import AXES, Variants
@@ -30,8 +31,13 @@ COUNTERS = {"allocations": "allocations", "host_syncs": "host syncs",
             "kernel_launches": "kernel launches"}
 #: the size the reviewed training loop runs at by default: where the headline case sits
 DEFAULT_SIZE = {"p_num_envs": TrainConfig.num_envs, "p_max_steps": TrainConfig.max_steps}
-_COMPARED = {Verdict.FASTER.value, Verdict.SLOWER.value, Verdict.WITHIN_FACTOR.value,
+_COMPARED = {Verdict.FASTER.value, Verdict.SLOWER.value, Verdict.SAME.value,
+             Verdict.INCONCLUSIVE.value, Verdict.WITHIN_FACTOR.value,
              Verdict.NO_DIFFERENCE.value}
+#: the words of runs made before paired estimates (an interval of unpaired samples)
+OLDER_WORDS = {Verdict.WITHIN_FACTOR.value, Verdict.NO_DIFFERENCE.value}
+#: a headline's "fastest" is chosen among k variants: each interval at 1 - ALPHA / k
+ALPHA = 0.05
 _BROKEN = {Verdict.FAILED.value, Verdict.MISMATCH.value}
 
 
@@ -103,7 +109,7 @@ class Headline:
     verdict: str | None
     """A `Verdict` value of the headline row (None: no such row)."""
     ratio: float | None
-    """Time ratio variant / baseline; with its bootstrap 95% interval below."""
+    """Time ratio variant / baseline; with its interval below (`ci_level`)."""
     ci_low: float | None
     ci_high: float | None
     reason: str
@@ -115,8 +121,8 @@ class Headline:
     counted: bool
     """Whether the headline row and its baseline carry counters at all (a profiled run)."""
     fastest: tuple[str, float] | None
-    """Another variant clearly faster than the headline one here (its interval lies
-    wholly below the headline's): (name, speed-up over the baseline)."""
+    """Another variant clearly faster than the headline one here (`fastest`: chosen among
+    k with a Bonferroni correction): (name, speed-up over the baseline)."""
     broken: tuple[str, ...]
     """Variants that failed or disagreed with the reference in any case."""
     cases_measured: int
@@ -125,6 +131,17 @@ class Headline:
     answers: tuple[Estimate, ...] = ()
     """The finding's answer fields (`Finding.answer`) at the headline case: the headline
     variant's and, where it has the field, the baseline's."""
+    lean: str | None = None
+    """Which word an inconclusive ratio leans to."""
+    rounds_to_decide: float | None = None
+    """About how many rounds would decide an inconclusive word."""
+    claim_word: str | None = None
+    """The claim's word about its factor (met, exceeded, not met, inconclusive)."""
+    claim_tolerance: float | None = None
+    margin: float | None = None
+    """The practical margin of the words."""
+    ci_level: float | None = None
+    """The level of the interval (above 0.95 where sampling looked more than once)."""
 
     def answer_text(self) -> str:
         """'changed other scale rate: per_optimizer 0 [0, 0.49] vs shared 1 [0.51, 1]'; ''."""
@@ -145,20 +162,43 @@ class Headline:
         return 1.0 / self.ratio, 1.0 / self.ci_high, 1.0 / self.ci_low
 
     def ratio_text(self) -> str:
-        """'11.8x faster [11.2-13.9]', '1.3x slower [1.2-1.4]', 'no difference: time ratio
-        1.02 [0.97-1.08]'; '' without a ratio."""
+        """'faster: 11.8x [11.2-13.9]', 'slower: 1.3x [1.2-1.4]', 'same: time ratio 1.02
+        [0.99-1.04], within +-5%', 'inconclusive: time ratio 1.04 [1.01-1.07], leans same,
+        ~90 rounds would decide'; '' without a ratio."""
         if self.ratio is None:
             return ""
+        interval = f"[{self.ci_low:.3g}-{self.ci_high:.3g}]"
+        margin = f"\u00b1{100 * self.margin:.2g}%" if self.margin else "the margin"
         if self.verdict == Verdict.NO_DIFFERENCE.value:
-            return (f"no measurable difference: time ratio {self.ratio:.3g} "
-                    f"[{self.ci_low:.3g}-{self.ci_high:.3g}]")
+            return (f"no measurable difference: time ratio {self.ratio:.3g} {interval} "
+                    "(interval from unpaired samples, older run)")
+        if self.verdict == Verdict.SAME.value:
+            return f"same: time ratio {self.ratio:.3g} {interval}, within {margin}"
+        if self.verdict == Verdict.INCONCLUSIVE.value:
+            text = f"inconclusive: time ratio {self.ratio:.3g} {interval}"
+            if self.lean:
+                text += f", leans {self.lean}"
+            if self.rounds_to_decide:
+                text += f", ~{self.rounds_to_decide:,.0f} rounds would decide"
+            return text
         if self.ratio < 1.0:
             speed, low, high = self.speedup
             text = f"{speed:.3g}x faster [{low:.3g}-{high:.3g}]"
         else:
-            text = f"{self.ratio:.3g}x slower [{self.ci_low:.3g}-{self.ci_high:.3g}]"
-        if self.verdict == Verdict.WITHIN_FACTOR.value:
-            text += ", below the factor that counts"
+            text = f"{self.ratio:.3g}x slower {interval}"
+        if self.verdict in OLDER_WORDS:
+            text += ", below the factor that counts (interval from unpaired samples, older run)"
+        return text
+
+    def claim_text(self) -> str:
+        """"ticket said ~4x: exceeded (tolerance 25%)"; '' where the claim states no factor."""
+        if self.claim_factor is None:
+            return ""
+        text = f"ticket said ~{self.claim_factor:g}x"
+        if self.claim_word:
+            tolerance = (f" (tolerance {100 * self.claim_tolerance:.0f}%)"
+                         if self.claim_tolerance else "")
+            text += f": {self.claim_word}{tolerance}"
         return text
 
     def verdict_text(self) -> str:
@@ -172,10 +212,9 @@ class Headline:
             if self.ratio is not None:
                 parts.append(f"time: {self.variant} {self.ratio_text()}")
         elif self.ratio is not None:
-            separator = ": " if self.verdict == Verdict.NO_DIFFERENCE.value else " "
-            parts = [f"{self.variant}{separator}{self.ratio_text()}"]
+            parts = [f"{self.variant} {self.ratio_text()}"]
             if self.claim_factor is not None:
-                parts.append(f"ticket said ~{self.claim_factor:g}x")
+                parts.append(self.claim_text())
             if self.fastest is not None:
                 parts.append(f"fastest: {self.fastest[0]} {self.fastest[1]:.3g}x")
         else:
@@ -222,13 +261,19 @@ def _value(row: dict, key: str):
 
 
 def headline_case(rows: pd.DataFrame, baseline: str) -> str | None:
-    """The case (label) nearest DEFAULT_SIZE where `baseline` was timed, else nearest of all.
+    """The case (label) the run marked as the finding's headline (`headline` rows, from
+    `Finding.headline_case`); for runs made before that, the case nearest DEFAULT_SIZE
+    where `baseline` was timed, else nearest of all.
 
     Distance: the sum over the size params a case has of |log(value / default)|; ties
     go to the first case in run order (so 'dones=episode' before 'random').
     """
     if rows.empty:
         return None
+    if "headline" in rows:
+        marked = rows.loc[rows["headline"].fillna(False).astype(bool), "case"]
+        if len(marked):
+            return str(marked.iloc[0])
     cases = list(dict.fromkeys(rows["case"]))
     timed = rows[(rows["variant"] == baseline) & rows.get("median_s", pd.Series(
         dtype=float, index=rows.index)).notna()]
@@ -255,6 +300,33 @@ def proposed_variant(variants: list[str], baseline: str) -> str | None:
         if baseline in values:
             choice = getattr(optimized, axis)
             return choice if choice in variants and choice != baseline else None
+    return None
+
+
+def fastest(at: dict[str, dict], compared: list[str], variant: str) -> tuple[str, float] | None:
+    """Another variant clearly faster than `variant` at one case, chosen so that picking
+    the best of k does not favour the luckiest: each candidate's speed-up interval is
+    widened to the level 1 - ALPHA / k (Bonferroni over the k variants compared), the
+    best is the one whose interval's lower end is highest, and it is named only when that
+    lower end lies above the upper end of `variant`'s widened interval. Rows without a
+    paired standard error (older runs) use their own intervals. (name, speed-up) or None."""
+    candidates = [v for v in compared if present(at[v].get("ratio"))]
+    if variant not in candidates or len(candidates) < 2:
+        return None
+    level = 1.0 - ALPHA / len(candidates)
+
+    def bounds(name: str) -> tuple[float, float]:
+        """(low, high) of the speed-up at `level`."""
+        row = at[name]
+        if present(row.get("log_se")) and present(row.get("df")):
+            half = float(scipy_stats.t.ppf(0.5 + level / 2.0, row["df"])) * row["log_se"]
+            centre = -math.log(row["ratio"])
+            return math.exp(centre - half), math.exp(centre + half)
+        return 1.0 / row["ci_high"], 1.0 / row["ci_low"]
+
+    best = max((v for v in candidates if v != variant), key=lambda v: bounds(v)[0])
+    if bounds(best)[0] > bounds(variant)[1]:
+        return best, 1.0 / float(at[best]["ratio"])
     return None
 
 
@@ -289,7 +361,9 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
     where = case_phrase(next(iter(at.values())))
     common = dict(case=case, where=where, broken=broken,
                   cases_measured=len(dict.fromkeys(rows["case"])))
-    others = [v for v in dict.fromkeys(rows["variant"]) if v != baseline]
+    placebos = set(rows.loc[rows["placebo"].fillna(False).astype(bool), "variant"]) \
+        if "placebo" in rows else set()
+    others = [v for v in dict.fromkeys(rows["variant"]) if v != baseline and v not in placebos]
     if not others:
         return Headline(**common, **empty)
     compared = [v for v in others if v in at and at[v].get("verdict") in _COMPARED
@@ -308,12 +382,12 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
                   reason=str(_value(row, "error") or _value(row, "reason") or ""))
     if variant in compared:
         fields.update(ratio=float(row["ratio"]), ci_low=float(row["ci_low"]),
-                      ci_high=float(row["ci_high"]))
-        faster = [v for v in compared if v != variant
-                  and at[v]["ci_high"] < row["ci_low"]]
-        if faster:
-            best = min(faster, key=lambda v: at[v]["ratio"])
-            fields["fastest"] = (best, 1.0 / float(at[best]["ratio"]))
+                      ci_high=float(row["ci_high"]), lean=_value(row, "lean"),
+                      rounds_to_decide=_value(row, "rounds_to_decide"),
+                      claim_word=_value(row, "claim_word"),
+                      claim_tolerance=_value(row, "claim_tolerance"),
+                      margin=_value(row, "margin"), ci_level=_value(row, "ci_level"))
+        fields["fastest"] = fastest(at, compared, variant)
     if baseline in at and variant in at:
         fields["counters"], fields["counted"] = counter_changes(at[variant], at[baseline])
     elif not row:

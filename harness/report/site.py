@@ -39,6 +39,7 @@ from harness.report.data import (
 )
 from harness.report.folder import MARKER, is_staging, staged
 from harness.report.headline import Headline, estimate, estimate_fields
+from harness.report.reliability import reliability, without_placebo
 from harness.report.history import MACHINE_FIELDS, STEP_FACTOR, History
 from harness.report.summary import verdict_word
 from harness.report.verdicts import present
@@ -103,10 +104,11 @@ def _answer_figure(finding_id: str, rows: pd.DataFrame, text, variants: list[str
 def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -> dict:
     """What a finding's section shows: its answer chart and verdicts first, the rest in
     collapsed blocks (the full table, crossovers, scaling charts, counters, the trace)."""
-    rows = run.summary[run.summary["finding"] == finding_id]
-    text = finding_text(finding_id, rows)
+    every_row = run.summary[run.summary["finding"] == finding_id]
+    text = finding_text(finding_id, every_row, run.metadata)
+    rows = without_placebo(every_row)  # the charts: the finding's own variants
     variants = list(dict.fromkeys(rows["variant"]))
-    verdicts, every = sentences(rows, text, headline.case)
+    verdicts, every = sentences(every_row, text, headline.case)
     e2e, answer = [], None
     if finding_id == E2E_ID:
         for index, breakdown in enumerate(phase_breakdowns(rows, text.baseline)):
@@ -129,7 +131,7 @@ def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -
     return {
         "text": text, "headline": headline, "answer": answer, "verdicts": verdicts,
         "sentences": every, "figures": figures, "crossovers": crossovers,
-        "table": table_rows(rows), "e2e": e2e, "bandwidth": has_bandwidth(rows),
+        "table": table_rows(every_row), "e2e": e2e, "bandwidth": has_bandwidth(rows),
         "counters_figure": plots.counters_figure(finding_id, rows, variants, out)
         if counted else None,
         "counters_at": counters_at(rows, headline.case),
@@ -186,7 +188,8 @@ def render_run(run: Run, out: Path) -> Path:
         page = _TEMPLATES.get_template("run.html.j2").render(
             run_id=run.run_id, metadata=metadata_panel(run.metadata), meta=run.metadata,
             meta_line=metadata_line(run.metadata), banner=status_banner(run.metadata),
-            sampling=run_sampling_line(run), headlines=headlines, sections=sections,
+            sampling=run_sampling_line(run), trust=reliability(run.summary),
+            headlines=headlines, sections=sections,
             flame=_flamegraph(run, stage),
             format_seconds=format_seconds, counters=COUNTERS,
         )

@@ -35,7 +35,10 @@ def _count(row: dict, key: str) -> str:
 
 
 def verdict_word(row: dict) -> str:
+    """The row's word for tables: 'faster', 'same', 'inconclusive (leans slower)', 'FAIL'..."""
     verdict = row.get("verdict") or row.get("status")
+    if verdict == "inconclusive" and _present(row.get("lean")):
+        return f"inconclusive (leans {row['lean']})"
     words = {"no_difference": "no difference", "within_factor": "within factor",
              "mismatch": "FAIL", "failed": "ERROR", "needs_cuda": "needs CUDA",
              "not_timed": "not timed"}
@@ -64,36 +67,36 @@ def summary_table(summary: pd.DataFrame) -> str:
 #: median IQR/median of a run's timed rows above which the machine is called noisy
 NOISY_SPREAD = 0.05
 #: how a cell's sampling ended, from its rows' `stopped_by` (the first present wins)
-_CELL_ENDS = (("time_budget", "{} spent {} budget"), ("max_samples", "{} hit the sample cap"),
-              ("target_reached", "{} reached the spread target"))
+_CELL_ENDS = (("time_budget", "{} spent {} budget"), ("max_samples", "{} hit the round cap"),
+              ("precision_reached", "{} reached +-{precision}"),
+              ("target_reached", "{} reached the spread target"),
+              ("decided", "{} decided every word to +-{precision}"))
 
 
 def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
-    """How a run's sampling went, in one line: cells that reached the `precision` target
-    and those that spent their budget (a cell ends with its last open variant), and the
-    median IQR/median of the timed rows, called noisy above `NOISY_SPREAD`: e.g.
-    'sampling: 14 of 48 timed cells reached +-3%, 34 spent their budget; timing spread
-    (median IQR/median) 9.1% (noisy: ...)'. None when nothing was timed."""
+    """How a run's sampling went, in one line: how the timed cells ended (every word
+    decided; stopped undecided at the `precision` half-width; the budget spent; the
+    round cap), and the median IQR/median of the timed rows, called noisy above
+    `NOISY_SPREAD`: e.g. 'sampling: 30 of 48 timed cells decided every word, 18 spent their
+    budget; timing spread (median IQR/median) 4.1%'. None when nothing was timed."""
     if summary.empty or not {"stopped_by", "median_s", "iqr_s"} <= set(summary.columns):
         return None
     timed = summary[summary.stopped_by.notna() & summary.median_s.notna()]
     if timed.empty:
         return None
     ends = timed.groupby(["finding", "case"]).stopped_by.agg(set)
-    counts = collections.Counter(  # None: every variant of the cell reached the precision
-        next((reason for reason, _ in _CELL_ENDS if reason in reasons), None) for reasons in ends)
-    told = ", ".join(text.format(counts[reason], "its" if counts[reason] == 1 else "their")
-                     for reason, text in _CELL_ENDS if counts[reason])
+    counts = collections.Counter(
+        next((reason for reason, _ in _CELL_ENDS if reason in reasons), "other") for reasons in ends)
+    told = ", ".join(
+        text.format(counts[reason], "its" if counts[reason] == 1 else "their",
+                    precision=f"{100 * precision:.2g}%")
+        for reason, text in _CELL_ENDS if counts[reason])
     cells = f"{len(ends)} timed cell" + ("" if len(ends) == 1 else "s")
-    if precision > 0:
-        line = (f"sampling: {counts[None]} of {cells} reached +-{100 * precision:.2g}%"
-                + (f", {told}" if told else ""))
-    else:
-        line = f"sampling: fixed (--precision 0), {cells}" + (f": {told}" if told else "")
+    mode = "" if precision > 0 else "fixed budget (--precision 0), "
+    line = f"sampling: {mode}{cells}" + (f": {told}" if told else "")
     spread = float((timed.iqr_s / timed.median_s).median())
     line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
     if spread > NOISY_SPREAD:
-        line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; a +-{100 * precision:.2g}% answer "
-                 "may need a larger --time-budget or a quieter machine)"
-                 if precision > 0 else f" (noisy: above {100 * NOISY_SPREAD:.0f}%)")
+        line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; close words may need a larger "
+                 "--time-budget or a quieter machine)")
     return line

@@ -55,14 +55,27 @@ def case_phrase(row: Mapping) -> str:
     return text or str(row.get("case", "the only case"))
 
 
-def _interval(low: float, high: float) -> str:
-    return f"95% CI {low:.3g}-{high:.3g}"
+def _interval(low: float, high: float, level=None) -> str:
+    """'95% CI 0.95-1.02', or '99.2% CI ...' where sampling looked more than once."""
+    percent = f"{100 * level:.3g}%" if present(level) else "95%"
+    return f"{percent} CI {low:.3g}-{high:.3g}"
 
 
-def _claim_note(factor: float | None, low: float, high: float) -> str:
-    """'; the ticket estimated ~4x (the interval is above it)' for a speed-up interval."""
+def _margin(row: Mapping) -> str:
+    """'+-5%': the row's margin in words."""
+    margin = row.get("margin")
+    return f"\u00b1{100 * margin:.2g}%" if present(margin) else "the margin"
+
+
+def _claim_note(factor: float | None, low: float, high: float, row: Mapping | None = None) -> str:
+    """'; the ticket estimated ~4x: exceeded (tolerance 25%)' from the row's claim word, or
+    for older runs where the speed-up interval lies against the factor."""
     if factor is None:
         return ""
+    if row is not None and present(row.get("claim_word")):
+        tolerance = row.get("claim_tolerance")
+        told = f" (tolerance {100 * tolerance:.0f}%)" if present(tolerance) else ""
+        return f"; the ticket estimated ~{factor:g}x: {row['claim_word']}{told}"
     if low > factor:
         where = "the measured interval is above it"
     elif high < factor:
@@ -100,22 +113,40 @@ def verdict_sentence(row: Mapping, *, against: str, claim: float | None = None) 
     if verdict is Verdict.BASELINE:
         _require(row, "median_s")
         return f"{variant} is the baseline: {format_seconds(row['median_s'])} per call at {where}."
-    if verdict in (Verdict.FASTER, Verdict.SLOWER, Verdict.WITHIN_FACTOR, Verdict.NO_DIFFERENCE):
+    if verdict in (Verdict.FASTER, Verdict.SLOWER, Verdict.SAME, Verdict.INCONCLUSIVE,
+                   Verdict.WITHIN_FACTOR, Verdict.NO_DIFFERENCE):
         _require(row, "ratio", "ci_low", "ci_high")
         ratio, low, high = row["ratio"], row["ci_low"], row["ci_high"]
         speed_low, speed_high = 1.0 / high, 1.0 / low
+        interval = _interval(low, high, row.get("ci_level"))
+        older = ("" if present(row.get("pvalue"))
+                 else " (interval from unpaired samples, older run)")
+        claim_note = _claim_note(claim, speed_low, speed_high, row)
         if verdict is Verdict.NO_DIFFERENCE:
             return (f"No measurable difference between {variant} and {against} at {where}: "
-                    f"time ratio {ratio:.3g} ({_interval(low, high)} contains 1)"
-                    f"{_claim_note(claim, speed_low, speed_high)}.")
+                    f"time ratio {ratio:.3g} ({interval} contains 1){older}{claim_note}.")
+        margin = _margin(row)
+        if verdict is Verdict.SAME:
+            return (f"{variant} takes the same time as {against} at {where}: time ratio "
+                    f"{ratio:.3g} ({interval} lies within {margin}){claim_note}.")
+        if verdict is Verdict.INCONCLUSIVE:
+            text = (f"Inconclusive between {variant} and {against} at {where}: time ratio "
+                    f"{ratio:.3g} ({interval} reaches across a {margin} edge)")
+            if present(row.get("lean")):
+                text += f"; it leans {row['lean']}"
+            if present(row.get("rounds_to_decide")):
+                text += f", and about {row['rounds_to_decide']:,.0f} rounds would decide it"
+            elif present(row.get("lean")):
+                text += ", and sits on the edge: no number of rounds would decide it"
+            return text + claim_note + "."
         faster = ratio < 1.0
         factor, f_low, f_high = (1.0 / ratio, speed_low, speed_high) if faster else (ratio, low, high)
         direction = "faster" if faster else "slower"
-        text = (f"{variant} is {factor:.3g}x ({_interval(f_low, f_high)}) {direction} "
-                f"than {against} at {where}")
+        text = (f"{variant} is {factor:.3g}x ({_interval(f_low, f_high, row.get('ci_level'))}) "
+                f"{direction} than {against} at {where}")
         if verdict is Verdict.WITHIN_FACTOR:
             text += ": measurable, but below the factor that counts"
-        return text + (_claim_note(claim, speed_low, speed_high) if faster else "") + "."
+        return text + older + (claim_note if faster else "") + "."
     if verdict is Verdict.FAILED:
         return f"{variant} failed at {where}: {row.get('error') or 'no error recorded'}."
     if verdict is Verdict.MISMATCH:

@@ -1,0 +1,224 @@
+"""Paired ratio estimates: a variant's time over the baseline's, from per-round log ratios.
+
+Round k of a cell times every variant once, in an order shuffled per round, so the k-th
+samples of two variants saw the same machine moments apart, and their log ratio
+
+    d_k = log(variant_k / baseline_k)
+
+cancels what drifts from round to round (frequency, other load, cache state). A cell's
+answer is exp(theta), theta the 20%-trimmed mean of the d_k (rounds hit by a pause or
+a context switch do not move it), with a Yuen t interval: the variance of the trimmed
+mean from the winsorised d_k, scaled up for the correlation of neighbouring rounds
+(`_long_run_factor`), with n - 2*floor(0.2 n) - 1 degrees of freedom. Pairing removes
+most of that correlation: measured here, raw times of neighbouring rounds correlate at
+0.4-0.8 and their log ratios at -0.2 to +0.2.
+
+The noise lives at more than one level (Kalibera and Jones, ISMM 2013). A fresh process
+runs one variant a little faster or slower against another than the next process does
+(code placement, allocator state): an offset of the ratio per process, of standard
+deviation `process_sd` on the log scale. One process cannot see its own offset, so its
+variance is added to the within-process variance; where the same cell was measured in
+several processes (the gate's sessions), their estimates are averaged with the variance
+the within-process variances plus `process_sd`^2 predict, unless their spread exceeds
+that prediction (a chi-square test at 5%): then their spread, with P - 1 degrees of
+freedom, is the variance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+__all__ = ["PairedEstimate", "ProcessNoise", "TRIM", "log_ratios", "paired_estimate",
+           "rounds_estimate"]
+
+#: the share of rounds trimmed from each end of the per-round log ratios
+TRIM = 0.2
+
+
+def log_ratios(variant: Sequence[float], baseline: Sequence[float]) -> np.ndarray:
+    """`[n]` per-round log(variant_k / baseline_k) from `n` paired samples (seconds > 0);
+    ValueError naming the argument that is not a matching, finite, positive sequence."""
+    v = np.asarray(variant, dtype=np.float64)
+    b = np.asarray(baseline, dtype=np.float64)
+    for name, array in (("variant", v), ("baseline", b)):
+        if array.ndim != 1 or array.size < 2:
+            raise ValueError(f"{name}: expected at least 2 samples per round list; got shape "
+                             f"{array.shape}")
+        if not (np.isfinite(array).all() and (array > 0).all()):
+            raise ValueError(f"{name}: expected finite positive seconds; got "
+                             f"{array[~(np.isfinite(array) & (array > 0))][0]!r}")
+    if v.size != b.size:
+        raise ValueError(f"variant: expected {b.size} samples (one per baseline round); "
+                         f"got {v.size}")
+    return np.log(v) - np.log(b)
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """A log ratio with its standard error and degrees of freedom: enough for an interval
+    at any level and a p-value against any boundary.
+
+    Below 0 (a ratio below 1) the variant takes less time than the baseline.
+    """
+
+    log_ratio: float
+    """theta: the estimate of log(variant time / baseline time)."""
+    se: float
+    """Standard error of theta (log units), every level of noise included."""
+    df: float
+    """Degrees of freedom of the t distribution the interval uses."""
+    rounds: int
+    """Paired rounds behind it, over every process."""
+    processes: int = 1
+    """Processes the rounds came from."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.log_ratio) and math.isfinite(self.se) and self.se >= 0
+                and self.df > 0):
+            raise ValueError(f"PairedEstimate: expected a finite log ratio, se >= 0 and df > 0; "
+                             f"got {self.log_ratio!r}, {self.se!r}, {self.df!r}")
+
+    @property
+    def ratio(self) -> float:
+        """variant time / baseline time."""
+        return math.exp(self.log_ratio)
+
+    def quantile(self, confidence: float) -> float:
+        """The two-sided t quantile for `confidence` (0.95 -> about 2 for many rounds)."""
+        if not 0.0 < confidence < 1.0:
+            raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
+        return float(scipy_stats.t.ppf(0.5 + confidence / 2.0, self.df))
+
+    def interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        """(low, high) of the ratio at `confidence`, two-sided."""
+        half = self.quantile(confidence) * self.se
+        return math.exp(self.log_ratio - half), math.exp(self.log_ratio + half)
+
+    def p_above(self, log_boundary: float) -> float:
+        """One-sided p-value of "theta > log_boundary" (small: the data say it is above)."""
+        if self.se == 0.0:
+            return 0.0 if self.log_ratio > log_boundary else 1.0
+        return float(scipy_stats.t.sf((self.log_ratio - log_boundary) / self.se, self.df))
+
+    def p_below(self, log_boundary: float) -> float:
+        """One-sided p-value of "theta < log_boundary"."""
+        if self.se == 0.0:
+            return 0.0 if self.log_ratio < log_boundary else 1.0
+        return float(scipy_stats.t.cdf((self.log_ratio - log_boundary) / self.se, self.df))
+
+
+def _trimmed_stats(d: np.ndarray) -> tuple[float, float, float]:
+    """(trimmed mean, its variance, df) of one process's log ratios `d [n]` (module
+    docstring: Yuen's interval, its winsorised variance scaled for autocorrelation)."""
+    n = d.size
+    cut = int(math.floor(TRIM * n))
+    ordered = np.sort(d)
+    theta = float(ordered[cut:n - cut].mean())
+    winsorised = np.clip(d, ordered[cut], ordered[n - cut - 1])
+    centred = winsorised - winsorised.mean()
+    gamma0 = float(centred @ centred) / n
+    kept = n - 2 * cut
+    # Yuen: the winsorised variance (n - 1 denominator) over ((1 - 2 g)^2 n) = kept^2 / n
+    variance = gamma0 * n / (n - 1) * n / (kept * kept)
+    return theta, variance * _long_run_factor(centred, gamma0), float(max(kept - 1, 1))
+
+
+def _long_run_factor(centred: np.ndarray, gamma0: float) -> float:
+    """How much autocorrelation inflates the variance of a mean of `centred [n]`: the
+    AR(1) long-run factor (1 + r) / (1 - r), r the lag-1 autocorrelation corrected for
+    its small-sample bias (+(1 + 3r)/n) and capped at 0.9; never below 1, so that
+    negative correlation (alternating luck) never narrows the interval."""
+    n = centred.size
+    if gamma0 <= 0.0 or n < 3:
+        return 1.0
+    r = float(centred[1:] @ centred[:-1]) / n / gamma0
+    r = min(0.9, r + (1.0 + 3.0 * r) / n)
+    return max(1.0, (1.0 + r) / (1.0 - r))
+
+
+def rounds_estimate(variant: Sequence[float], baseline: Sequence[float], *,
+                    process_sd: float = 0.0) -> PairedEstimate:
+    """The estimate from one process's paired rounds (`variant[k]` and `baseline[k]`,
+    seconds per call, from round k), with `process_sd` (log units) for the offset this
+    process may carry (module docstring)."""
+    return paired_estimate([(variant, baseline)], process_sd=process_sd)
+
+
+def paired_estimate(processes: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                    process_sd: float = 0.0) -> PairedEstimate:
+    """The estimate from one or more processes, each `(variant [n_p], baseline [n_p])`
+    seconds per call paired by round (module docstring for how they combine)."""
+    if not processes:
+        raise ValueError("processes: expected at least one (variant, baseline) pair of "
+                         "sample lists; got none")
+    if not (math.isfinite(process_sd) and process_sd >= 0):
+        raise ValueError(f"process_sd: expected a finite standard deviation >= 0 (log units); "
+                         f"got {process_sd!r}")
+    parts = [_trimmed_stats(log_ratios(v, b)) for v, b in processes]
+    thetas = np.array([p[0] for p in parts])
+    within = np.array([p[1] for p in parts])
+    dfs = np.array([p[2] for p in parts])
+    rounds = sum(len(v) for v, _ in processes)
+    count = len(parts)
+    predicted = float(within.mean()) + process_sd ** 2  # variance of one process's theta
+    # Welch-Satterthwaite: process_sd is a measured constant, so only `within` carries df
+    carried = float(np.sum(within ** 2 / dfs))
+    model_df = min(predicted ** 2 * count ** 2 / carried, 1e6) if carried > 0 else 1e6
+    if count >= 2:
+        spread = float(np.var(thetas, ddof=1))
+        # the processes disagree more than the model allows (a chi-square test at 5%):
+        # their own spread, with count - 1 degrees of freedom, is the variance
+        if spread > predicted * scipy_stats.chi2.ppf(0.95, count - 1) / (count - 1):
+            return PairedEstimate(float(thetas.mean()), math.sqrt(spread / count),
+                                  float(count - 1), rounds, count)
+    return PairedEstimate(float(thetas.mean()), math.sqrt(predicted / count), model_df,
+                          rounds, count)
+
+
+@dataclass(frozen=True)
+class ProcessNoise:
+    """How large the per-process offset of a ratio is, by how long the calls are.
+
+    A ratio of short calls moves more from one fresh process to the next than a ratio of
+    long ones (where code sits and how the allocator starts matter more to a few hundred
+    nanoseconds of work). Measured on the 2-core CPU this project is developed on
+    (docs/statistics.md: per-process estimates of one row in fresh processes, less the
+    spread their own intervals explain): about 1.5-2% for calls of 0.1-20 us, about 0.3%
+    for calls of 1-50 ms. Between `short_s` and `long_s` the standard deviation is
+    interpolated on log-log axes; outside it, held at the nearer end.
+    """
+
+    short_s: float = 2e-5
+    """Calls this long or shorter have `short_sd`."""
+    short_sd: float = 0.02
+    """Standard deviation (log units) of a short call's ratio offset."""
+    long_s: float = 1e-3
+    """Calls this long or longer have `long_sd`."""
+    long_sd: float = 0.004
+    same_code_sd: float = 0.004
+    """The offset between two copies of the same code on copies of the same inputs (the
+    placebo): code placement is shared, so only data placement differs (measured: 0.1-0.6%
+    whatever the call's length)."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.short_s < self.long_s and self.short_sd > 0 and self.long_sd > 0
+                and self.same_code_sd >= 0
+                and all(math.isfinite(v) for v in (self.short_s, self.long_s, self.short_sd,
+                                                   self.long_sd, self.same_code_sd))):
+            raise ValueError(f"ProcessNoise: expected 0 < short_s < long_s and positive "
+                             f"standard deviations; got {self!r}")
+
+    def __call__(self, seconds: float) -> float:
+        """The standard deviation (log units) for calls of `seconds`."""
+        if not seconds > 0:
+            return self.short_sd
+        position = (math.log(seconds) - math.log(self.short_s)) / (
+            math.log(self.long_s) - math.log(self.short_s))
+        position = min(1.0, max(0.0, position))
+        return math.exp((1 - position) * math.log(self.short_sd)
+                        + position * math.log(self.long_sd))
