@@ -31,7 +31,7 @@ from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_project_config
 from harness.report.reliability import reliability
-from harness.report.summary import format_seconds, sampling_line, summary_table
+from harness.report.summary import format_seconds, sampling_line, summary_table, time_line
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
     resolve_run_folder,
@@ -543,7 +543,8 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
 def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
-    lines = [sampling_line(table, writer.metadata.get("precision", 0.0))]
+    lines = [sampling_line(table, writer.metadata.get("precision", 0.0)),
+             time_line(read_cells(writer.folder))]
     trust = reliability(table)
     lines += [trust.placebo_line(), trust.words_line()]
     for line in filter(None, lines):

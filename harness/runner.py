@@ -17,6 +17,7 @@ A variant that raises is recorded as a `failed` row with its error; the run goes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import tempfile
 import time
@@ -248,9 +249,13 @@ class CaseRun:
 
     def _time(self) -> None:
         f = self.finding
-        sampling = self.options.sampling(f)
         while self._active():
             calls = {v: self._call(v) for v in self._active()}
+            sampling = self.options.sampling(f)
+            if PLACEBO in calls and len(calls) > 1:  # the placebo brings its own share
+                own = len(calls) - 1
+                sampling = dataclasses.replace(
+                    sampling, time_budget_s=sampling.time_budget_s * (own + 1) / own)
             self.sample_metrics = {v: [] for v in calls}
             try:
                 self.measurements = measure_interleaved(

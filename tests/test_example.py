@@ -34,7 +34,9 @@ def test_the_example_measures_reports_and_gates_its_claim(tmp_path):
     assert done.returncode == 0, done.stderr  # every variant agreed with the float64 loop
     run = load_run(None, results)
     assert run.metadata["options"]["findings_module"] == ["gae_findings"]  # from pyproject.toml
-    rows = run.summary
+    everything = run.summary
+    assert set(everything["variant"]) == VARIANTS | {"placebo"}  # the headline's noise floor
+    rows = everything[~everything["placebo"].astype(bool)]
     assert set(rows["finding"]) == {"GAE-torchrl"} and set(rows["variant"]) == VARIANTS
     assert set(rows["case"]) == {"num_envs=4,num_steps=1024", "num_envs=64,num_steps=1024"}
     assert (rows["status"] == "ok").all() and (rows["max_error"] <= 1e-4).all()

@@ -20,7 +20,8 @@ PUBLIC_NAMES = ["Case", "Finding", "max_abs_difference", "register"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
-                  "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "long", "duration_s",
+                  "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "margin",
+                  "claim_factor", "claim_tolerance", "headline_case", "long", "duration_s",
                   "ticket", "notes", "gated")
 
 

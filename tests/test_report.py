@@ -107,7 +107,9 @@ def test_run_renders_its_report_and_the_index(runs):
     assert {"flamegraph", "metadata", "sampling"} <= links.ids
     assert f"{finding_png('B4-DRL-03', 'speedup')}" in links.images
     text = page.read_text()
-    assert re.search(r"sampling: \d+ of \d+ timed cells? reached \+-3%", text)
+    assert re.search(r"sampling: \d+ timed cells?: \d+ ", text)
+    assert re.search(r"noise floor: \d+ placebos? \(the baseline against a copy of itself\)", text)
+    assert re.search(r"words: \d+ decisive of \d+", text)
     assert "zero_tensor.clone() inside loop" in text  # the ticket's claim
     assert "No flamegraph: the run was made without --pyspy" in text
     index = runs["base"] / "reports" / "index.html"
@@ -230,20 +232,43 @@ ROW = {"variant": "scan", "case": "num_envs=4,max_steps=25", "p_num_envs": 4.0,
        "p_max_steps": 25, "p_dones": float("nan")}
 
 
+PAIRED = {"interval": "paired", "ci_level": 0.95, "margin": 0.05}
+
+
 @pytest.mark.parametrize(("cells", "claim", "expected"), [
-    ({"verdict": "faster", "ratio": 1 / 17.6, "ci_low": 1 / 18.2, "ci_high": 1 / 16.9}, 4.0,
+    ({**PAIRED, "verdict": "faster", "ratio": 1 / 17.6, "ci_low": 1 / 18.2, "ci_high": 1 / 16.9,
+      "claim_word": "exceeded", "claim_tolerance": 0.25}, 4.0,
      "scan is 17.6x (95% CI 16.9-18.2) faster than loop at 4 envs x 25 steps; the ticket "
-     "estimated ~4x (the measured interval is above it)."),
-    ({"verdict": "faster", "ratio": 0.5, "ci_low": 0.45, "ci_high": 0.55}, None,
-     "scan is 2x (95% CI 1.82-2.22) faster than loop at 4 envs x 25 steps."),
-    ({"verdict": "slower", "ratio": 2.5, "ci_low": 2.0, "ci_high": 3.0}, 4.0,
+     "estimated ~4x: exceeded (tolerance 25%)."),
+    ({**PAIRED, "verdict": "faster", "ratio": 0.5, "ci_low": 0.45, "ci_high": 0.55,
+      "ci_level": 0.9917}, None,
+     "scan is 2x (99.2% CI 1.82-2.22) faster than loop at 4 envs x 25 steps."),
+    ({**PAIRED, "verdict": "slower", "ratio": 2.5, "ci_low": 2.0, "ci_high": 3.0}, 4.0,
      "scan is 2.5x (95% CI 2-3) slower than loop at 4 envs x 25 steps."),
+    ({**PAIRED, "verdict": "same", "ratio": 1.01, "ci_low": 0.98, "ci_high": 1.04}, None,
+     "scan takes the same time as loop at 4 envs x 25 steps: time ratio 1.01 (95% CI "
+     "0.98-1.04 lies within \u00b15%)."),
+    ({**PAIRED, "verdict": "inconclusive", "ratio": 1.04, "ci_low": 1.02, "ci_high": 1.06,
+      "lean": "same", "rounds_to_decide": 1234}, None,
+     "Inconclusive between scan and loop at 4 envs x 25 steps: time ratio 1.04 (95% CI "
+     "1.02-1.06 reaches across a \u00b15% edge); it leans same, and about 1,234 rounds "
+     "would decide it."),
+    ({**PAIRED, "verdict": "inconclusive", "ratio": 1.05, "ci_low": 1.0, "ci_high": 1.1,
+      "lean": "same"}, None,
+     "Inconclusive between scan and loop at 4 envs x 25 steps: time ratio 1.05 (95% CI "
+     "1-1.1 reaches across a \u00b15% edge); it leans same, and sits on the edge: no number "
+     "of rounds would decide it."),
+    # runs made before paired estimates keep their words, marked as such
+    ({"verdict": "faster", "ratio": 0.5, "ci_low": 0.45, "ci_high": 0.55}, 4.0,
+     "scan is 2x (95% CI 1.82-2.22) faster than loop at 4 envs x 25 steps (interval from "
+     "unpaired samples, older run); the ticket estimated ~4x (the measured interval is "
+     "below it)."),
     ({"verdict": "no_difference", "ratio": 0.98, "ci_low": 0.9, "ci_high": 1.05}, None,
      "No measurable difference between scan and loop at 4 envs x 25 steps: time ratio 0.98 "
-     "(95% CI 0.9-1.05 contains 1)."),
+     "(95% CI 0.9-1.05 contains 1) (interval from unpaired samples, older run)."),
     ({"verdict": "within_factor", "ratio": 0.97, "ci_low": 0.96, "ci_high": 0.98}, None,
      "scan is 1.03x (95% CI 1.02-1.04) faster than loop at 4 envs x 25 steps: measurable, "
-     "but below the factor that counts."),
+     "but below the factor that counts (interval from unpaired samples, older run)."),
     ({"status": "mismatch", "verdict": "mismatch",
       "reason": "max error 0.5 > tolerance 2e-05"}, None,
      "scan disagrees with the reference at 4 envs x 25 steps (max error 0.5 > tolerance "
@@ -258,6 +283,7 @@ ROW = {"variant": "scan", "case": "num_envs=4,max_steps=25", "p_num_envs": 4.0,
      "scan is the baseline: 2.1 ms per call at 4 envs x 25 steps."),
 ])
 def test_verdict_sentence(cells, claim, expected):
+    expected = expected.replace("\\u00b1", "\u00b1")
     assert verdict_sentence({**ROW, **cells}, against="loop", claim=claim) == expected
 
 
@@ -459,18 +485,38 @@ def test_compare_two_runs(runs, tmp_path):
     table = compare_runs(load_run(runs["b"]), load_run(runs["a"]))
     assert len(table) == len(load_run(runs["b"]).summary)
     timed = table[table["ratio"].notna()]
-    assert len(timed) == 6  # 3 cases x 2 variants, all timed in both runs
+    assert len(timed) == 8  # 3 cases x 2 variants, all timed in both runs, and 2 placebos
     assert (timed["ci_low"] <= timed["ratio"]).all() and (timed["ratio"] <= timed["ci_high"]).all()
     assert set(table["change"]) <= {c.value for c in Change}
     index = parse(tmp_path / "index.html")
     assert "cmp/index.html" in index.hrefs
 
 
-def test_a_run_compared_with_itself_shows_no_difference(runs):
+def test_a_run_compared_with_itself_never_reads_as_a_change(runs):
+    """Each run's own estimate, never their samples pooled: a run against itself is a
+    ratio of exactly 1; with the run-to-run noise of one commit (3% here) its words cannot
+    be decisive changes, and without that noise its tight rows read the same."""
     run = load_run(runs["a"])
     table = compare_runs(run, run)
     assert (table["ratio"] == 1.0).all()
-    assert set(table["change"]) == {Change.NO_DIFFERENCE.value}
+    assert set(table["change"]) <= {Change.SAME.value, Change.INCONCLUSIVE.value}
+    exact = compare_runs(run, run, between_sd=0.0)
+    assert Change.SAME.value in set(exact["change"])
+    assert (exact["ci_high"] - exact["ci_low"] < table["ci_high"] - table["ci_low"]).all()
+
+
+def test_runs_are_compared_through_their_own_estimates_with_the_between_run_noise():
+    """A 10% slower copy of a run reads regressed once the run-to-run noise allows it."""
+    from harness.report.compare import run_difference
+
+    rng = np.random.default_rng(0)
+    old = 1e-3 * np.exp(rng.normal(0, 0.02, 60))
+    new = 1.10e-3 * np.exp(rng.normal(0, 0.02, 60))
+    tight = run_difference(new, old, between_sd=0.005)
+    loose = run_difference(new, old, between_sd=0.05)
+    assert tight.ratio == pytest.approx(1.10, rel=0.02)
+    assert tight.interval(0.95)[0] > 1.05 > loose.interval(0.95)[0]
+    assert loose.se ** 2 == pytest.approx(tight.se ** 2 + 2 * (0.05 ** 2 - 0.005 ** 2))
 
 
 def test_compare_refuses_runs_from_different_machines(runs, tmp_path, capsys):

@@ -84,8 +84,12 @@ def test_gate_failure_isolation_and_schema(tiny, tmp_path):
         assert s.loc[(case, "twice"), "ci_low"] <= s.loc[(case, "twice"), "ratio"] <= s.loc[(case, "twice"), "ci_high"]
         assert s.loc[(case, "good"), "allocations"] >= 1  # the profiling pass ran
 
+    # the headline case (the first) also times the baseline against a copy of itself
+    assert s.loc[("n=64", "placebo"), "placebo"] and s.loc[("n=64", "placebo"), "headline"]
+    assert ("n=4096", "placebo") not in s.index
     rows = pd.read_csv(run.folder / "rows.csv")
-    assert set(rows["variant"]) == {"good", "twice"}
+    assert set(rows["variant"]) == {"good", "twice", "placebo"}
+    assert {"round", "position"} <= set(rows.columns)
     assert {"finding", "variant", "case", "p_n", "sample", "seconds", "allocations"} <= set(rows.columns)
     assert (rows["seconds"] > 0).all()
     with gzip.open(run.folder / "traces" / f"{TEST_ID}.json.gz", "rt") as f:
@@ -107,9 +111,13 @@ def test_real_findings_quick_run_agree(tmp_path, capsys):
     code = main(["--quick", "--findings", "B4-DRL-03", "B4-PT-05", "H3-stream-sync",
                  "--time-budget", "0.1", "--out", str(tmp_path), "--device", "cpu"])
     assert code == 0
-    # how sampling went, under the table: 3 timed cells (H3 needs CUDA and is not one)
-    assert re.search(r"\nsampling: \d of 3 timed cells reached \+-3%.*timing spread",
-                     capsys.readouterr().out)
+    # how sampling went, under the table: 3 timed cells (H3 needs CUDA and is not one),
+    # where the time went, the placebos and the words
+    out = capsys.readouterr().out
+    assert re.search(r"\nsampling: 3 timed cells: .*timing spread", out)
+    assert re.search(r"\ntime: \d+ s sampling, ", out)
+    assert re.search(r"\nnoise floor: 2 placebos ", out)  # B4-DRL-03 and B4-PT-05's headlines
+    assert re.search(r"\nwords: \d+ decisive of 3, ", out)
     summary = load_run(None, tmp_path).summary
     h3 = summary[summary["finding"] == "H3-stream-sync"]
     assert (h3["verdict"] == "needs_cuda").all() and h3["median_s"].isna().all()

@@ -1,5 +1,5 @@
-"""The run's one-line account of adaptive sampling: how many cells reached the precision
-target, how many spent their budget, and how noisy the machine was."""
+"""The run's one-line account of its sampling: how each timed cell ended (every word
+decided to the precision, the budget spent, the round cap), and how noisy the machine was."""
 
 import pandas as pd
 import pytest
@@ -14,33 +14,39 @@ def row(finding, case, variant, stopped_by, median_s=1e-3, iqr_s=1e-4, status="o
 
 def test_counts_cells_by_how_every_timed_row_stopped_and_states_the_spread():
     rows = pd.DataFrame([
-        row("A", "c1", "x", "precision_reached"), row("A", "c1", "y", "precision_reached"),
+        row("A", "c1", "x", "decided"), row("A", "c1", "y", "decided"),
         # one open variant makes the whole cell a budget cell
-        row("A", "c2", "x", "time_budget"), row("A", "c2", "y", "precision_reached"),
+        row("A", "c2", "x", "time_budget"), row("A", "c2", "y", "decided"),
         row("B", "c1", "x", "max_samples", iqr_s=5e-4),
         # untimed rows are no cell of sampling
         row("B", "c2", "x", None, median_s=None, iqr_s=None, status="needs_cuda"),
     ])
     line = sampling_line(rows, precision=0.03)
-    assert line.startswith("sampling: 1 of 3 timed cells reached +-3%, 1 spent its budget, "
-                           "1 hit the sample cap")
+    assert line.startswith("sampling: 3 timed cells: 1 spent its budget, 1 hit the round cap, "
+                           "1 decided every word to +-3%")
     # spreads 0.1, 0.1, 0.1, 0.1, 0.5: the median is 10%, above 5% is called noisy
     assert "timing spread (median IQR/median) 10%" in line
     assert "noisy" in line and "--time-budget" in line
 
 
 def test_a_quiet_machine_is_not_called_noisy():
-    rows = pd.DataFrame([row("A", "c1", "x", "precision_reached", iqr_s=2e-5),
-                         row("A", "c1", "y", "precision_reached", iqr_s=3e-5)])
+    rows = pd.DataFrame([row("A", "c1", "x", "decided", iqr_s=2e-5),
+                         row("A", "c1", "y", "decided", iqr_s=3e-5)])
     line = sampling_line(rows, precision=0.03)
-    assert line == ("sampling: 1 of 1 timed cell reached +-3%; "
+    assert line == ("sampling: 1 timed cell: 1 decided every word to +-3%; "
                     "timing spread (median IQR/median) 2.5%")
 
 
 def test_fixed_sampling_says_so():
     rows = pd.DataFrame([row("A", "c1", "x", "time_budget", iqr_s=2e-5)])
     assert sampling_line(rows, precision=0.0).startswith(
-        "sampling: fixed (--precision 0), 1 timed cell: 1 spent its budget;")
+        "sampling: fixed budget (--precision 0), 1 timed cell: 1 spent its budget;")
+
+
+def test_older_runs_that_stopped_at_a_precision_still_read():
+    rows = pd.DataFrame([row("A", "c1", "x", "precision_reached", iqr_s=2e-5)])
+    assert sampling_line(rows, precision=0.03).startswith(
+        "sampling: 1 timed cell: 1 reached +-3%;")
 
 
 @pytest.mark.parametrize("rows", [pd.DataFrame(), pd.DataFrame([row("B", "c2", "x", None, None, None,

@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 import torch
 
-from harness.measure import stats
+from harness.measure.decision import Looks, Word, decide
+from harness.measure.estimate import rounds_estimate
 from harness.measure.timing import (
     CpuClock,
     CudaEventClock,
     CudaUnavailableError,
     Measurement,
     MeasurementKey,
-    Precision,
+    Sampling,
     StopReason,
     VariantError,
     calibrate,
@@ -78,12 +80,11 @@ def lognormal(cost: float, sigma: float, seed: int) -> Iterator[float]:
         yield float(cost * rng.lognormal(0.0, sigma))
 
 
-def measure(fns, clock, **kwargs):
-    kwargs.setdefault("finding", "F1")
-    kwargs.setdefault("case", "small")
-    kwargs.setdefault("now", lambda: clock.now)
-    kwargs.setdefault("min_sample_time", MS)
-    return measure_interleaved(fns, clock, **kwargs)
+def measure(fns, clock, reference=None, **sampling):
+    """measure_interleaved on the fake clock's time, with `Sampling(**sampling)`."""
+    sampling.setdefault("min_sample_time", MS)
+    return measure_interleaved(fns, clock, finding="F1", case="small", reference=reference,
+                               sampling=Sampling(**sampling), now=lambda: clock.now)
 
 
 # --- clocks ---------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def test_samples_are_exact_per_call_costs_with_calibrated_numbers():
         "A": clock.variant("A", constant(MS / 4)),
         "B": clock.variant("B", constant(2 * MS)),
     }
-    result = measure(fns, clock, min_samples=5, max_samples=5)
+    result = measure(fns, clock, min_rounds=5, max_rounds=5, sequential=False)
     assert result["A"].samples == (MS / 4,) * 5
     assert result["A"].number_per_sample == 4
     assert result["B"].samples == (2 * MS,) * 5
@@ -276,124 +277,177 @@ def test_samples_are_exact_per_call_costs_with_calibrated_numbers():
     assert result["A"].key == MeasurementKey("F1", "small", "A", "cpu", torch.get_num_threads())
 
 
-def test_variants_are_sampled_interleaved_after_warm_up_and_calibration():
-    clock = FakeClock()
+def rounds_of(log: list[str], prepared: int, numbers: dict[str, int]) -> list[list[str]]:
+    """The order of the variants in each round, read from a clock's call log after the
+    first `prepared` calls (each sample is `numbers[name]` calls in a row)."""
+    order, rest = [], log[prepared:]
+    while rest:
+        name = rest[0]
+        assert rest[:numbers[name]] == [name] * numbers[name]  # a sample is one block
+        order.append(name)
+        rest = rest[numbers[name]:]
+    size = len(numbers)
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def test_rounds_time_every_variant_once_in_an_order_shuffled_from_the_seed():
     costs = {"A": MS / 2, "B": MS, "C": MS / 4}  # calibrates to 2, 1 and 4 calls
-    fns = {name: clock.variant(name, constant(cost)) for name, cost in costs.items()}
-    measure(fns, clock, warmup=1, min_samples=3, max_samples=3)
-    # B's warm-up call already lasts min_sample_time: one call per sample, no calibration
-    prepare = {"A": 1 + 1 + (1 + 2), "B": 1 + 1, "C": 1 + 1 + (1 + 2 + 4)}
-    expected = [name for name in "ABC" for _ in range(prepare[name])]
-    expected += ["A", "A", "B", "C", "C", "C", "C"] * 3
-    assert clock.log == expected
+    logs = []
+    for seed in (0, 0, 1):
+        clock = FakeClock()
+        fns = {name: clock.variant(name, constant(cost)) for name, cost in costs.items()}
+        result = measure(fns, clock, warmup=1, min_rounds=12, max_rounds=12, sequential=False,
+                         seed=seed)
+        prepared = sum(1 + 1 + (2 * m.number_per_sample - 1 if m.number_per_sample > 1 else 0)
+                       for m in result.values())
+        rounds = rounds_of(clock.log, prepared, {n: m.number_per_sample for n, m in result.items()})
+        assert len(rounds) == 12 and all(sorted(r) == ["A", "B", "C"] for r in rounds)
+        for name, m in result.items():  # the recorded positions are the rounds' orders
+            assert list(m.positions) == [r.index(name) for r in rounds]
+        logs.append(rounds)
+    assert logs[0] == logs[1]  # the same seed, the same orders
+    assert logs[0] != logs[2]
+    assert len({tuple(r) for r in logs[0]}) > 1  # the order changes from round to round
+    assert {r[0] for r in logs[0]} == {"A", "B", "C"}  # no variant always goes first
+
+
+def test_the_garbage_collector_is_off_inside_timed_samples_only():
+    clock = FakeClock()
+    seen = []
+
+    def call():
+        seen.append(gc.isenabled())
+        clock.now += MS
+
+    assert gc.isenabled()
+    measure({"A": call}, clock, warmup=0, min_rounds=3, max_rounds=3, sequential=False)
+    assert seen[0] is True  # the first call, timed alone, is not a sample
+    assert seen[-3:] == [False, False, False]
+    assert gc.isenabled()
+
+
+class OverheadClock(FakeClock):
+    """A fake clock whose loop costs `overhead` seconds per call, whatever the call."""
+
+    def __init__(self, overhead: float) -> None:
+        super().__init__()
+        self.overhead = overhead
+
+    def time(self, fn, number):
+        start = self.now
+        for _ in range(number):
+            self.now += self.overhead
+            fn()
+        return self.now - start
+
+
+def test_the_loops_own_cost_is_measured_with_an_empty_call_and_removed():
+    """A 40 ns loop step around calls of 60 and 100 ns: the samples are the calls' own
+    costs, and the ratio is 0.6, not the 0.71 the loop's cost would bias it to."""
+    loop = 2.0**-25  # ~30 ns, exact in binary
+    clock = OverheadClock(loop)
+    fns = {"slow": clock.variant("slow", constant(4 * loop)),
+           "fast": clock.variant("fast", constant(2 * loop))}
+    result = measure(fns, clock, min_rounds=4, max_rounds=4, sequential=False,
+                     min_sample_time=2.0**-12)
+    assert result["slow"].call_overhead_s == loop
+    assert result["slow"].samples == (4 * loop,) * 4
+    assert result["fast"].samples == (2 * loop,) * 4
 
 
 def test_first_call_and_warm_up_are_reported_apart_from_samples():
     clock = FakeClock()
     fns = {"A": clock.variant("A", constant(MS, first=0.5))}  # e.g. a compile on first call
-    m = measure(fns, clock, warmup=3, min_samples=4, max_samples=4)["A"]
+    m = measure(fns, clock, warmup=3, min_rounds=4, max_rounds=4, sequential=False)["A"]
     assert m.first_call_seconds == 0.5
     assert (m.warmup_calls, m.warmup_seconds) == (3, 3 * MS)
     assert m.samples == (MS,) * 4
 
 
-def test_stops_at_min_samples_when_spread_is_already_low():
+def test_the_budget_counts_sampling_seconds_only():
+    """A 5 s first call (a compile) and a slow warm-up do not eat a 0.1 s budget."""
     clock = FakeClock()
-    fns = {"A": clock.variant("A", constant(MS)), "B": clock.variant("B", constant(2 * MS))}
-    result = measure(fns, clock, min_samples=7, max_samples=100)
-    assert [m.n for m in result.values()] == [7, 7]
-    assert {m.stopped_by for m in result.values()} == {StopReason.TARGET_REACHED}
+    fns = {"A": clock.variant("A", constant(MS, first=5.0)),
+           "B": clock.variant("B", constant(MS))}
+    result = measure(fns, clock, warmup=2, min_rounds=2, max_rounds=10_000,
+                     time_budget_s=0.1, sequential=False)
+    sampled = sum(sum(m.samples) * m.number_per_sample for m in result.values())
+    assert result["A"].stopped_by is StopReason.TIME_BUDGET
+    assert 0.1 <= sampled < 0.1 + 2 * 2 * MS  # the budget, and at most the round in progress
 
 
-def test_stops_at_max_samples_when_spread_stays_high():
+def test_stops_at_max_rounds_without_sequential_checks():
     clock = FakeClock()
-    fns = {"A": clock.variant("A", lognormal(MS, 0.5, seed=1))}
-    m = measure(fns, clock, min_samples=5, max_samples=40, time_budget_s=1e6)["A"]
-    assert (m.n, m.stopped_by) == (40, StopReason.MAX_SAMPLES)
-    assert m.iqr_over_median > 0.05
+    fns = {"A": clock.variant("A", lognormal(MS, 0.5, seed=1)),
+           "B": clock.variant("B", lognormal(MS, 0.5, seed=2))}
+    result = measure(fns, clock, min_rounds=5, max_rounds=40, time_budget_s=1e6,
+                     sequential=False)
+    assert {(m.n, m.stopped_by) for m in result.values()} == {(40, StopReason.MAX_SAMPLES)}
+    assert result["B"].confidence == 0.95 and result["B"].looks == 1
 
 
-def test_stops_at_the_first_round_where_every_variant_reaches_the_target():
-    clock = FakeClock()
-
-    def settling(seed: int) -> Iterator[float]:
-        """Noisy for the first 60 calls, then constant: spread decays as samples pile up."""
-        noisy = lognormal(MS, 0.3, seed)
-        for _ in range(60):
-            yield next(noisy)
-        yield from constant(MS)
-
-    fns = {"A": clock.variant("A", settling(1)), "B": clock.variant("B", settling(2))}
-    result = measure(fns, clock, min_samples=3, max_samples=500, target_rel_iqr=0.05)
-    n = result["A"].n
-    assert result["A"].stopped_by is StopReason.TARGET_REACHED
-    assert 3 < n < 500 and result["B"].n == n
-
-    def rel_iqr(samples):
-        return stats.iqr(samples) / stats.median(samples)
-
-    assert max(rel_iqr(m.samples) for m in result.values()) <= 0.05
-    assert max(rel_iqr(m.samples[:-1]) for m in result.values()) > 0.05
-
-
-# --- adaptive sampling: Precision ----------------------------------------------------------
-
-
-def test_precision_stops_early_when_one_variant_is_clearly_faster():
-    """A 4x difference under 5% noise is known to +-3% after a few rounds: sampling stops
-    long before the budget, with every interval as tight as the target."""
+def test_a_clearly_faster_variant_stops_once_its_word_is_decided():
+    """4x faster under 5% noise: decided (and within +-3%) at an early look, long before
+    the budget, checked at the corrected level of the looks."""
     clock = FakeClock()
     fns = {"loop": clock.variant("loop", lognormal(4 * MS, 0.05, seed=1)),
            "scan": clock.variant("scan", lognormal(MS, 0.05, seed=2))}
-    result = measure(fns, clock, min_samples=5, max_samples=200, time_budget_s=1e6,
-                     precision=Precision(0.03, reference="loop"))
+    result = measure(fns, clock, reference="loop", min_rounds=8, max_rounds=200,
+                     time_budget_s=1e6)
     m = result["scan"]
-    assert m.stopped_by is StopReason.PRECISION_REACHED
-    assert 8 <= m.n < 30  # at least min_rounds, far below the cap
-    ci = stats.bootstrap_ratio_ci(m.samples, result["loop"].samples)
-    assert stats.relative_halfwidth(ci) <= 0.03 and ci.high < 0.3
-    assert m.precision_reached == pytest.approx(stats.relative_halfwidth(ci))
+    assert m.stopped_by is StopReason.DECIDED
+    assert m.n in Looks(first=8, last=200).schedule and m.n <= 64
+    assert m.confidence == pytest.approx(1 - 0.05 / Looks(first=8, last=200).count)
+    estimate = rounds_estimate(m.samples, result["loop"].samples[:m.n])
+    low, high = estimate.interval(m.confidence)
+    assert decide(low, high) is Word.FASTER
+    assert m.precision_reached == pytest.approx((high - low) / 2 / estimate.ratio)
+    assert m.precision_reached <= 0.03
 
 
-def test_precision_runs_a_noisy_no_difference_pair_to_its_budget():
-    """Two equal variants under 30% noise: the ratio's interval stays wider than +-3% for
-    the whole budget, so sampling ends by the budget, not by a lucky streak."""
+def test_a_noisy_pair_on_the_margin_runs_to_its_budget():
+    """1.05x under 30% noise sits on the margin's edge: no look decides it, so the budget
+    is spent (no lucky streak ends sampling)."""
     clock = FakeClock()
     fns = {"a": clock.variant("a", lognormal(MS, 0.3, seed=3)),
-           "b": clock.variant("b", lognormal(MS, 0.3, seed=4))}
-    result = measure(fns, clock, warmup=0, min_samples=5, max_samples=10_000,
-                     time_budget_s=0.2, precision=Precision(0.03))
-    m = result["b"]
-    assert m.stopped_by is StopReason.TIME_BUDGET
-    assert m.precision_reached > 0.03
-    ci = stats.bootstrap_ratio_ci(m.samples, result["a"].samples)
-    assert ci.low < 1.0 < ci.high  # no difference, and the budget was spent to say so
+           "b": clock.variant("b", lognormal(1.05 * MS, 0.3, seed=4))}
+    result = measure(fns, clock, warmup=0, min_rounds=5, max_rounds=10_000,
+                     time_budget_s=0.2)
+    assert result["b"].stopped_by is StopReason.TIME_BUDGET
+    assert result["a"].stopped_by is StopReason.TIME_BUDGET
 
 
-def test_precision_settles_each_variant_on_its_own_and_stops_sampling_it():
-    """A variant whose ratio is known leaves the rounds while a noisy one goes on: its
-    calls stop (the log shows none after it settled), its interval is the one checked
-    (against the reference's samples of the same rounds), and the reference keeps
-    sampling with the open variant until the budget."""
+def test_each_variant_settles_on_its_own_and_stops_being_called():
+    """A decided variant leaves the rounds while a noisy one goes on: its calls stop (the
+    log shows none after it settled) and the reference samples on with the open one."""
     clock = FakeClock()
     fns = {"loop": clock.variant("loop", lognormal(4 * MS, 0.02, seed=6)),
            "fast": clock.variant("fast", lognormal(MS, 0.02, seed=7)),
-           "noisy": clock.variant("noisy", lognormal(4 * MS, 0.4, seed=8))}
-    result = measure(fns, clock, warmup=0, min_samples=5, max_samples=10_000,
-                     time_budget_s=0.5, precision=Precision(0.03, reference="loop"))
+           "noisy": clock.variant("noisy", lognormal(4.2 * MS, 0.4, seed=8))}
+    result = measure(fns, clock, reference="loop", warmup=0, min_rounds=5,
+                     max_rounds=10_000, time_budget_s=0.5)
     loop, fast, noisy = result["loop"], result["fast"], result["noisy"]
-    assert fast.stopped_by is StopReason.PRECISION_REACHED
+    assert fast.stopped_by is StopReason.DECIDED
     assert noisy.stopped_by is StopReason.TIME_BUDGET
     assert loop.stopped_by is StopReason.TIME_BUDGET
-    assert 8 <= fast.n < noisy.n == loop.n
-    # the calls of `fast` end where its samples end: each sample is `number` calls
+    assert 5 <= fast.n < noisy.n == loop.n
     sampled_fast = [name for name in clock.log if name == "fast"]
     prepared_calls = 1 + fast.warmup_calls
     assert len(sampled_fast) == prepared_calls + calibration_calls(fast) + fast.n * fast.number_per_sample
-    ci = stats.bootstrap_ratio_ci(fast.samples, loop.samples[:fast.n])
-    assert fast.precision_reached == pytest.approx(stats.relative_halfwidth(ci))
-    assert fast.precision_reached <= 0.03 < noisy.precision_reached
     assert loop.precision_reached == noisy.precision_reached  # the cell's widest
+
+
+def test_paired_variants_stop_together():
+    """Paired calls (iteration k of each) settle together: the decided one samples on
+    until every word is decided or the budget is spent."""
+    clock = FakeClock()
+    fns = {"loop": clock.variant("loop", lognormal(4 * MS, 0.02, seed=6)),
+           "fast": clock.variant("fast", lognormal(MS, 0.02, seed=7)),
+           "noisy": clock.variant("noisy", lognormal(4.2 * MS, 0.4, seed=8))}
+    result = measure(fns, clock, reference="loop", warmup=0, min_rounds=5,
+                     max_rounds=10_000, time_budget_s=0.5, paired=True)
+    assert len({m.n for m in result.values()}) == 1
+    assert {m.stopped_by for m in result.values()} == {StopReason.TIME_BUDGET}
 
 
 def calibration_calls(m) -> int:
@@ -401,55 +455,32 @@ def calibration_calls(m) -> int:
     return 2 * m.number_per_sample - 1
 
 
-def test_precision_takes_its_minimum_rounds_even_on_identical_samples():
-    clock = FakeClock()
-    fns = {"a": clock.variant("a", constant(MS)), "b": clock.variant("b", constant(2 * MS))}
-    result = measure(fns, clock, min_samples=2, max_samples=100,
-                     precision=Precision(0.03, min_rounds=12))
-    assert result["a"].n == 12 and result["a"].stopped_by is StopReason.PRECISION_REACHED
+def test_a_decided_word_waits_for_the_precision():
+    """Decided faster at the first look, but +-3% needs more rounds: with a precision of
+    0.5 it stops at the first look, with 0.01 later."""
+    stops = {}
+    for precision in (0.5, 0.01):
+        clock = FakeClock()
+        fns = {"loop": clock.variant("loop", lognormal(4 * MS, 0.1, seed=1)),
+               "scan": clock.variant("scan", lognormal(MS, 0.1, seed=2))}
+        m = measure(fns, clock, reference="loop", min_rounds=8, max_rounds=10_000,
+                    time_budget_s=1e6, precision=precision)["scan"]
+        assert m.stopped_by is StopReason.DECIDED
+        stops[precision] = m.n
+    assert stops[0.5] == 8 < stops[0.01]
 
 
-def test_precision_zero_samples_for_the_whole_budget():
-    clock = FakeClock()
-    fns = {"a": clock.variant("a", constant(MS)), "b": clock.variant("b", constant(2 * MS))}
-    result = measure(fns, clock, min_samples=2, max_samples=50, time_budget_s=1e6,
-                     precision=Precision(0.0))
-    assert (result["a"].n, result["a"].stopped_by) == (50, StopReason.MAX_SAMPLES)
-
-
-def test_precision_with_one_variant_asks_for_its_median():
+def test_one_variant_alone_samples_its_budget():
     clock = FakeClock()
     fns = {"only": clock.variant("only", lognormal(MS, 0.05, seed=5))}
-    m = measure(fns, clock, min_samples=2, max_samples=500, time_budget_s=1e6,
-                precision=Precision(0.01))["only"]
-    assert m.stopped_by is StopReason.PRECISION_REACHED
-    assert stats.relative_halfwidth(stats.bootstrap_median_ci(m.samples)) <= 0.01
+    m = measure(fns, clock, min_rounds=2, max_rounds=50, time_budget_s=1e6)["only"]
+    assert (m.n, m.stopped_by) == (50, StopReason.MAX_SAMPLES)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"target": -0.1}, r"Precision.target: expected a fraction >= 0; got -0.1"),
-    ({"target": float("nan")}, r"Precision.target: expected a fraction >= 0; got nan"),
-    ({"min_rounds": 1}, r"Precision.min_rounds: expected an integer >= 2; got 1"),
-])
-def test_precision_rejects_bad_fields(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        Precision(**kwargs)
-
-
-def test_stops_when_the_time_budget_is_spent():
-    clock = FakeClock()
-    fns = {"A": clock.variant("A", lognormal(MS, 0.5, seed=3))}
-    m = measure(fns, clock, warmup=0, min_samples=2, max_samples=10_000, time_budget_s=0.25)["A"]
-    assert m.stopped_by is StopReason.TIME_BUDGET
-    # The budget is checked after each round: the last round started within budget.
-    prepare_time = clock.now - sum(m.samples) * m.number_per_sample
-    assert prepare_time + sum(m.samples[:-1]) * m.number_per_sample < 0.25 <= clock.now
-
-
-def test_min_samples_are_taken_even_past_the_budget():
+def test_min_rounds_are_taken_even_past_the_budget():
     clock = FakeClock()
     fns = {"A": clock.variant("A", lognormal(MS, 0.5, seed=4))}
-    m = measure(fns, clock, min_samples=6, max_samples=100, time_budget_s=1e-9)["A"]
+    m = measure(fns, clock, min_rounds=6, max_rounds=100, time_budget_s=1e-9)["A"]
     assert (m.n, m.stopped_by) == (6, StopReason.TIME_BUDGET)
 
 
@@ -468,7 +499,7 @@ def test_a_raising_variant_surfaces_as_variant_error_naming_it(failing_call, pha
 
     fns = {"A": clock.variant("A", constant(MS)), "B": clock.variant("B", costs())}
     with pytest.raises(VariantError) as info:
-        measure(fns, clock, warmup=2, min_samples=50, max_samples=50)
+        measure(fns, clock, warmup=2, min_rounds=50, max_rounds=50, sequential=False)
     assert (info.value.variant, info.value.phase) == ("B", phase)
     assert info.value.original is original and info.value.__cause__ is original
     assert str(info.value) == f"variant 'B' raised during {phase}: RuntimeError: shape mismatch"
@@ -477,12 +508,12 @@ def test_a_raising_variant_surfaces_as_variant_error_naming_it(failing_call, pha
 def test_warm_up_of_a_slow_call_stops_at_its_budget_unless_calls_must_align():
     clock = FakeClock()
     slow = {"A": clock.variant("A", constant(0.2))}
-    m = measure(slow, clock, warmup=3, min_samples=2, max_samples=2, warmup_budget_s=0.1)["A"]
+    m = measure(slow, clock, warmup=3, min_rounds=2, max_rounds=2, warmup_budget_s=0.1)["A"]
     assert (m.warmup_calls, m.number_per_sample) == (1, 1)
     assert clock.log == ["A"] * (1 + 1 + 2)  # first, one warm-up, two samples: no calibration
     clock = FakeClock()
     slow = {"A": clock.variant("A", constant(0.2))}
-    m = measure(slow, clock, warmup=3, min_samples=2, max_samples=2,
+    m = measure(slow, clock, warmup=3, min_rounds=2, max_rounds=2,
                 warmup_budget_s=float("inf"), min_sample_time=None)["A"]
     assert m.warmup_calls == 3 and len(clock.log) == 1 + 3 + 2
 
@@ -490,32 +521,31 @@ def test_warm_up_of_a_slow_call_stops_at_its_budget_unless_calls_must_align():
 def test_threads_in_effect_are_recorded_in_the_key():
     clock = FakeClock()
     with pinned_threads(1):
-        m = measure({"A": clock.variant("A", constant(MS))}, clock, min_samples=1, max_samples=1)
+        m = measure({"A": clock.variant("A", constant(MS))}, clock, min_rounds=2, max_rounds=2)
     assert m["A"].key.threads == 1
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"warmup": -1}, r"warmup: expected an integer >= 0 calls; got -1"),
-        ({"min_samples": 0}, r"min_samples: expected an integer >= 1; got 0"),
-        (
-            {"min_samples": 5, "max_samples": 4},
-            r"max_samples: expected an integer >= min_samples \(5\); got 4",
-        ),
-        ({"time_budget_s": 0.0}, r"time_budget_s: expected finite seconds > 0; got 0.0"),
-        ({"target_rel_iqr": -0.1}, r"target_rel_iqr: expected a fraction >= 0; got -0.1"),
-        (
-            {"min_sample_time": float("nan")},
-            r"min_sample_time: expected finite seconds > 0; got nan",
-        ),
+        ({"warmup": -1}, r"Sampling.warmup: expected an integer >= 0 calls; got -1"),
+        ({"min_rounds": 1}, r"Sampling.min_rounds: expected an integer >= 2; got 1"),
+        ({"min_rounds": True}, r"Sampling.min_rounds: expected an integer >= 2; got True"),
+        ({"min_rounds": 5, "max_rounds": 4},
+         r"Sampling.max_rounds: expected an integer >= min_rounds \(5\); got 4"),
+        ({"time_budget_s": 0.0}, r"Sampling.time_budget_s: expected finite seconds > 0; got 0.0"),
+        ({"time_budget_s": float("inf")},
+         r"Sampling.time_budget_s: expected finite seconds > 0; got inf"),
+        ({"margin": 0.0}, r"Sampling.margin: expected a fraction in \(0, 1\), e.g. 0.05; got 0.0"),
+        ({"margin": float("nan")}, r"Sampling.margin: expected a fraction in \(0, 1\)"),
+        ({"precision": 1.5}, r"Sampling.precision: expected a fraction in \[0, 1\); got 1.5"),
+        ({"min_sample_time": float("nan")},
+         r"min_sample_time: expected finite seconds > 0; got nan"),
     ],
 )
-def test_measure_interleaved_rejects_bad_arguments(kwargs, message):
-    clock = FakeClock()
+def test_sampling_rejects_bad_fields(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        measure({"A": clock.variant("A", constant(MS))}, clock, **kwargs)
-    assert clock.log == []
+        Sampling(**kwargs)
 
 
 def test_measure_interleaved_rejects_no_variants():

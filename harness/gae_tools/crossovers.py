@@ -32,7 +32,7 @@ from harness import exits
 from harness.exits import UsageError
 from harness.findings import Case
 from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
-from harness.measure.timing import make_clock, measure_interleaved, pinned_threads
+from harness.measure.timing import Sampling, make_clock, measure_interleaved, pinned_threads
 
 ENVS = (1, 4, 16, 64, 256, 1024)
 STEPS = (25, 128, 256, 1024)
@@ -73,8 +73,9 @@ def _inputs(shape: Shape, device: torch.device) -> tuple:
 def _medians(calls: dict, device: torch.device, shape: Shape, budget_s: float) -> dict[str, float]:
     """name -> median seconds per call of each zero-argument call, timed interleaved."""
     measured = measure_interleaved(calls, make_clock(device), finding="gae-crossovers",
-                                   case=f"{shape[0]}x{shape[1]}", min_samples=5,
-                                   max_samples=50, time_budget_s=budget_s)
+                                   case=f"{shape[0]}x{shape[1]}",
+                                   sampling=Sampling(min_rounds=5, max_rounds=50,
+                                                     time_budget_s=budget_s, sequential=False))
     return {name: m.median for name, m in measured.items()}
 
 

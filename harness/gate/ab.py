@@ -7,10 +7,14 @@ round after round. A session's ratio for a cell is the median, over its rounds, 
 current/REV of neighbouring samples: both sides ran on the same machine state, in the
 same process, moments apart.
 
-The verdict then rests on the sessions, independent processes: the cell's ratio is the
-median of the session ratios, with a distribution-free (sign-test) 95% interval for it,
-[min, max] of 6 sessions. A cell is a regression when the whole interval lies above
-1 + threshold, an improvement when it lies below 1 / (1 + threshold).
+The verdict then rests on the sessions, independent processes: each session's rounds
+give its own paired estimate of current / REV (the 20%-trimmed mean of the per-round log
+ratios), and the sessions' estimates are averaged, with the variance their spread shows
+where it exceeds what the rounds and the per-process offset predict
+(`harness.measure.estimate.paired_estimate`). A cell regresses when a one-sided test
+says its slowdown exceeds the margin (`threshold`, default 5%), with Holm's correction
+over every cell of the gate run, so that the chance of any false alarm in one gate run is
+at most `alpha` (5%); it improved when the same test says so the other way.
 
 For findings of your own (`ABOptions.findings_modules`), the two trees are your
 repository's working folder and a worktree of REV: from each, the worker imports your
@@ -45,10 +49,13 @@ import numpy as np
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
 from harness.gate.worker import WorkerConfig
-from harness.measure.stats import RatioCI, as_samples, median_ratio_interval, min_units_for
+from harness.measure.estimate import ProcessNoise, paired_estimate
+from harness.measure.stats import RatioCI, as_samples
 from harness.ranks import Spread, solo_environment
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
+#: the fewest sessions: the spread of three processes' estimates can say they disagree
+MIN_SESSIONS = 3
 #: the root of the tree this module was imported from: "the current tree"
 CURRENT_TREE = Path(__file__).resolve().parents[2]
 
@@ -60,11 +67,12 @@ class ABOptions:
     findings: tuple[str, ...] = ("B4-CR-03",)
     """Findings whose quick cases are timed."""
     sessions: int = 6
-    """Worker processes, each timing both trees; the interval is over sessions."""
-    threshold: float = 0.10
-    """A cell regresses when its interval lies wholly above 1 + threshold."""
+    """Worker processes, each timing both trees; the estimate is over sessions."""
+    threshold: float = 0.05
+    """The margin: a cell regresses when a one-sided test says it is more than this
+    fraction slower than REV."""
     confidence: float = 0.95
-    """Coverage of each cell's interval."""
+    """1 - alpha: the chance of no false alarm over all cells of one gate run."""
     min_rounds: int = 5
     """Rounds (a sample of each tree) per variant and case in each session, at least."""
     variant_budget_s: float = 0.1
@@ -84,12 +92,12 @@ class ABOptions:
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
             raise UsageError(f"confidence: expected a fraction in [0.5, 1); got {self.confidence!r}")
-        fewest = min_units_for(self.confidence)
-        if not isinstance(self.sessions, int) or self.sessions < fewest:
-            raise UsageError(f"--sessions: expected an integer >= {fewest} (the fewest for a "
-                             f"{self.confidence:.0%} interval); got {self.sessions!r}")
-        if not (math.isfinite(self.threshold) and 0.0 <= self.threshold < 10.0):
-            raise UsageError(f"--threshold: expected a fraction in [0, 10), e.g. 0.1; "
+        if isinstance(self.sessions, bool) or not isinstance(self.sessions, int) \
+                or self.sessions < MIN_SESSIONS:
+            raise UsageError(f"--sessions: expected an integer >= {MIN_SESSIONS} (processes "
+                             f"whose spread the estimate needs); got {self.sessions!r}")
+        if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 10.0):
+            raise UsageError(f"--threshold: expected a fraction in (0, 10), e.g. 0.05; "
                              f"got {self.threshold!r}")
 
 
@@ -296,23 +304,25 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
 # ----------------------------------------------------------------------------- statistics
 
 def session_ratio(current: Sequence[float], against: Sequence[float]) -> float:
-    """Median over rounds of current/against of one session's paired samples (seconds)."""
+    """current / against of one session's paired samples (seconds, one per round): exp of
+    the 20%-trimmed mean of the per-round log ratios."""
     a = as_samples(current, "current")
     b = as_samples(against, "against")
     if a.size != b.size:
         raise ValueError(f"against: expected {a.size} samples, one per round; got {b.size}")
-    return float(np.exp(np.median(np.log(a / b))))
+    return paired_estimate([(a, b)]).ratio
 
 
-def classify_ab(ci: RatioCI, threshold: float) -> Outcome:
-    """REGRESSION above 1 + threshold, IMPROVED below 1 / (1 + threshold), by the whole interval."""
-    if ci.low > 1.0 + threshold:
-        return Outcome.REGRESSION
-    if ci.high < 1.0 / (1.0 + threshold):
-        return Outcome.IMPROVED
-    if ci.low > 1.0 or ci.high < 1.0:
-        return Outcome.WITHIN_THRESHOLD
-    return Outcome.PASS
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`:
+    sorted p_(i) against alpha / (m - i + 1), stopping at the first that fails."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, index in enumerate(order):
+        if p_values[index] > alpha / (len(p_values) - rank):
+            break
+        rejected[index] = True
+    return rejected
 
 
 def _us(seconds: float) -> str:
@@ -334,17 +344,22 @@ def _incomparable(cells: list[dict], label: str) -> tuple[Outcome, str] | None:
 
 
 def _pooled_median(cells: list[dict], side: int) -> float:
-    """Median of one side's samples over every session (shown; the verdict uses the ratios)."""
+    """Median of one side's samples over every session (shown; the verdict uses the
+    sessions' estimates)."""
     return float(np.median(np.concatenate([c["samples"][side] for c in cells])))
 
 
-def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRow]:
-    """One row per cell, in the order the sessions ran them."""
+def compare(sessions: list[dict], options: ABOptions, label: str,
+            noise: ProcessNoise = ProcessNoise()) -> list[GateRow]:
+    """One row per cell, in the order the sessions ran them (module docstring)."""
     by_cell: dict[tuple[str, str, str], list[dict]] = {}
     for session in sessions:
         for cell in session["cells"]:
             by_cell.setdefault((cell["finding"], cell["case"], cell["variant"]), []).append(cell)
-    rows = []
+    alpha = 1.0 - options.confidence
+    edge = math.log1p(options.threshold)
+    rows: list[GateRow | None] = []
+    tested = []  # (row index, base fields, estimate, medians)
     for (finding, case, variant), cells in by_cell.items():
         base = dict(check=f"A/B vs {label}", finding=finding, variant=variant, case=case)
         why = _incomparable(cells, label)
@@ -352,15 +367,26 @@ def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRo
             rows.append(GateRow(**base, baseline="", current="", change="",
                                 outcome=why[0], note=why[1]))
             continue
-        ratios = [session_ratio(*cell["samples"]) for cell in cells]
-        ci = median_ratio_interval(ratios, confidence=options.confidence)
-        rows.append(GateRow(
-            **base,
-            baseline=_us(_pooled_median(cells, 1)), current=_us(_pooled_median(cells, 0)),
+        medians = (_pooled_median(cells, 1), _pooled_median(cells, 0))
+        estimate = paired_estimate([(c["samples"][0], c["samples"][1]) for c in cells],
+                                   process_sd=noise(min(medians)))
+        tested.append((len(rows), base, estimate, medians))
+        rows.append(None)
+    slower = holm([e.p_above(edge) for _, _, e, _ in tested], alpha)
+    faster = holm([e.p_below(-edge) for _, _, e, _ in tested], alpha)
+    for (index, base, estimate, medians), regressed, improved in zip(tested, slower, faster):
+        low, high = estimate.interval(0.95)
+        ci = RatioCI(ratio=estimate.ratio, low=low, high=high)
+        outcome = (Outcome.REGRESSION if regressed else Outcome.IMPROVED if improved
+                   else Outcome.PASS)
+        p = estimate.p_above(edge)
+        rows[index] = GateRow(
+            **base, baseline=_us(medians[0]), current=_us(medians[1]),
             change=f"{ci.ratio - 1:+.1%} [{ci.low - 1:+.1%}, {ci.high - 1:+.1%}]",
-            outcome=classify_ab(ci, options.threshold), ci=ci,
-            threshold=1.0 + options.threshold,
-        ))
+            outcome=outcome, ci=ci, threshold=1.0 + options.threshold,
+            note=f"p(slower than +{options.threshold:.0%}) = {p:.2g}, Holm over "
+                 f"{len(tested)} cells at {alpha:.0%}",
+        )
     return rows
 
 

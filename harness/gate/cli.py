@@ -9,8 +9,9 @@ change, verdict) on stdout:
   --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
                     16 x 25), against harness/gate/invariants.json
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
-                    alternation in each of several processes; fails a cell whose 95%
-                    interval lies above 1 + threshold
+                    alternation in each of several processes; fails a cell when a
+                    one-sided test says it is more than --threshold (5%) slower, with
+                    Holm's correction over the cells (at most 5% false alarms per run)
 
 With none of them: --counters --invariants. `--update-baseline` measures the counters of
 the findings named (default: every gated one) and merges them into the baseline file.
@@ -93,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the rows, with their numbers, as JSON to FILE")
     p.add_argument("--sessions", type=int, metavar="N",
                    help="A/B: worker processes, each timing both trees side by side "
-                        f"(default {gate_ab.ABOptions.sessions}, at least 6)")
+                        f"(default {gate_ab.ABOptions.sessions}, at least "
+                        f"{gate_ab.MIN_SESSIONS})")
     p.add_argument("--threshold", type=float, metavar="FRACTION",
-                   help=f"A/B: slow-down that fails, as a fraction (default "
-                        f"{gate_ab.ABOptions.threshold})")
+                   help=f"A/B: the margin, as a fraction: a cell fails when a one-sided "
+                        f"test (Holm-corrected over the cells) says it is slower by more "
+                        f"than this (default {gate_ab.ABOptions.threshold})")
     return p
 
 

@@ -25,7 +25,9 @@ from harness import findings as registry
 from harness.exits import read_json
 from harness.findings import Case, Finding
 from harness.gate.table import GateRow, Outcome, UsageError
-from harness.measure.stats import RatioCI, bootstrap_ratio_ci
+from harness.measure.estimate import rounds_estimate
+from harness.measure.stats import RatioCI
+from harness.measure import timing
 from harness.measure.timing import CpuClock, Measurement, measure_interleaved, pinned_threads
 from harness.progress import Progress
 
@@ -42,7 +44,7 @@ class Sampling:
     min_samples: int
     max_samples: int
     time_budget_s: float
-    """Seconds per finding x case, warm-up and calibration included."""
+    """Seconds of sampling per finding x case (warm-up and calibration apart)."""
     min_sample_time: float
     """Seconds one sample lasts at least (calls per sample are calibrated to it)."""
 
@@ -116,7 +118,7 @@ def parse_config(document: object, source: str) -> InvariantConfig:
         min_sample_time=_positive(_field(raw, "min_sample_time", (int, float), where),
                                   f"{where}.min_sample_time"),
     )
-    for name, low in (("threads", 1), ("min_samples", 1), ("max_samples", sampling.min_samples)):
+    for name, low in (("threads", 1), ("min_samples", 2), ("max_samples", sampling.min_samples)):
         if getattr(sampling, name) < low:
             raise UsageError(f"{where}.{name}: expected an integer >= {low}; "
                              f"got {getattr(sampling, name)}")
@@ -190,10 +192,14 @@ def judge(invariant: Invariant, case: Case, slow: Measurement, fast: Measurement
           seed: int = 0) -> GateRow:
     """The row for one invariant from its two measurements.
 
-    The speedup is median(slow) / median(fast) with a bootstrap 95% interval; the
-    invariant fails when the interval's upper end is below `min_speedup`.
+    The speedup is slow / fast from the rounds both were sampled in (the paired estimate
+    of `harness.measure.estimate`) with its 95% interval; the invariant fails when the
+    interval's upper end is below `min_speedup`.
     """
-    ci = bootstrap_ratio_ci(slow.samples, fast.samples, seed=seed)  # ratio = the speedup
+    rounds = min(slow.n, fast.n)
+    estimate = rounds_estimate(slow.samples[:rounds], fast.samples[:rounds])
+    low, high = estimate.interval(0.95)
+    ci = RatioCI(ratio=estimate.ratio, low=low, high=high)  # ratio = the speedup
     if ci.high < invariant.min_speedup:
         outcome = Outcome.REGRESSION
     elif ci.low >= invariant.min_speedup:
@@ -235,8 +241,11 @@ def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]
                 calls = {v: finding.make_call(v, inputs) for v in variants}
                 measured = measure_interleaved(
                     calls, CpuClock(), finding=finding.id, case=case.label,
-                    min_samples=s.min_samples, max_samples=s.max_samples,
-                    time_budget_s=s.time_budget_s, min_sample_time=s.min_sample_time,
+                    sampling=timing.Sampling(min_rounds=s.min_samples,
+                                             max_rounds=s.max_samples,
+                                             time_budget_s=s.time_budget_s,
+                                             min_sample_time=s.min_sample_time,
+                                             sequential=False, seed=seed),
                 )
             except Exception as err:  # the current code cannot run the case: error rows
                 for invariant, _, _ in members:

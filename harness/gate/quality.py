@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -160,19 +161,23 @@ def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
 
 
 def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
-                     progress: Callable[[str], None],
-                     spread: Spread | None = None) -> list[Scenario]:
-    """Check c against HEAD: current = a worktree of HEAD, then a planted copy of it."""
+                     progress: Callable[[str], None], spread: Spread | None = None,
+                     slowdowns: tuple[float, ...] = (SMALL_SLOWDOWN,)) -> list[Scenario]:
+    """Check c against HEAD: current = a worktree of HEAD, then a copy of it planted with
+    each of `slowdowns` in turn."""
     repo = gate_ab.CURRENT_TREE
     commit = gate_ab.resolve_revision(repo, "HEAD")
     scenarios = []
     with gate_ab.worktree(repo, commit) as unchanged, \
             tempfile.TemporaryDirectory(prefix="gate-quality-") as folder:
-        planted = planted_copy(unchanged, Path(folder) / "tree", SMALL_SLOWDOWN)
-        for condition, tree, count, expect in (
-            ("unchanged", unchanged, runs, False),
-            (f"{PLANTED_METHOD} {SMALL_SLOWDOWN:g}x slower", planted, planted_runs, True),
-        ):
+        conditions = [("unchanged", unchanged, runs, False)]
+        for factor in slowdowns:
+            tree = planted_copy(unchanged, Path(folder) / f"tree-{factor:g}", factor)
+            conditions.append((f"{PLANTED_METHOD} {factor:g}x slower", tree, planted_runs, True))
+        for condition, tree, count, expect in conditions:
+            if not count:
+                continue
+
             def run(index: int, tree=tree, condition=condition, count=count):
                 started = time.perf_counter()
                 rows = gate_ab.check_against(commit, options, repo=repo, current=tree)
@@ -254,6 +259,18 @@ def timing_table(scenarios: list[Scenario]) -> str:
     return "\n".join(lines)
 
 
+def _slowdowns(text: str) -> tuple[float, ...]:
+    """argparse type: factors > 1 separated by commas."""
+    try:
+        factors = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        factors = ()
+    if not factors or not all(math.isfinite(f) and f > 1.0 for f in factors):
+        raise argparse.ArgumentTypeError(f"expected factors > 1 separated by commas, e.g. "
+                                         f"1.05,1.15; got {text!r}")
+    return factors
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.gate.quality",
                                 description=__doc__.split("\n")[0],
@@ -269,6 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs of check c on unchanged code (default 10)")
     p.add_argument("--ab-planted-runs", type=int, default=20, metavar="N",
                    help="runs of check c with the planted slowdown (default 20)")
+    p.add_argument("--ab-slowdowns", type=_slowdowns, default=(SMALL_SLOWDOWN,),
+                   metavar="F,F,...",
+                   help=f"check c: the planted slowdowns, each with --ab-planted-runs runs "
+                        f"(default {SMALL_SLOWDOWN:g}; e.g. 1.05,1.10,1.15,1.25 for a power "
+                        "curve)")
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="CPU-bound processes kept running beside the measurements (default 0)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write every run's rows here")
@@ -337,7 +359,7 @@ def run_scenarios(args: argparse.Namespace, spread: Spread | None = None) -> lis
         ]
     if args.ab_runs or args.ab_planted_runs:
         scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, gate_ab.ABOptions(),
-                                      progress, spread)
+                                      progress, spread, args.ab_slowdowns)
     return [s for s in scenarios if s is not None]
 
 

@@ -132,7 +132,7 @@ def benjamini_hochberg(p_values: Sequence[float], q: float = 0.05) -> list[bool]
     if p.size == 0:
         return []
     if not ((p >= 0) & (p <= 1)).all():
-        raise ValueError(f"p_values: expected values in [0, 1]; got {p[(p < 0) | (p > 1)][0]!r}")
+        raise ValueError(f"p_values: expected values in [0, 1]; got {float(p[(p < 0) | (p > 1)][0])!r}")
     order = np.argsort(p, kind="stable")
     ranked = p[order]
     passing = np.flatnonzero(ranked <= q * np.arange(1, p.size + 1) / p.size)

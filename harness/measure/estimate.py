@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
-__all__ = ["PairedEstimate", "ProcessNoise", "TRIM", "log_ratios", "paired_estimate",
-           "rounds_estimate"]
+__all__ = ["PairedEstimate", "ProcessNoise", "TRIM", "log_estimate", "log_ratios",
+           "paired_estimate", "rounds_estimate"]
 
 #: the share of rounds trimmed from each end of the per-round log ratios
 TRIM = 0.2
@@ -50,8 +50,8 @@ def log_ratios(variant: Sequence[float], baseline: Sequence[float]) -> np.ndarra
             raise ValueError(f"{name}: expected at least 2 samples per round list; got shape "
                              f"{array.shape}")
         if not (np.isfinite(array).all() and (array > 0).all()):
-            raise ValueError(f"{name}: expected finite positive seconds; got "
-                             f"{array[~(np.isfinite(array) & (array > 0))][0]!r}")
+            bad = float(array[~(np.isfinite(array) & (array > 0))][0])
+            raise ValueError(f"{name}: expected finite positive seconds; got {bad!r}")
     if v.size != b.size:
         raise ValueError(f"variant: expected {b.size} samples (one per baseline round); "
                          f"got {v.size}")
@@ -141,6 +141,19 @@ def _long_run_factor(centred: np.ndarray, gamma0: float) -> float:
     return max(1.0, (1.0 + r) / (1.0 - r))
 
 
+def log_estimate(samples: Sequence[float]) -> PairedEstimate:
+    """log of one variant's time per call (seconds) in one process: the 20%-trimmed mean of
+    its log samples with the same interval as a ratio's (`log_ratio` holds log seconds,
+    `ratio` seconds). For comparing runs, each with its own estimate."""
+    values = np.asarray(samples, dtype=np.float64)
+    if values.ndim != 1 or values.size < 2 or not (np.isfinite(values).all()
+                                                   and (values > 0).all()):
+        raise ValueError(f"samples: expected at least 2 finite positive seconds; got "
+                         f"{values.size} values" + ("" if values.size < 2 else " with a bad one"))
+    theta, variance, df = _trimmed_stats(np.log(values))
+    return PairedEstimate(theta, math.sqrt(variance), df, values.size, 1)
+
+
 def rounds_estimate(variant: Sequence[float], baseline: Sequence[float], *,
                     process_sd: float = 0.0) -> PairedEstimate:
     """The estimate from one process's paired rounds (`variant[k]` and `baseline[k]`,
@@ -219,6 +232,9 @@ class ProcessNoise:
             return self.short_sd
         position = (math.log(seconds) - math.log(self.short_s)) / (
             math.log(self.long_s) - math.log(self.short_s))
-        position = min(1.0, max(0.0, position))
+        if position <= 0.0:
+            return self.short_sd
+        if position >= 1.0:
+            return self.long_sd
         return math.exp((1 - position) * math.log(self.short_sd)
                         + position * math.log(self.long_sd))

@@ -14,6 +14,7 @@ Every option and input is checked before anything is rendered.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="compare runs even if their machine fingerprints differ")
     p.add_argument("--factor", type=float, default=DEFAULT_FACTOR,
-                   help=f"compare: smallest time ratio that counts as a change "
+                   help=f"compare: the margin of the words, as a factor: new / old within it "
+                        f"either way is 'same', wholly beyond it 'regressed' or 'improved' "
                         f"(default {DEFAULT_FACTOR})")
     return p
 
@@ -85,8 +87,9 @@ def check_options(args: argparse.Namespace) -> Path:
                                        ("--markdown", args.markdown)) if on]
         raise UsageError(f"--history: expected on its own (with --results and --out); got it "
                          f"with {', '.join(given)}")
-    if not args.factor >= 1.0:
-        raise UsageError(f"--factor: expected a factor >= 1.0; got {args.factor!r}")
+    if not (math.isfinite(args.factor) and args.factor > 1.0):
+        raise UsageError(f"--factor: expected a finite factor > 1.0, e.g. 1.05 (a 5% margin); "
+                         f"got {args.factor!r}")
     if args.results is not None and not args.results.is_dir():
         what = "a file" if args.results.exists() else "no such folder"
         raise UsageError(f"--results: expected a folder of runs; got {args.results} ({what})")

@@ -1,26 +1,44 @@
-"""Run vs run: per finding x case x variant, the ratio new / old of medians with a CI.
+"""Run vs run: per finding x case x variant, the time new / old with its interval and word.
 
-Both runs' timing samples come from their `rows`; the interval is
-`harness.measure.stats.bootstrap_ratio_ci(new, old)` and the change is `harness.measure.stats.classify`
-with a factor, mapped to a `Change`. Runs measured on machines whose fingerprints differ
-are refused unless forced: their times say more about the machines than the code.
+Each run is one process, and the two processes are compared through their own
+estimates, never by pooling their samples: each run's time of a row is the 20%-trimmed
+mean of its log samples with its own interval (`harness.measure.estimate`), and the
+difference of the two carries a between-run term, the standard deviation of a row's log
+time from one run of a commit to the next on one machine. That term is measured from
+the results folder's repeated runs of one commit where there are some, else the figure
+measured on the 2-core CPU this project is developed on (`BETWEEN_RUN_SD`). The word is
+the runs' margin word (`--factor` 1.05: a 5% margin): improved, regressed, same or
+inconclusive. Runs measured on machines whose fingerprints differ are refused unless
+forced: their times say more about the machines than the code.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from harness.measure.decision import Word, decide
+from harness.measure.estimate import PairedEstimate, log_estimate
 from harness.measure.machine import fingerprint
 from harness.report.data import ReportError, finding_headline
 from harness.report.headline import CounterChange, counter_changes
 from harness.results import Run
-from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
+from harness.measure.stats import Verdict
 from harness.report.verdicts import case_phrase, present
 
 DEFAULT_FACTOR = 1.05
+#: the standard deviation (log units) of one row's time between two default runs of one
+#: commit, one after the other, on the 2-core CPU (docs/statistics.md); used where the
+#: results folder holds no repeated runs of a commit to measure it from
+BETWEEN_RUN_SD = 0.03
+#: the fewest rows two runs of one commit must share to measure the between-run term
+MIN_SHARED_ROWS = 20
 KEY = ["finding", "case", "variant"]
 COLUMNS = [*KEY, "where", "old_status", "new_status", "old_median_s", "new_median_s", "ratio",
            "ci_low", "ci_high", "change", "note"]
@@ -31,13 +49,13 @@ class Change(str, enum.Enum):
     """What happened to one finding x case x variant between the old and the new run."""
 
     IMPROVED = "improved"
-    """Interval below 1.0 and beyond the factor: the new run takes less time."""
+    """The whole interval of new / old lies below 1 / factor: the new run takes less time."""
     REGRESSED = "regressed"
-    """Interval above 1.0 and beyond the factor: the new run takes more time."""
-    WITHIN_FACTOR = "within_factor"
-    """Significant, but smaller than the factor."""
-    NO_DIFFERENCE = "no_difference"
-    """Interval contains 1.0."""
+    """The whole interval lies above the factor: the new run takes more time."""
+    SAME = "same"
+    """The whole interval lies within the factor either way."""
+    INCONCLUSIVE = "inconclusive"
+    """Neither: the runs cannot tell."""
     NEW_FAILURE = "new_failure"
     """Failed or mismatched in the new run, not in the old one."""
     FIXED = "fixed"
@@ -46,9 +64,8 @@ class Change(str, enum.Enum):
     """Missing from one run, or not timed in one of them."""
 
 
-_FROM_VERDICT = {Verdict.FASTER: Change.IMPROVED, Verdict.SLOWER: Change.REGRESSED,
-                 Verdict.WITHIN_FACTOR: Change.WITHIN_FACTOR,
-                 Verdict.NO_DIFFERENCE: Change.NO_DIFFERENCE}
+_FROM_WORD = {Word.FASTER: Change.IMPROVED, Word.SLOWER: Change.REGRESSED,
+              Word.SAME: Change.SAME, Word.INCONCLUSIVE: Change.INCONCLUSIVE}
 
 
 def fingerprint_differences(new: dict, old: dict) -> list[str]:
@@ -76,13 +93,56 @@ def samples_by_key(rows: pd.DataFrame) -> dict[tuple, list[float]]:
     return {key: group["seconds"].tolist() for key, group in rows.groupby(KEY, sort=False)}
 
 
-def _change(old_status: str | None, new_status: str | None, verdict: Verdict | None) -> Change:
-    """A status change wins over timing; `verdict` is None where there is no ratio."""
+def _change(old_status: str | None, new_status: str | None, word: Word | None) -> Change:
+    """A status change wins over timing; `word` is None where there is no ratio."""
     if new_status in _BROKEN and old_status not in _BROKEN:
         return Change.NEW_FAILURE
     if old_status in _BROKEN and new_status not in _BROKEN and new_status is not None:
         return Change.FIXED
-    return Change.NOT_COMPARABLE if verdict is None else _FROM_VERDICT[verdict]
+    return Change.NOT_COMPARABLE if word is None else _FROM_WORD[word]
+
+
+def run_difference(new: Sequence[float], old: Sequence[float], between_sd: float) -> PairedEstimate:
+    """log(new time / old time) of one row from each run's own estimate (seconds per call
+    samples of each run), with `between_sd` (log units) of run-to-run noise on each side."""
+    a, b = log_estimate(new), log_estimate(old)
+    variance = a.se ** 2 + b.se ** 2 + 2.0 * between_sd ** 2
+    carried = a.se ** 4 / a.df + b.se ** 4 / b.df
+    df = min(variance ** 2 / carried, 1e6) if carried > 0 else 1e6
+    return PairedEstimate(a.log_ratio - b.log_ratio, math.sqrt(variance), df,
+                          rounds=a.rounds + b.rounds, processes=2)
+
+
+def between_run_sd(runs: Sequence[Run]) -> tuple[float, str]:
+    """(standard deviation, where it comes from) of a row's log time between runs of one
+    commit on one machine: the robust spread (1.4826 x MAD) of the per-row log differences
+    of each pair of clean runs of one commit and fingerprint, over sqrt(2), where such
+    pairs share at least MIN_SHARED_ROWS rows; else `BETWEEN_RUN_SD`."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        m = run.metadata
+        if m.get("git_commit") and m.get("git_dirty") is False and not run.summary.empty:
+            key = (m["git_commit"], tuple(sorted(fingerprint(m).items())), bool(m.get("quick")))
+            groups.setdefault(key, []).append(run)
+    differences = []
+    for same in groups.values():
+        for first, second in zip(same, same[1:]):
+            a, b = _medians(first), _medians(second)
+            shared = [k for k in a if k in b]
+            if len(shared) >= MIN_SHARED_ROWS:
+                differences += [math.log(a[k] / b[k]) for k in shared]
+    if len(differences) < MIN_SHARED_ROWS:
+        return BETWEEN_RUN_SD, "measured on the 2-core development CPU (docs/statistics.md)"
+    spread = 1.4826 * float(np.median(np.abs(np.asarray(differences) - np.median(differences))))
+    return spread / math.sqrt(2.0), f"measured from {len(differences)} rows of repeated runs"
+
+
+def _medians(run: Run) -> dict[tuple, float]:
+    rows = run.summary
+    if "median_s" not in rows:
+        return {}
+    timed = rows[rows["median_s"].notna() & (rows["median_s"] > 0)]
+    return {tuple(r[k] for k in KEY): float(r["median_s"]) for r in timed.to_dict("records")}
 
 
 def cell_device(row: dict, run: Run) -> str | None:
@@ -92,17 +152,22 @@ def cell_device(row: dict, run: Run) -> str | None:
 
 
 def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
-                 seed: int = 0, force: bool = False) -> pd.DataFrame:
+                 seed: int = 0, force: bool = False,
+                 between_sd: float | None = None) -> pd.DataFrame:
     """One row per finding x case x variant found in either run's summary.
 
     Columns: finding, case, variant, where (the case in words), old_status, new_status,
-    old_median_s, new_median_s, ratio (new / old), ci_low, ci_high, change (a `Change`
-    value), note; in the new run's order, then what only the old run has. A cell measured
-    on another device in one run than in the other (runs sharded over a mixed cluster) is
-    not compared unless `force`: its change is not_comparable and the note names both.
+    old_median_s, new_median_s, ratio (new / old: each run's own estimate, module
+    docstring), ci_low, ci_high (95%), change (a `Change` value), note; in the new run's
+    order, then what only the old run has. `between_sd` is the run-to-run noise (log
+    units; default `between_run_sd` of the two runs). A cell measured on another device
+    in one run than in the other (runs sharded over a mixed cluster) is not compared
+    unless `force`: its change is not_comparable and the note names both.
     """
-    if not factor >= 1.0:
-        raise ReportError(f"--factor: expected a factor >= 1.0; got {factor!r}")
+    if not (math.isfinite(factor) and factor > 1.0):
+        raise ReportError(f"--factor: expected a finite factor > 1.0, e.g. 1.05; got {factor!r}")
+    if between_sd is None:
+        between_sd = between_run_sd([new, old])[0]
     old_samples, new_samples = samples_by_key(old.rows), samples_by_key(new.rows)
     old_summary = {tuple(r[k] for k in KEY): r for r in old.summary.to_dict("records")}
     new_summary = {tuple(r[k] for k in KEY): r for r in new.summary.to_dict("records")}
@@ -113,16 +178,17 @@ def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
                "old_status": o.get("status"), "new_status": n.get("status"),
                "old_median_s": o.get("median_s"), "new_median_s": n.get("median_s"),
                "ratio": None, "ci_low": None, "ci_high": None, "note": ""}
-        verdict = None
+        word = None
         devices = (cell_device(o, old), cell_device(n, new)) if o and n else (None, None)
         if devices[0] != devices[1] and not force:
             row["note"] = (f"measured on different devices (old {devices[0]!r}, new "
                            f"{devices[1]!r}); --force compares them anyway")
-        elif key in old_samples and key in new_samples:
-            ci = bootstrap_ratio_ci(new_samples[key], old_samples[key], seed=seed)
-            row.update(ratio=ci.ratio, ci_low=ci.low, ci_high=ci.high)
-            verdict = classify(ci, min_factor=factor)
-        change = _change(row["old_status"], row["new_status"], verdict)
+        elif len(old_samples.get(key, ())) >= 2 and len(new_samples.get(key, ())) >= 2:
+            estimate = run_difference(new_samples[key], old_samples[key], between_sd)
+            low, high = estimate.interval(0.95)
+            row.update(ratio=estimate.ratio, ci_low=low, ci_high=high)
+            word = decide(low, high, factor - 1.0)
+        change = _change(row["old_status"], row["new_status"], word)
         out.append({**row, "change": change.value})
     return pd.DataFrame(out, columns=COLUMNS)
 

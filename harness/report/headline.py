@@ -212,7 +212,8 @@ class Headline:
             if self.ratio is not None:
                 parts.append(f"time: {self.variant} {self.ratio_text()}")
         elif self.ratio is not None:
-            parts = [f"{self.variant} {self.ratio_text()}"]
+            separator = ": " if self.verdict == Verdict.NO_DIFFERENCE.value else " "
+            parts = [f"{self.variant}{separator}{self.ratio_text()}"]
             if self.claim_factor is not None:
                 parts.append(self.claim_text())
             if self.fastest is not None:

@@ -7,6 +7,7 @@ metadata in a line and a link to the HTML report.
 
 from __future__ import annotations
 
+from harness.report.reliability import reliability
 from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
 from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
 from harness.results import Run
@@ -32,11 +33,14 @@ def run_markdown(run: Run, link: str) -> str:
         lines += [f"> **Run not complete.** {banner}", ""]
     rows = [(h.finding, h.claim, h.where + (f" ({h.coverage_text()})" if h.coverage_text() else ""),
              h.verdict_text(), h.counters_text()) for h in run_headlines(run)]
-    lines += _table(("finding", "claim", "headline case", "verdict (95% CI)",
+    lines += _table(("finding", "claim", "headline case", "verdict (interval)",
                      "counters that changed"), rows) if rows else ["This run holds no rows."]
-    sampling = run_sampling_line(run)
-    lines += ["", metadata_line(run.metadata), *(["", sampling] if sampling else []), "",
-              f"HTML report: [{link}]({link})"]
+    trust = reliability(run.summary)
+    notes = [run_sampling_line(run), trust.placebo_line(), trust.words_line()]
+    lines += ["", metadata_line(run.metadata)]
+    for note in filter(None, notes):
+        lines += ["", note]
+    lines += ["", f"HTML report: [{link}]({link})"]
     return "\n".join(lines)
 
 
@@ -53,7 +57,7 @@ def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_F
         if banner:
             lines += [f"> **The {label} run is not complete.** {banner}", ""]
     lines += _table(("finding", "headline case", f"headline variant, time new / old (95% CI; "
-                     f"a change passes {factor:g}x)", "rows changed", "counters that changed"),
+                     f"margin {factor:g}x)", "rows changed", "counters that changed"),
                     rows)
     lines += ["", f"new: {metadata_line(new.metadata)}", "",
               f"old: {metadata_line(old.metadata)}", "", f"HTML report: [{link}]({link})"]

@@ -29,7 +29,7 @@ import pandas as pd
 
 from harness.report import plots
 from harness.report.compare import (
-    DEFAULT_FACTOR, Change, check_comparable, compare_headlines, compare_runs,
+    DEFAULT_FACTOR, Change, between_run_sd, check_comparable, compare_headlines, compare_runs,
 )
 from harness.report.data import (
     COUNTERS, E2E_ID, ReportError, counters_at, finding_text, format_date, has_bandwidth,
@@ -212,12 +212,14 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
                    factor: float = DEFAULT_FACTOR) -> Path:
     """Write the new-vs-old report into `out`; ReportError if fingerprints differ unless forced."""
     differences = check_comparable(new, old, force)
-    table = compare_runs(new, old, factor=factor, force=force)
+    between, source = between_run_sd([new, old])
+    table = compare_runs(new, old, factor=factor, force=force, between_sd=between)
     out = Path(out)
     counts = table["change"].value_counts().to_dict()
     with staged(out, protect=[new.folder, old.folder]) as stage:
         page = _TEMPLATES.get_template("compare.html.j2").render(
             new=new, old=old, factor=factor, differences=differences,
+            between=f"\u00b1{100 * between:.2g}% sd, {source}",
             headlines=compare_headlines(new, old, table),
             banners=[(label, status_banner(r.metadata)) for label, r in (("new", new),
                                                                           ("old", old))

@@ -100,3 +100,23 @@ def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
         line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; close words may need a larger "
                  "--time-budget or a quieter machine)")
     return line
+
+
+#: a cell's stages (`CaseRun.seconds`) in the words of the time line, in that order
+_STAGES = (("time", "sampling"), ("check", "first calls and checks"), ("profile", "profiling"),
+           ("build", "building inputs"), ("extra", "other measures"))
+
+
+def time_line(cells: list[dict]) -> str | None:
+    """Where a run's seconds went, from its journaled cells' `seconds`: 'time: 95 s
+    sampling, 20 s first calls and checks, 22 s profiling, 3 s building inputs'. The
+    budget bounds sampling; first calls (compiling) and profiling are reported apart.
+    None for runs that journaled no stage times."""
+    totals: dict[str, float] = {}
+    for cell in cells:
+        for stage, seconds in (cell.get("seconds") or {}).items():
+            totals[stage] = totals.get(stage, 0.0) + float(seconds)
+    if not totals:
+        return None
+    parts = [f"{totals[key]:.0f} s {words}" for key, words in _STAGES if totals.get(key, 0) >= 0.5]
+    return "time: " + (", ".join(parts) or "under a second")

@@ -119,7 +119,7 @@ def verdict_sentence(row: Mapping, *, against: str, claim: float | None = None) 
         ratio, low, high = row["ratio"], row["ci_low"], row["ci_high"]
         speed_low, speed_high = 1.0 / high, 1.0 / low
         interval = _interval(low, high, row.get("ci_level"))
-        older = ("" if present(row.get("pvalue"))
+        older = ("" if row.get("interval") == "paired"
                  else " (interval from unpaired samples, older run)")
         claim_note = _claim_note(claim, speed_low, speed_high, row)
         if verdict is Verdict.NO_DIFFERENCE:
