@@ -29,8 +29,10 @@ from harness.measure.sources import (
 )
 from harness.measure.timing import pinned_threads
 
-#: every counter a message may name, in the order messages list them
-MESSAGE_ORDER = (*COUNTER_LABELS, "peak_bytes")
+#: every counter a message may name, in the order messages list them (the ones a reviewer
+#: acts on first; op calls, which every other change moves too, last)
+MESSAGE_ORDER = ("host_syncs", "allocations", "allocated_bytes", "peak_bytes", "kernel_launches",
+                 "op_calls")
 _OTHER_LABELS = {"peak_bytes": "peak bytes"}
 #: torch threads while a cell is attributed: the gate's counting conditions
 THREADS = 1

@@ -202,8 +202,14 @@ def _counted(name: str, on_cuda: bool) -> str | None:
 
 
 def _tally(roots, sites: Sequence[tuple[Site | None, str]], on_cuda: bool) -> Sources:
-    """Walk the profiler's event tree: every counted event, by (counter, op, site)."""
+    """Walk the profiler's event tree: every counted event, by (counter, op, site).
+
+    An event's op is the top-level aten op it ran in; an allocation made in a site's
+    range outside any aten op (a Python scalar wrapped into a tensor before the op runs)
+    is the range's first top-level aten op's, or the torch function's where it ran none.
+    """
     counts: collections.Counter = collections.Counter()
+    first_op: dict[int, tuple[int, str]] = {}  # range index -> (start ns, top-level aten op)
     # (node, site index or None, top-level aten op name or None)
     stack = [(node, None, None) for node in roots]
     closing_dropped = not on_cuda
@@ -215,12 +221,14 @@ def _tally(roots, sites: Sequence[tuple[Site | None, str]], on_cuda: bool) -> So
         elif kind == _EventType.Allocation:
             size = node.typed[1].alloc_size
             if size > 0:  # frees are recorded as negative sizes
-                op = top or (sites[index][1] if index is not None else "(no torch call)")
-                counts["allocations", op, index] += 1
-                counts["allocated_bytes", op, index] += size
+                counts["allocations", top, index] += 1
+                counts["allocated_bytes", top, index] += size
         else:
+            if kind == _EventType.TorchOp and name.startswith("aten::") and top is None:
+                top = name
+                if index is not None and node.start_time_ns < first_op.get(index, (1 << 63,))[0]:
+                    first_op[index] = (node.start_time_ns, name)
             if kind == _EventType.TorchOp and name.startswith("aten::"):
-                top = top or name
                 counts["op_calls", top, index] += 1
             counter = _counted(name, on_cuda)
             if counter == "host_syncs" and name == CLOSING_SYNC and index is None \
@@ -229,12 +237,13 @@ def _tally(roots, sites: Sequence[tuple[Site | None, str]], on_cuda: bool) -> So
             elif counter is not None:
                 counts[counter, top or name, index] += 1
         stack.extend((child, index, top) for child in node.children)
-    entries = [SourceCount(counter, op, None if index is None else sites[index][0], n)
-               for (counter, op, index), n in counts.items() if n]
     merged: collections.Counter = collections.Counter()
-    for e in entries:  # different torch functions at one site and op: one entry
-        merged[e.counter, e.op, e.site] += e.count
-    return Sources(tuple(SourceCount(c, op, site, n) for (c, op, site), n in merged.items()))
+    for (counter, op, index), n in counts.items():
+        if op is None:
+            op = (first_op[index][1] if index in first_op
+                  else sites[index][1] if index is not None else "(no torch call)")
+        merged[counter, op, None if index is None else sites[index][0]] += n
+    return Sources(tuple(SourceCount(c, op, site, n) for (c, op, site), n in merged.items() if n))
 
 
 def attribute_call(fn: Callable[[], object], files: ProjectFiles,
