@@ -225,3 +225,32 @@ def test_bisect_is_a_subcommand_of_the_console_script(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "--good REV" in out and "exit status:" in out and "first changed commit" in out
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_time_bisect_finds_the_commit_that_made_a_variant_30x_slower(tmp_path):
+    """--time: each commit timed against the good one by the gate's paired A/B sessions;
+    the slow commit is named, with the counters that changed with it. (About 40 s.)"""
+    from tests.bisect_repo import FINDINGS, OPS, PYPROJECT, _commit
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    good = _commit(repo, "scale()", {"mylib/__init__.py": "", "mylib/ops.py": OPS,
+                                     "bench_findings.py": FINDINGS, "pyproject.toml": PYPROJECT})
+    _commit(repo, "README", {"README.md": "mylib\n"})
+    slow = _commit(repo, "scale(): 30 times the work", {"mylib/ops.py": OPS.replace(
+        "    return x / x.abs().max()\n",
+        "    for _ in range(30):\n        x.abs().max()\n    return x / x.abs().max()\n")})
+    _commit(repo, "notes", {"notes.txt": "1\n"})
+    done = _bisect(repo, "--good", good, "--bad", "main", "--findings", "MY-scale", "--time")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"first changed commit: {slow[:8]} scale(): 30 times the work"
+    assert lines[1].startswith(f"  MY-scale mylib [n=64]: time vs {good[:8]} +")
+    assert "(regression, margin 5%)" in lines[1]
+    assert lines[2].startswith("runs: ") and lines[2].endswith(" of the 2 between)")
+    assert lines[3] == "counters that changed with it:"
+    assert "allocations 3 -> 63: +30 aten::abs at mylib/ops.py:6,7 in scale()" in lines[4]
+    assert git(repo, "worktree", "list").count("\n") == 0

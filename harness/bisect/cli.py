@@ -223,9 +223,12 @@ def _unpinned(setup: Setup, found: Found, progress: Progress) -> str:
 
 
 def _runs_line(setup: Setup, progress: Progress) -> str:
+    """'runs: 7 (the good and bad commits and 5 of the 10 between); skipped: ...'. On
+    --time the good commit is the reference of every run, not a run of its own."""
     between = len(setup.candidates) - 1
-    text = (f"runs: {progress.runs} (the good and bad commits and {progress.runs - 2} of the "
-            f"{between} between)")
+    ends = "the bad commit" if setup.ab else "the good and bad commits"
+    text = (f"runs: {progress.runs} ({ends} and {progress.runs - (1 if setup.ab else 2)} of "
+            f"the {between} between)")
     if progress.skipped:
         text += "; skipped: " + "; ".join(f"{c.short} ({why})" for c, why in progress.skipped)
     return text
@@ -332,19 +335,23 @@ def _bisect_time(setup: Setup, progress: Progress) -> int:
     for (finding, case, variant), row in final.items():
         print(f"  {finding} {variant} [{case}]: time vs {setup.good.short} {row.change} "
               f"({row.outcome.value}, margin {margin:.0%})")
-    _explain_counters(setup, first)
     print(_runs_line(setup, progress))
+    _explain_counters(setup, first)
     return exits.PASS
 
 
 def _explain_counters(setup: Setup, first: Commit) -> None:
-    """After a time bisect: where counters changed at the first changed commit as well
-    (two more probes, the good commit and that one), their lines."""
+    """After a time bisect: the counters that changed at the first changed commit as well,
+    with their lines (two more probes: the good commit and that one)."""
+    _say(f"counting {setup.good.short} and {first.short}, to name the lines behind the change")
     good = measure_commit(setup.repo, setup.good, setup.probe)
     if good.unusable is not None:
         return
     here = measure_commit(setup.repo, first, setup.probe, reference=good)
-    for cell, text in counter_changes(good, here, COUNTERS):
+    changes = counter_changes(good, here, COUNTERS)
+    print("counters that changed with it:" if changes else
+          "counters that changed with it: none (the lines cannot be named from counts)")
+    for cell, text in changes:
         print(f"  {cell.label()}: {text}")
 
 
@@ -352,7 +359,7 @@ def _explain_counters(setup: Setup, first: Commit) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup = _check(args)
-    progress = Progress(2 + expected_steps(len(setup.candidates)))
+    progress = Progress((1 if setup.ab else 2) + expected_steps(len(setup.candidates)))
     _say(f"bisect: {', '.join(setup.probe.findings)} "
          f"({'time, margin ' + format(setup.ab.threshold, '.0%') if setup.ab else ', '.join(setup.counters)}) "
          f"over {len(setup.candidates)} commits after {setup.good.short} up to {setup.bad.short}; "
