@@ -77,6 +77,21 @@ def cell_sources(finding, case, variant: str, *, seed: int = 0,
         return attribute_call(finding.make_call(variant, inputs), project_files(finding), device)
 
 
+def variant_sources(finding, inputs, variants, device: torch.device | str = "cpu"
+                    ) -> dict[str, list[dict] | str]:
+    """For a run's journal (`harness.run --sources`): per variant, its counters split by
+    site (`Sources.as_json`), or the error attributing it raised, on `inputs` as built."""
+    files = project_files(finding)
+    out: dict[str, list[dict] | str] = {}
+    for variant in variants:
+        try:
+            out[variant] = attribute_call(finding.make_call(variant, inputs), files,
+                                          device).as_json()
+        except Exception as err:  # recorded beside the cell; its counters still stand
+            out[variant] = f"{type(err).__name__}: {err}"
+    return out
+
+
 def _label(counter: str) -> str:
     return COUNTER_LABELS.get(counter) or _OTHER_LABELS.get(counter, counter)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness import findings as registry
+from harness import explain, findings as registry
 from harness import ranks
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
@@ -40,7 +40,7 @@ from harness.runner import CaseRun, RunOptions
 MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--findings",
                        "findings_module": "--findings-module", "all": "--all",
                        "time_budget": "--time-budget", "precision": "--precision",
-                       "no_profile": "--no-profile",
+                       "no_profile": "--no-profile", "sources": "--sources",
                        "seed": "--seed", "threads": "--threads"}
 
 
@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue RUN (a folder, a run id under --out, or latest): measure "
                         "only its missing cells, with its options, on the same machine")
     p.add_argument("--no-profile", action="store_true", help="skip the profiling pass and traces")
+    p.add_argument("--sources", action="store_true",
+                   help="also record where each profiled variant's ops, host syncs and "
+                        "allocations come from, by line of your code (a second profiled "
+                        "call per variant); report --compare and --markdown then name the "
+                        "lines behind a counter that changed")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads, fixed for the run (default: torch's current count)")
@@ -184,6 +189,9 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
         raise UsageError(f"--threads: expected a positive int; got {args.threads}")
     if not 0.0 <= args.precision < 1.0:
         raise UsageError(f"--precision: expected a fraction in [0, 1); got {args.precision}")
+    if getattr(args, "sources", False) and args.no_profile:
+        raise UsageError("--sources: expected with the profiling pass (it splits the counters "
+                         "the profiler counts); got it with --no-profile")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
@@ -402,7 +410,8 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
             options = dataclasses.replace(
                 options, copy_bandwidth_bytes_per_s=writer.metadata["copy_bandwidth_bytes_per_s"])
         rank_info["error"] = _measure_cells(writer, selected, options, mine, launch, label,
-                                            rank_info, measured)
+                                            rank_info, measured,
+                                            sources=bool(writer.metadata["options"].get("sources")))
     except Exception as err:
         if launch.leader and not isinstance(err, DiskFullError):  # else run.json cannot say so
             with signals_deferred():
@@ -414,9 +423,11 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
 
 
 def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launch,
-                   label: str, rank_info: dict, measured: list[dict]) -> str | None:
-    """Measure and journal the cells `mine`, appending each journal entry to `measured`.
-    Under torchrun an error outside any cell fails this rank's remaining cells (the other
+                   label: str, rank_info: dict, measured: list[dict], *,
+                   sources: bool = False) -> str | None:
+    """Measure and journal the cells `mine`, appending each journal entry to `measured`
+    (with `sources`, each profiled variant's counters split by line: `_sources`). Under
+    torchrun an error outside any cell fails this rank's remaining cells (the other
     ranks' results are kept) and is returned; in one process it is raised."""
     fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
                    if launch.distributed else {})
@@ -440,13 +451,23 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                         failed_finding.id, failed.case.label, (fi, ci),
                         _marked(failed.summary, fingerprint), [], **fingerprint))
                 return f"{type(err).__name__}: {err}"
+            extra = {"sources": _sources(finding, cell, options)} if sources else {}
             with signals_deferred():  # a signal now must not cut the journal entry short
                 measured.append(writer.add_cell(
                     finding.id, case.label, (finding_index, case_index),
                     _marked(cell.summary, fingerprint), _marked(cell.samples, fingerprint),
-                    seconds=cell.seconds, **fingerprint))
+                    seconds=cell.seconds, **fingerprint, **extra))
             progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
     return None
+
+
+def _sources(finding, cell: CaseRun, options: RunOptions) -> dict[str, list[dict] | str]:
+    """Per variant the profiling pass counted: its counters split by line of the project's
+    code (`harness.explain.variant_sources`), for report --compare and --markdown."""
+    counted = [row["variant"] for row in cell.summary if row.get("op_calls") is not None]
+    if not counted or cell.inputs is None:
+        return {}
+    return explain.variant_sources(finding, cell.inputs, counted, options.device)
 
 
 def _marked(rows: list[dict], fingerprint: dict) -> list[dict]:
