@@ -25,7 +25,7 @@ from harness.exits import (
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
-from harness.measure.machine import describe, fingerprint
+from harness.measure.machine import describe, fingerprint, git_state
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_project_config
@@ -336,8 +336,19 @@ def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWr
                 "options": recorded,
                 "cells_total": sum(len(f.cases(options.quick)) for f in selected),
                 "world_size": launch.world_size,
-                **describe(options.device)}
+                **describe(options.device), **_project_state(args.findings_module)}
     return RunWriter.create(args.out, f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}", metadata)
+
+
+def _project_state(modules: list[str] | None) -> dict:
+    """The commit (and dirty flag) of the git repository holding your findings modules:
+    the code a run of them measured, which history orders by and bisects (`git_commit` is
+    the harness's own checkout). Empty for the built-in findings or outside git."""
+    files = [getattr(sys.modules.get(m), "__file__", None) for m in modules or []]
+    if not files or files[0] is None:
+        return {}
+    commit, dirty = git_state(Path(files[0]).resolve().parent)
+    return {} if commit is None else {"project_git_commit": commit, "project_git_dirty": dirty}
 
 
 def _report(folder: Path, reports: Path) -> None:

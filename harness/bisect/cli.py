@@ -227,8 +227,9 @@ def _runs_line(setup: Setup, progress: Progress) -> str:
     --time the good commit is the reference of every run, not a run of its own."""
     between = len(setup.candidates) - 1
     ends = "the bad commit" if setup.ab else "the good and bad commits"
-    text = (f"runs: {progress.runs} ({ends} and {progress.runs - (1 if setup.ab else 2)} of "
-            f"the {between} between)")
+    inside = progress.runs - (1 if setup.ab else 2)
+    text = (f"runs: {progress.runs} ({ends} and {inside} of the {between} between)" if between
+            else f"runs: {progress.runs} ({ends}; no commit between them)")
     if progress.skipped:
         text += "; skipped: " + "; ".join(f"{c.short} ({why})" for c, why in progress.skipped)
     return text
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress((1 if setup.ab else 2) + expected_steps(len(setup.candidates)))
     _say(f"bisect: {', '.join(setup.probe.findings)} "
          f"({'time, margin ' + format(setup.ab.threshold, '.0%') if setup.ab else ', '.join(setup.counters)}) "
-         f"over {len(setup.candidates)} commits after {setup.good.short} up to {setup.bad.short}; "
+         f"over {len(setup.candidates)} commit{'s' if len(setup.candidates) != 1 else ''} "
+         f"after {setup.good.short} up to {setup.bad.short}; "
          f"about {progress.total} runs")
     try:
         return (_bisect_time if setup.ab else _bisect_counters)(setup, progress)

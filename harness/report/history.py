@@ -139,13 +139,22 @@ def _created(run: Run) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
+def run_commit(run: Run) -> tuple[str, bool]:
+    """(commit, dirty) of the code a run measured: the repository of its findings modules
+    where it used some (`project_git_commit`), else the harness's own checkout."""
+    meta = run.metadata
+    if meta.get("project_git_commit"):
+        return meta["project_git_commit"], bool(meta.get("project_git_dirty"))
+    return meta.get("git_commit") or "", bool(meta.get("git_dirty"))
+
+
 def order_runs(runs: list[Run], repo: Path | None = None) -> list[Run]:
     """Runs by the commit time of their commit, then by their own date."""
-    times = commit_times({r.metadata.get("git_commit") for r in runs}, repo)
+    times = commit_times({run_commit(r)[0] for r in runs}, repo)
 
     def key(run: Run) -> tuple[datetime, datetime]:
         created = _created(run)
-        return times.get(run.metadata.get("git_commit"), created), created
+        return times.get(run_commit(run)[0], created), created
 
     return sorted(runs, key=key)
 
@@ -226,8 +235,7 @@ def build_history(results_dir: Path, repo: Path | None = None) -> History:
             for row in at.to_dict("records"):
                 points.append({
                     "finding": finding, "machine": machine, "run_id": run.run_id,
-                    "order": order, "commit": run.metadata.get("git_commit") or "",
-                    "dirty": bool(run.metadata.get("git_dirty")),
+                    "order": order, "commit": run_commit(run)[0], "dirty": run_commit(run)[1],
                     "when": run.metadata.get("created") or "", "case": head.case,
                     "where": head.where, "variant": row["variant"],
                     "baseline": row["variant"] == head.baseline,
