@@ -81,7 +81,10 @@ def variant_sources(finding, inputs, variants, device: torch.device | str = "cpu
                     ) -> dict[str, list[dict] | str]:
     """For a run's journal (`harness.run --sources`): per variant, its counters split by
     site (`Sources.as_json`), or the error attributing it raised, on `inputs` as built."""
-    files = project_files(finding)
+    try:
+        files = project_files(finding)
+    except ValueError as err:  # calls without a source file: nothing to point at
+        return {variant: str(err) for variant in variants}
     out: dict[str, list[dict] | str] = {}
     for variant in variants:
         try:

@@ -127,10 +127,15 @@ def counter_decision(good: CommitCounts, at: CommitCounts, counters: tuple[str, 
         if here is None or here.counts is None:
             why = "not measured" if here is None else here.error or here.skipped
             return Decision.SKIP, f"{cell.label()}: {why}"
-    differing = [key for key, cell in usable_cells(good).items()
-                 if any(at.cells[key].counts.get(c) != cell.counts.get(c) for c in counters)]
+    differing = []
+    for key, cell in usable_cells(good).items():
+        here = at.cells[key].counts
+        moved = [f"{c} {cell.counts.get(c)} -> {here.get(c)}" for c in counters
+                 if here.get(c) != cell.counts.get(c)]
+        if moved:
+            differing.append(f"{cell.label()} {', '.join(moved)}")
     if differing:
-        return Decision.BAD, f"{len(differing)} cell(s) changed"
+        return Decision.BAD, "; ".join(differing)
     return Decision.GOOD, "unchanged"
 
 

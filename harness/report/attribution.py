@@ -11,11 +11,10 @@ without `--sources` give None, and the callers keep their counts-only text.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from harness import explain
 from harness.measure.sources import Sources
-from harness.report.headline import COUNTERS
 from harness.results import Run, RunFileError, read_cells
 
 Key = tuple[str, str, str]
@@ -37,10 +36,10 @@ def run_sources(run: Run) -> dict[Key, Sources]:
     return out
 
 
-def _counts(row: Mapping) -> dict[str, int]:
-    """The headline counters of a summary row that it has (numbers, not NaN)."""
+def _counts(row: Mapping, counters: Iterable[str]) -> dict[str, int]:
+    """The `counters` a summary row has (numbers, not NaN)."""
     out = {}
-    for name in COUNTERS:
+    for name in counters:
         value = row.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[name] = int(value)
@@ -48,10 +47,11 @@ def _counts(row: Mapping) -> dict[str, int]:
 
 
 def words(before_row: Mapping, after_row: Mapping, before: Sources | None,
-          after: Sources | None) -> str | None:
-    """Each headline counter that differs between two summary rows, with the ops and lines
+          after: Sources | None, counters: Iterable[str]) -> str | None:
+    """Each of `counters` that differs between two summary rows, with the ops and lines
     that differ between their attributions; None where either has none, or none differs."""
     if before is None or after is None:
         return None
-    text = explain.between(_counts(before_row), _counts(after_row), before, after)
+    text = explain.between(_counts(before_row, counters), _counts(after_row, counters),
+                           before, after)
     return text or None

@@ -16,7 +16,7 @@ import pandas as pd
 from harness.measure.machine import fingerprint
 from harness.report import attribution
 from harness.report.data import ReportError, finding_headline
-from harness.report.headline import CounterChange, counter_changes
+from harness.report.headline import COUNTERS as HEADLINE_COUNTERS, CounterChange, counter_changes
 from harness.results import Run
 from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
 from harness.report.verdicts import case_phrase, present
@@ -200,7 +200,8 @@ def compare_headlines(new: Run, old: Run, table: pd.DataFrame) -> list[CompareHe
         if before is not None and after is not None:
             counters = counter_changes(after, before)[0]
             key = (finding, head.case, head.variant)
-            sources = attribution.words(before, after, old_sources.get(key), new_sources.get(key))
+            sources = attribution.words(before, after, old_sources.get(key),
+                                        new_sources.get(key), HEADLINE_COUNTERS)
         out.append(CompareHeadline(
             finding=finding, claim=head.claim, where=head.where, variant=head.variant,
             ratio=row.get("ratio") if present(row.get("ratio")) else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from harness.report import attribution
 from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
+from harness.report.headline import COUNTERS as HEADLINE_COUNTERS
 from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
 from harness.results import Run
 
@@ -51,7 +52,8 @@ def _counters_text(run: Run, head, recorded: dict) -> str:
     if head.variant in rows and head.baseline in rows:
         text = attribution.words(rows[head.baseline], rows[head.variant],
                                  recorded.get((head.finding, head.case, head.baseline)),
-                                 recorded.get((head.finding, head.case, head.variant)))
+                                 recorded.get((head.finding, head.case, head.variant)),
+                                 HEADLINE_COUNTERS)
         if text:
             return text
     return head.counters_text()
