@@ -156,6 +156,8 @@ def _check(args: argparse.Namespace) -> Setup:
     ab = None
     if args.time:
         margin = DEFAULT_MARGIN if args.margin is None else args.margin
+        if not 0.0 < margin < 1.0:  # also refuses NaN
+            raise UsageError(f"--margin: expected a fraction in (0, 1), e.g. 0.05; got {margin!r}")
         ab = gate_ab.ABOptions(
             findings=ids, threshold=margin, seed=args.seed, findings_modules=modules,
             paths=folders,

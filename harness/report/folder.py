@@ -111,7 +111,7 @@ def check_destination(out: Path, protect: Iterable[Path] = ()) -> None:
             f"{why}, which is never emptied or filled with a report. Name a new folder, "
             "e.g. --out reports/mine")
     if out.exists() and not out.is_dir():
-        raise ReportFolderError(f"--out {out}: expected a folder; got a file")
+        raise ReportFolderError(f"--out: expected a folder; got {out}, a file")
     if out.is_dir() and _manifest(out) is None and any(out.iterdir()):
         raise ReportFolderError(
             f"--out {out}: expected an empty folder or an earlier report (with {MARKER}); "
