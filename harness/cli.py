@@ -3,6 +3,7 @@
     esper-bench run [OPTIONS]      = python -m harness.run      (measure)
     esper-bench report [OPTIONS]   = python -m harness.report   (render)
     esper-bench gate [OPTIONS]     = python -m harness.gate     (CI gate)
+    esper-bench bisect [OPTIONS]   = python -m harness.bisect   (first changed commit)
     esper-bench train [OPTIONS]    = python -m esper.train      (train the PPO)
 
 Each subcommand calls the same `main` as its `python -m` form, with the same options
@@ -22,6 +23,7 @@ SUBCOMMANDS = {
     "run": "harness.run",
     "report": "harness.report.cli",
     "gate": "harness.gate.cli",
+    "bisect": "harness.bisect.cli",
     "train": "esper.train",
 }
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness import findings as registry
+from harness import explain, findings as registry
 from harness import ranks
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
-from harness.measure.machine import describe, fingerprint
+from harness.measure.machine import describe, fingerprint, git_state
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_project_config
@@ -44,7 +44,7 @@ MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--
                        "findings_module": "--findings-module", "all": "--all",
                        "time_budget": "--time-budget", "precision": "--precision",
                        "margin": "--margin", "placebo": "--placebo",
-                       "no_profile": "--no-profile",
+                       "no_profile": "--no-profile", "sources": "--sources",
                        "seed": "--seed", "threads": "--threads"}
 
 
@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue RUN (a folder, a run id under --out, or latest): measure "
                         "only its missing cells, with its options, on the same machine")
     p.add_argument("--no-profile", action="store_true", help="skip the profiling pass and traces")
+    p.add_argument("--sources", action="store_true",
+                   help="also record where each profiled variant's ops, host syncs and "
+                        "allocations come from, by line of your code (a second profiled "
+                        "call per variant); report --compare and --markdown then name the "
+                        "lines behind a counter that changed")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads, fixed for the run (default: torch's current count)")
@@ -200,11 +205,15 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
         raise UsageError(f"--precision: expected a fraction in [0, 1); got {args.precision}")
     if not (math.isfinite(args.margin) and 0.0 < args.margin < 1.0):
         raise UsageError(f"--margin: expected a fraction in (0, 1), e.g. 0.05; got {args.margin}")
+    if getattr(args, "sources", False) and args.no_profile:
+        raise UsageError("--sources: expected with the profiling pass (it splits the counters "
+                         "the profiler counts); got it with --no-profile")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
         min_samples=5 if args.quick else 8, precision=args.precision, margin=args.margin,
         placebo=args.placebo, profile=not args.no_profile,
+        sources=bool(getattr(args, "sources", False)),
     )
 
 
@@ -381,8 +390,19 @@ def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWr
                 "options": recorded,
                 "cells_total": sum(len(f.cases(options.quick)) for f in selected),
                 "world_size": launch.world_size,
-                **describe(options.device)}
+                **describe(options.device), **_project_state(args.findings_module)}
     return RunWriter.create(args.out, f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}", metadata)
+
+
+def _project_state(modules: list[str] | None) -> dict:
+    """The commit (and dirty flag) of the git repository holding your findings modules:
+    the code a run of them measured, which history orders by and bisects (`git_commit` is
+    the harness's own checkout). Empty for the built-in findings or outside git."""
+    files = [getattr(sys.modules.get(m), "__file__", None) for m in modules or []]
+    if not files or files[0] is None:
+        return {}
+    commit, dirty = git_state(Path(files[0]).resolve().parent)
+    return {} if commit is None else {"project_git_commit": commit, "project_git_dirty": dirty}
 
 
 def _report(folder: Path, reports: Path) -> None:
@@ -455,7 +475,8 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
             options = dataclasses.replace(
                 options, copy_bandwidth_bytes_per_s=writer.metadata["copy_bandwidth_bytes_per_s"])
         rank_info["error"] = _measure_cells(writer, selected, options, mine, launch, label,
-                                            rank_info, measured)
+                                            rank_info, measured,
+                                            sources=options.sources)
     except Exception as err:
         if launch.leader and not isinstance(err, DiskFullError):  # else run.json cannot say so
             with signals_deferred():
@@ -467,9 +488,11 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
 
 
 def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launch,
-                   label: str, rank_info: dict, measured: list[dict]) -> str | None:
-    """Measure and journal the cells `mine`, appending each journal entry to `measured`.
-    Under torchrun an error outside any cell fails this rank's remaining cells (the other
+                   label: str, rank_info: dict, measured: list[dict], *,
+                   sources: bool = False) -> str | None:
+    """Measure and journal the cells `mine`, appending each journal entry to `measured`
+    (with `sources`, each profiled variant's counters split by line: `_sources`). Under
+    torchrun an error outside any cell fails this rank's remaining cells (the other
     ranks' results are kept) and is returned; in one process it is raised."""
     fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
                    if launch.distributed else {})
@@ -494,13 +517,23 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                         failed_finding.id, failed.case.label, (fi, ci),
                         _marked(failed.summary, fingerprint), [], **fingerprint))
                 return f"{type(err).__name__}: {err}"
+            extra = {"sources": _sources(finding, cell, options)} if sources else {}
             with signals_deferred():  # a signal now must not cut the journal entry short
                 measured.append(writer.add_cell(
                     finding.id, case.label, (finding_index, case_index),
                     _marked(cell.summary, fingerprint), _marked(cell.samples, fingerprint),
-                    seconds=cell.seconds, **fingerprint))
+                    seconds=cell.seconds, **fingerprint, **extra))
             progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
     return None
+
+
+def _sources(finding, cell: CaseRun, options: RunOptions) -> dict[str, list[dict] | str]:
+    """Per variant the profiling pass counted: its counters split by line of the project's
+    code (`harness.explain.variant_sources`), for report --compare and --markdown."""
+    counted = [row["variant"] for row in cell.summary if row.get("op_calls") is not None]
+    if not counted or cell.inputs is None:
+        return {}
+    return explain.variant_sources(finding, cell.inputs, counted, options.device)
 
 
 def _marked(rows: list[dict], fingerprint: dict) -> list[dict]:

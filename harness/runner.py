@@ -70,6 +70,9 @@ class RunOptions:
     process_noise: ProcessNoise = ProcessNoise()
     """The per-process offset of a ratio, by call length (`harness.measure.estimate`)."""
     profile: bool = True
+    sources: bool = False
+    """With the profile: also split each variant's counters by the line of the project's
+    code that made each op (`harness.explain`), for report --compare and --markdown."""
     copy_bandwidth_bytes_per_s: float | None = None
     """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
     None: no bandwidth floor in the rows."""

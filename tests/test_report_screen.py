@@ -3,8 +3,8 @@ default run's size, unfinished runs, bad paths, --markdown, the history page, an
 opened in a real (headless) browser.
 
 One real quick run of B4-CR-03 and B4-DRL-03 (a tiny time budget) feeds the tests; the
-history gets copies of it whose metadata say other commits and another machine, one with
-scan's times ten times longer (a planted step change). Charts at the default run's size are drawn
+history gets copies of it whose metadata say other commits and another machine, those of
+the later commit with scan's times ten times longer (a planted change of level). Charts at the default run's size are drawn
 from rows shaped like it (every default case and variant), since a default run takes
 minutes.
 """
@@ -31,7 +31,7 @@ from harness.report import plots
 from harness.report.cli import main as report_main
 from harness.report.data import run_headlines, status_banner
 from harness.report.headline import headline, headline_case
-from harness.report.history import _ratio_step, _time_step, build_history
+from harness.report.history import bisect_command, build_history
 from harness.report.markdown import cell
 from harness.results import load_run
 from harness.run import main as run_main
@@ -492,8 +492,9 @@ def two_commits() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def history(quick) -> dict:
-    """Results holding the quick run as three runs on two commits and two machines (the
-    later commit's run with scan ten times slower) and a corrupt run; the history page."""
+    """Results holding the quick run as five runs on two commits and two machines (the
+    later commit's runs with scan ten times slower: two runs on each side of the change,
+    the fewest a change point needs) and a corrupt run; the history page."""
     base = quick["base"] / "history"
     results = base / "results"
     older, newer = two_commits()
@@ -505,11 +506,11 @@ def history(quick) -> dict:
             if kind == "samples":
                 return {**r, "seconds": r["seconds"] * factor}
             if r.get("ratio") is not None:
-                # a tiny budget's interval can span 10x: narrowed to +-5%, so that
-                # whether the planted step is found does not hang on this run's noise
                 ratio = r["ratio"] * factor
                 r.update(median_s=r["median_s"] * factor, ratio=ratio, ci_low=ratio * 0.95,
                          ci_high=ratio * 1.05)
+            elif r.get("median_s") is not None:
+                r.update(median_s=r["median_s"] * factor)
             return r
         return row
 
@@ -517,9 +518,13 @@ def history(quick) -> dict:
         return {"git_commit": commit, "git_dirty": False, "created": created, **more}
 
     # created dates in the opposite order to the commits: the page must follow the commits
-    copy_run(quick["run"], results, "run-older", on(older, "2030-01-02T00:00:00+00:00"),
+    copy_run(quick["run"], results, "run-older", on(older, "2030-01-05T00:00:00+00:00"),
+             scan_slower(1.0))
+    copy_run(quick["run"], results, "run-older-2", on(older, "2030-01-06T00:00:00+00:00"),
              scan_slower(1.0))
     copy_run(quick["run"], results, "run-newer", on(newer, "2030-01-01T00:00:00+00:00"),
+             scan_slower(10.0))
+    copy_run(quick["run"], results, "run-newer-2", on(newer, "2030-01-02T00:00:00+00:00"),
              scan_slower(10.0))
     copy_run(quick["run"], results, "run-other",
              on(newer, "2030-01-03T00:00:00+00:00", cpu_model="Some Other CPU"),
@@ -528,12 +533,14 @@ def history(quick) -> dict:
     (results / "broken" / "run.json").write_text('{"schema_version": 1, "summ')
     out = base / "reports" / "history"
     assert report_main(["--history", "--results", str(results), "--out", str(out)]) == 0
-    return {"results": results, "page": out / "index.html", "reports": base / "reports"}
+    return {"results": results, "page": out / "index.html", "reports": base / "reports",
+            "commits": (older, newer)}
 
 
-def test_history_orders_runs_by_commit_separates_machines_and_marks_the_step(history):
+def test_history_orders_runs_by_commit_separates_machines_and_finds_the_change_point(history):
     table = build_history(history["results"], repo=REPO)
-    assert [r.run_id for r in table.runs] == ["run-older", "run-newer", "run-other"]
+    assert [r.run_id for r in table.runs] == ["run-older", "run-older-2", "run-newer",
+                                              "run-newer-2", "run-other"]
     assert table.skipped[0].startswith("broken: ") and "truncated" in table.skipped[0]
     points = table.points
     machine = dict(zip(points["run_id"], points["machine"]))
@@ -542,10 +549,23 @@ def test_history_orders_runs_by_commit_separates_machines_and_marks_the_step(his
     assert scan["case"].unique().tolist() == ["num_envs=4,max_steps=25,dones=episode"]
     steps = scan.set_index("run_id")
     assert bool(steps.loc["run-newer", "ratio_step"]) and bool(steps.loc["run-newer", "time_step"])
-    # the other machine is a series of its own: its first point has nothing to step from
+    assert not steps.loc["run-newer-2", "ratio_step"]
+    # the other machine is a series of its own, of one run: no change point
     assert not steps.loc["run-other", "ratio_step"] and not steps.loc["run-other", "time_step"]
     untouched = points[points["variant"] != "scan"]
     assert not untouched["ratio_step"].any() and not untouched["time_step"].any()
+    older, newer = history["commits"]
+    found = {(c.finding, c.variant, c.measure): c for c in table.changes}
+    assert set(found) == {("B4-CR-03", "scan", "speed-up"), ("B4-CR-03", "scan", "median time")}
+    speed = found["B4-CR-03", "scan", "speed-up"]
+    assert (speed.before["run_id"], speed.after["run_id"]) == ("run-older-2", "run-newer")
+    assert speed.commits() == f"{older[:8]}..{newer[:8]}"
+    assert speed.point.size == pytest.approx(0.1) and speed.point.low <= 0.1 <= speed.point.high
+    assert found["B4-CR-03", "scan", "median time"].point.size == pytest.approx(10.0)
+    assert speed.command == (f"python -m harness.bisect --good {older[:12]} --bad {newer[:12]} "
+                             "--findings B4-CR-03 --time")
+    text = history["page"].read_text()
+    assert speed.command in text and speed.point.text() in text
 
 
 def test_history_page_is_linked_from_the_index(history):
@@ -558,16 +578,16 @@ def test_history_page_is_linked_from_the_index(history):
     assert "Some Other CPU" in text and "broken: " in text
 
 
-def test_step_rules_need_more_than_the_runs_noise():
-    point = {"ratio": 0.1, "ci_low": 0.09, "ci_high": 0.11}
-    assert _ratio_step(point, {"ratio": 0.3, "ci_low": 0.28, "ci_high": 0.33})
-    assert not _ratio_step(point, {"ratio": 0.105, "ci_low": 0.1, "ci_high": 0.12})  # overlap
-    assert not _ratio_step(point, {"ratio": 0.1, "ci_low": None, "ci_high": None})
-    rng = np.random.default_rng(0)
-    base = list(1e-3 * rng.uniform(0.95, 1.05, 30))
-    assert _time_step(base, [2 * s for s in base])
-    assert not _time_step(base, list(1e-3 * rng.uniform(0.95, 1.05, 30)))
-    assert not _time_step(None, base)
+def test_the_bisect_command_follows_the_counters_and_needs_two_commits():
+    before = {"commit": "a" * 40, "dirty": False, "_counters": {"host_syncs": 0, "op_calls": 9}}
+    after = {"commit": "b" * 40, "dirty": False, "_counters": {"host_syncs": 4, "op_calls": 17}}
+    assert bisect_command("F", before, after, ["bench.findings"]) == (
+        f"python -m harness.bisect --good {'a' * 12} --bad {'b' * 12} --findings F "
+        "--counter host_syncs --findings-module bench.findings", "")
+    assert bisect_command("F", before, {**before, "commit": "b" * 40}, [])[0].endswith("--time")
+    assert bisect_command("F", before, {**after, "dirty": True}, [])[0] is None
+    assert bisect_command("F", before, {**after, "commit": before["commit"]}, []) == (
+        None, "both runs measured one commit: the change is not in the code")
 
 
 def test_history_without_runs_exits_2(tmp_path, capsys):

@@ -253,9 +253,10 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[G
     rows: list[GateRow] = []
     if counters:
         started = time.perf_counter()
-        rows += gate_counters.compare(gate_counters.measure(counter_findings), baseline,
-                                      counter_findings, allow_new=args.allow_new,
-                                      path=args.baseline)
+        cells = gate_counters.measure(counter_findings)
+        rows += gate_counters.explain_changes(
+            gate_counters.compare(cells, baseline, counter_findings, allow_new=args.allow_new,
+                                  path=args.baseline), cells, baseline)
         _progress(f"counters: {time.perf_counter() - started:.1f} s")
     if invariants:
         started = time.perf_counter()

@@ -28,6 +28,7 @@ rewrites the entries of the findings it measured and keeps every other entry.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from harness import findings as registry
+from harness import explain, findings as registry
 from harness.exits import read_json
 from harness.measure.counters import profile_call
 from harness.project import load_project_config
@@ -407,6 +408,31 @@ def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
                                 change="", outcome=Outcome.MISSING,
                                 note="not measured here (variant or case not on this machine)"))
     return rows
+
+
+def explain_changes(rows: Sequence[GateRow], current: Sequence[CellCounts],
+                    baseline: dict[Key, CellCounts], *, seed: int = 0) -> list[GateRow]:
+    """The rows, each regression or improvement with its changed counters explained in
+    its note: the cell is profiled once more with its events split by the project's lines
+    (`harness.explain`), e.g. `host syncs 0 -> 4: +4 aten::item at mylib/ops.py:3 in
+    scale()`. A cell that cannot be attributed says why instead."""
+    measured = {cell.key: cell for cell in current}
+    out = []
+    for row in rows:
+        key = (row.finding, row.case, row.variant)
+        if row.outcome not in (Outcome.REGRESSION, Outcome.IMPROVED) or key not in measured:
+            out.append(row)
+            continue
+        before, after = baseline[key].counts, measured[key].counts
+        finding = registry.planned(registry.FINDINGS[row.finding], True)
+        case = next(c for c in finding.cases(True) if c.label == row.case)
+        try:
+            sources = explain.cell_sources(finding, case, row.variant, seed=seed)
+            text = explain.against_counts(before, after, sources)
+        except Exception as err:  # the row keeps its verdict; only the explanation is lost
+            text = f"sources not found: {type(err).__name__}: {err}"
+        out.append(dataclasses.replace(row, note="; ".join(t for t in (text, row.note) if t)))
+    return out
 
 
 def coverage_error(rows: Sequence[GateRow], path: Path, allow_new: bool = False) -> str | None:

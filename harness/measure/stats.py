@@ -1,9 +1,8 @@
-"""Statistics over timing samples: median, IQR, a bootstrap ratio interval, verdicts.
+"""Statistics over samples: median, IQR, bootstrap intervals of paired differences and
+means, Wilson intervals of rates, and the `Verdict` a result row carries.
 
-Samples are per-call durations in seconds: non-empty, finite and positive. A
-comparison is the ratio of medians `variant / baseline` (below 1.0: the variant takes
-less time) with a percentile-bootstrap interval, and `classify` turns it into a
-`Verdict` only when the interval excludes 1.0 and the change passes a factor.
+Samples are per-call durations in seconds: non-empty, finite and positive. A row's
+ratio and its word come from `harness.measure.estimate` and `harness.measure.decision`.
 """
 
 from __future__ import annotations
@@ -20,16 +19,10 @@ __all__ = [
     "Verdict",
     "as_samples",
     "bootstrap_mean_ci",
-    "bootstrap_median_ci",
-    "bootstrap_ratio_ci",
-    "classify",
     "iqr",
     "median",
-    "median_ratio_interval",
-    "min_units_for",
     "paired_difference_ci",
     "paired_ratio_ci",
-    "relative_halfwidth",
     "wilson_interval",
 ]
 
@@ -121,32 +114,6 @@ def _median_interval(values: np.ndarray, n_boot: int, confidence: float,
     return float(np.median(values)), low, high
 
 
-def bootstrap_ratio_ci(
-    variant_samples: Sequence[float] | np.ndarray,
-    baseline_samples: Sequence[float] | np.ndarray,
-    *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> RatioCI:
-    """Percentile-bootstrap interval of median(variant) / median(baseline).
-
-    Each sample set is resampled with replacement independently (the variants were
-    interleaved, not paired call by call), `n_boot` times, in one vectorized draw.
-    The same `seed` gives the same interval.
-    """
-    variant = as_samples(variant_samples, "variant_samples")
-    baseline = as_samples(baseline_samples, "baseline_samples")
-    if not isinstance(n_boot, int) or n_boot < 1:
-        raise ValueError(f"n_boot: expected an integer >= 1; got {n_boot!r}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
-    rng = np.random.default_rng(seed)
-    ratios = _bootstrap_medians(variant, n_boot, rng) / _bootstrap_medians(baseline, n_boot, rng)
-    low, high = _percentiles(ratios, confidence)
-    return RatioCI(ratio=float(np.median(variant) / np.median(baseline)), low=low, high=high)
-
-
 def paired_ratio_ci(
     variant_samples: Sequence[float] | np.ndarray,
     baseline_samples: Sequence[float] | np.ndarray,
@@ -185,63 +152,6 @@ def paired_difference_ci(
         raise ValueError(f"variant_values: expected {baseline.shape} paired values; "
                          f"got {variant.shape}")
     return _median_interval(variant - baseline, n_boot, confidence, seed)
-
-
-def bootstrap_median_ci(
-    samples: Sequence[float] | np.ndarray,
-    *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> RatioCI:
-    """The median of `samples` (seconds) with its percentile-bootstrap interval, as a
-    `RatioCI` whose `ratio` is the median itself (a ratio to one second)."""
-    median_s, low, high = _median_interval(as_samples(samples), n_boot, confidence, seed)
-    return RatioCI(ratio=median_s, low=low, high=high)
-
-
-def relative_halfwidth(ci: RatioCI) -> float:
-    """How tightly `ci` pins its ratio: (high - low) / 2 / ratio (0.03 = +-3%)."""
-    return (ci.high - ci.low) / 2.0 / ci.ratio
-
-
-def median_ratio_interval(ratios: Sequence[float] | np.ndarray, *,
-                          confidence: float = 0.95) -> RatioCI:
-    """Median of independent ratios with a distribution-free interval for the true median.
-
-    `ratios [n]`: one ratio per independent unit (e.g. per process). The interval is
-    [k-th smallest, k-th largest] with the largest k whose coverage, 1 - 2 P(Bin(n, 1/2) < k),
-    is still at least `confidence` (sign-test interval): no assumption about the shape
-    of the ratios' distribution. For 95% it needs n >= 6 (k = 1: [min, max]).
-    """
-    values = np.sort(as_samples(ratios, "ratios"))
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
-    n = values.size
-    k = 0
-    while k < n // 2 and _sign_test_coverage(n, k + 1) >= confidence:
-        k += 1
-    if k == 0:
-        raise ValueError(f"ratios: expected at least {min_units_for(confidence)} values for a "
-                         f"{confidence:.0%} interval; got {n}")
-    return RatioCI(ratio=float(np.median(values)), low=float(values[k - 1]),
-                   high=float(values[n - k]))
-
-
-def _sign_test_coverage(n: int, k: int) -> float:
-    """P(k-th smallest <= true median <= k-th largest) of n independent draws."""
-    below = sum(math.comb(n, i) for i in range(k)) / 2.0**n  # P(Bin(n, 1/2) < k)
-    return 1.0 - 2.0 * below
-
-
-def min_units_for(confidence: float) -> int:
-    """The fewest independent ratios whose [min, max] covers the median with `confidence`."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
-    n = 2
-    while _sign_test_coverage(n, 1) < confidence:
-        n += 1
-    return n
 
 
 # --- rates and means: the stability findings count events and compare learning outcomes
@@ -305,20 +215,3 @@ class Verdict(str, enum.Enum):
     """The variant needs a CUDA device and none was available."""
     NOT_TIMED = "not_timed"
     """Not measured in this run (excluded by a filter or the run's budget)."""
-
-
-def classify(ci: RatioCI, *, min_factor: float = 1.0) -> Verdict:
-    """Verdict for a time ratio `ci` (variant / baseline).
-
-    A change counts only when the interval excludes 1.0 (significance) and the point
-    ratio is beyond `min_factor` in that direction (size): with `min_factor=1.1`, FASTER
-    needs `ratio < 1/1.1` and SLOWER needs `ratio > 1.1`. A significant change that is
-    not beyond the factor is WITHIN_FACTOR.
-    """
-    if not (np.isfinite(min_factor) and min_factor >= 1.0):
-        raise ValueError(f"min_factor: expected a finite factor >= 1.0; got {min_factor!r}")
-    if ci.low <= 1.0 <= ci.high:
-        return Verdict.NO_DIFFERENCE
-    if ci.high < 1.0:
-        return Verdict.FASTER if ci.ratio * min_factor < 1.0 else Verdict.WITHIN_FACTOR
-    return Verdict.SLOWER if ci.ratio > min_factor else Verdict.WITHIN_FACTOR

@@ -26,8 +26,9 @@ import pandas as pd
 from harness.measure.decision import Word, decide
 from harness.measure.estimate import PairedEstimate, log_estimate
 from harness.measure.machine import fingerprint
+from harness.report import attribution
 from harness.report.data import ReportError, finding_headline
-from harness.report.headline import CounterChange, counter_changes
+from harness.report.headline import COUNTERS as HEADLINE_COUNTERS, CounterChange, counter_changes
 from harness.results import Run
 from harness.measure.stats import Verdict
 from harness.report.verdicts import case_phrase, present
@@ -217,6 +218,9 @@ class CompareHeadline:
     rows: int
     counters: tuple[CounterChange, ...]
     """The headline variant's counters that differ, old -> new."""
+    sources: str | None = None
+    """Those counters with the ops and lines behind the change, where both runs were
+    recorded with `harness.run --sources` (`harness.report.attribution`)."""
 
     def ratio_text(self) -> str:
         """'scan: new / old 0.98 [0.95-1.01], no difference'."""
@@ -232,7 +236,7 @@ class CompareHeadline:
         return f"{found or 'no change'} of {self.rows} rows"
 
     def counters_text(self) -> str:
-        return ", ".join(c.text() for c in self.counters) or "unchanged"
+        return self.sources or ", ".join(c.text() for c in self.counters) or "unchanged"
 
 
 def _summary_row(run: Run, finding: str, case: str | None, variant: str | None) -> dict | None:
@@ -248,6 +252,7 @@ def compare_headlines(new: Run, old: Run, table: pd.DataFrame) -> list[CompareHe
     """One CompareHeadline per finding of `table` (`compare_runs(new, old)`), in its order:
     what the compare page's summary table and `--markdown` both show."""
     out = []
+    old_sources, new_sources = attribution.run_sources(old), attribution.run_sources(new)
     for finding in dict.fromkeys(table["finding"]):
         rows = table[table["finding"] == finding]
         source = new if not new.summary.empty and finding in set(new.summary["finding"]) else old
@@ -256,10 +261,13 @@ def compare_headlines(new: Run, old: Run, table: pd.DataFrame) -> list[CompareHe
         at = rows[(rows["case"] == head.case) & (rows["variant"] == head.variant)]
         row = at.iloc[0].to_dict() if len(at) else {}
         counts = rows["change"].value_counts()
-        counters = ()
+        counters, sources = (), None
         before, after = (_summary_row(r, finding, head.case, head.variant) for r in (old, new))
         if before is not None and after is not None:
             counters = counter_changes(after, before)[0]
+            key = (finding, head.case, head.variant)
+            sources = attribution.words(before, after, old_sources.get(key),
+                                        new_sources.get(key), HEADLINE_COUNTERS)
         out.append(CompareHeadline(
             finding=finding, claim=head.claim, where=head.where, variant=head.variant,
             ratio=row.get("ratio") if present(row.get("ratio")) else None,
@@ -268,6 +276,6 @@ def compare_headlines(new: Run, old: Run, table: pd.DataFrame) -> list[CompareHe
             change=row.get("change", Change.NOT_COMPARABLE.value),
             changes=tuple((c.value, int(counts[c.value])) for c in NOTABLE
                           if counts.get(c.value, 0)),
-            rows=len(rows), counters=counters,
+            rows=len(rows), counters=counters, sources=sources,
         ))
     return out

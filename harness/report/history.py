@@ -8,37 +8,38 @@ case gives one point per variant. Runs measured on different machines (their
 fingerprints, `harness.measure.machine`) are never mixed: each machine is a series of
 its own.
 
-A step change is a point that differs from the previous point of its series by more
-than the run's own noise:
-
-- the headline ratio (variant / baseline time): the two runs' 95% intervals do not
-  overlap and the ratio moved by more than STEP_FACTOR;
-- a median time: the test of `--compare` between the two runs' samples (the bootstrap
-  95% interval of new / old excludes 1 and the ratio passes STEP_FACTOR).
+Where a series changed level is found by a change-point method over the whole series
+(`harness.report.changepoints`: PELT with a penalty scaled to the series' own noise),
+not by comparing two neighbouring runs: the speed-up over the baseline and the median
+time of each variant, per machine. Each change point (`LevelChange`) has its commit range
+(the last run of the old level, the first of the new), its size with a 95% interval, and
+the `python -m harness.bisect` command that would pin it to one commit (on the counter
+that changed between those runs, where one did; else on time).
 """
 
 from __future__ import annotations
 
-import math
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 from harness.measure.machine import FINGERPRINT_FIELDS, fingerprint
-from harness.measure.stats import Verdict, bootstrap_ratio_ci, classify
-from harness.report.compare import DEFAULT_FACTOR, samples_by_key
+from harness.report.changepoints import ChangePoint, change_points
 from harness.report.data import ReportError, finding_headline, open_run
 from harness.report.verdicts import present
 from harness.results import Run
 
-#: the smallest change of a ratio or a median time that counts as a step
-STEP_FACTOR = DEFAULT_FACTOR
 COLUMNS = ["finding", "machine", "run_id", "order", "commit", "dirty", "when", "case", "where",
            "variant", "baseline", "median_s", "ratio", "ci_low", "ci_high", "verdict",
            "ratio_step", "time_step"]
+"""`ratio_step` / `time_step`: the point is the first run of a new level of the speed-up /
+the median time (a change point starts there)."""
+#: per-call counters compared between the two runs around a change point, in the order a
+#: bisect on them is suggested
+COUNTERS = ("host_syncs", "allocations", "allocated_bytes", "peak_bytes", "op_calls")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,33 @@ class History:
     """Run folders left out, each with why ('folder: reason')."""
     headline_variants: dict[str, str]
     """finding -> the variant its summary row headlines."""
+    changes: list["LevelChange"] = field(default_factory=list)
+    """Every change point of every series, by finding, machine and variant."""
+
+
+@dataclass(frozen=True)
+class LevelChange:
+    """A change point in one series: a variant's speed-up or median time on one machine."""
+
+    finding: str
+    machine: int
+    variant: str
+    measure: str
+    """`speed-up` (over the baseline: higher is faster) or `median time`."""
+    point: ChangePoint
+    """Its size: new level / old level of the measure, with a 95% interval."""
+    before: dict
+    """The last run of the old level: run_id, commit, dirty."""
+    after: dict
+    """The first run of the new level."""
+    command: str | None
+    """The bisect command that would pin it to one commit, or None (`why_no_command`)."""
+    why_no_command: str = ""
+
+    def commits(self) -> str:
+        """'1a2b3c4d..5e6f7a8b' (a '*' marks a run with uncommitted changes)."""
+        return "..".join((r["commit"][:8] or "?") + ("*" if r["dirty"] else "")
+                         for r in (self.before, self.after))
 
 
 def find_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
@@ -111,32 +139,72 @@ def _created(run: Run) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
+def run_commit(run: Run) -> tuple[str, bool]:
+    """(commit, dirty) of the code a run measured: the repository of its findings modules
+    where it used some (`project_git_commit`), else the harness's own checkout."""
+    meta = run.metadata
+    if meta.get("project_git_commit"):
+        return meta["project_git_commit"], bool(meta.get("project_git_dirty"))
+    return meta.get("git_commit") or "", bool(meta.get("git_dirty"))
+
+
 def order_runs(runs: list[Run], repo: Path | None = None) -> list[Run]:
     """Runs by the commit time of their commit, then by their own date."""
-    times = commit_times({r.metadata.get("git_commit") for r in runs}, repo)
+    times = commit_times({run_commit(r)[0] for r in runs}, repo)
 
     def key(run: Run) -> tuple[datetime, datetime]:
         created = _created(run)
-        return times.get(run.metadata.get("git_commit"), created), created
+        return times.get(run_commit(run)[0], created), created
 
     return sorted(runs, key=key)
 
 
-def _ratio_step(previous: dict, current: dict) -> bool:
-    """Disjoint 95% intervals and a ratio that moved by more than STEP_FACTOR."""
-    keys = ("ratio", "ci_low", "ci_high")
-    if not all(present(p.get(k)) for p in (previous, current) for k in keys):
-        return False
-    disjoint = current["ci_low"] > previous["ci_high"] or current["ci_high"] < previous["ci_low"]
-    return disjoint and abs(math.log(current["ratio"] / previous["ratio"])) > math.log(STEP_FACTOR)
+def bisect_command(finding: str, before: dict, after: dict, modules: list[str]
+                   ) -> tuple[str | None, str]:
+    """The `python -m harness.bisect` command for a change between two runs' points, or
+    None and why there is none (no commits to bisect between)."""
+    if not before["commit"] or not after["commit"]:
+        return None, "a run without a recorded commit"
+    if before["dirty"] or after["dirty"]:
+        return None, "a run of uncommitted changes: its code is in no commit"
+    if before["commit"] == after["commit"]:
+        return None, "both runs measured one commit: the change is not in the code"
+    differ = [c for c in COUNTERS if present(before["_counters"].get(c))
+              and present(after["_counters"].get(c))
+              and before["_counters"][c] != after["_counters"][c]]
+    how = f"--counter {differ[0]}" if differ else "--time"
+    extra = "".join(f" --findings-module {m}" for m in modules)
+    return (f"python -m harness.bisect --good {before['commit'][:12]} --bad "
+            f"{after['commit'][:12]} --findings {finding} {how}{extra}"), ""
 
 
-def _time_step(previous: list[float] | None, current: list[float] | None) -> bool:
-    """The --compare test of two runs' samples of one cell."""
-    if not previous or not current:
-        return False
-    verdict = classify(bootstrap_ratio_ci(current, previous), min_factor=STEP_FACTOR)
-    return verdict in (Verdict.FASTER, Verdict.SLOWER)
+def _series_changes(table: pd.DataFrame, modules: dict[str, list[str]]
+                    ) -> tuple[pd.Series, pd.Series, list[LevelChange]]:
+    """Change points of every series in `table`: the ratio_step and time_step columns and
+    one LevelChange each."""
+    ratio_step = pd.Series(False, index=table.index)
+    time_step = pd.Series(False, index=table.index)
+    changes = []
+    for (finding, machine, variant), rows in table.groupby(
+            ["finding", "machine", "variant"], sort=False):
+        rows = rows.sort_values("order")
+        timed = rows[rows["median_s"].notna() & (rows["median_s"] > 0)]
+        compared = rows[rows["ratio"].notna() & (rows["ratio"] > 0)
+                        & ~rows["baseline"].astype(bool)]
+        for measure, points, values, marks in (
+                ("speed-up", compared, 1.0 / compared["ratio"].to_numpy(float), ratio_step),
+                ("median time", timed, timed["median_s"].to_numpy(float), time_step)):
+            records = points.to_dict("records")
+            for point in change_points(values):
+                before, after = records[point.index - 1], records[point.index]
+                marks[points.index[point.index]] = True
+                command, why = bisect_command(finding, before, after,
+                                              modules.get(after["run_id"], []))
+                changes.append(LevelChange(
+                    finding, int(machine), variant, measure, point,
+                    *({k: r[k] for k in ("run_id", "commit", "dirty")} for r in (before, after)),
+                    command, why))
+    return ratio_step, time_step, changes
 
 
 def build_history(results_dir: Path, repo: Path | None = None) -> History:
@@ -161,15 +229,13 @@ def build_history(results_dir: Path, repo: Path | None = None) -> History:
         if run.summary.empty:
             continue
         machine = machines[tuple(fingerprint(run.metadata).items())].number
-        samples = samples_by_key(run.rows)
         for finding, head in headlines.items():
             at = run.summary[(run.summary["finding"] == finding)
                              & (run.summary["case"] == head.case)]
             for row in at.to_dict("records"):
                 points.append({
                     "finding": finding, "machine": machine, "run_id": run.run_id,
-                    "order": order, "commit": run.metadata.get("git_commit") or "",
-                    "dirty": bool(run.metadata.get("git_dirty")),
+                    "order": order, "commit": run_commit(run)[0], "dirty": run_commit(run)[1],
                     "when": run.metadata.get("created") or "", "case": head.case,
                     "where": head.where, "variant": row["variant"],
                     "baseline": row["variant"] == head.baseline,
@@ -178,22 +244,16 @@ def build_history(results_dir: Path, repo: Path | None = None) -> History:
                            in (None, head.baseline) else None)
                        for k in ("ratio", "ci_low", "ci_high")},
                     "verdict": row.get("verdict") or row.get("status"),
-                    "_samples": samples.get((finding, head.case, row["variant"])),
+                    "_counters": {c: row.get(c) for c in COUNTERS},
                 })
-    table = pd.DataFrame(points, columns=[*COLUMNS[:-2], "_samples"])
-    ratio_steps, time_steps = [], []
-    previous: dict[tuple, dict] = {}
-    for row in table.to_dict("records"):
-        series = (row["finding"], row["machine"], row["variant"])
-        before = previous.get(series)
-        ratio_steps.append(before is not None and _ratio_step(before, row))
-        time_steps.append(before is not None and _time_step(before["_samples"], row["_samples"]))
-        previous[series] = row
-    table["ratio_step"] = ratio_steps
-    table["time_step"] = time_steps
-    return History(points=table.drop(columns="_samples"), runs=runs,
+    table = pd.DataFrame(points, columns=[*COLUMNS[:-2], "_counters"])
+    modules = {run.run_id: list((run.metadata.get("options") or {}).get("findings_module") or [])
+               for run in runs}
+    table["ratio_step"], table["time_step"], changes = _series_changes(table, modules)
+    return History(points=table.drop(columns="_counters"), runs=runs,
                    machines=list(machines.values()), skipped=skipped,
-                   headline_variants={f: h.variant for f, h in headlines.items() if h.variant})
+                   headline_variants={f: h.variant for f, h in headlines.items() if h.variant},
+                   changes=changes)
 
 
 #: the fingerprint fields, for the page's explanation of what separates machines

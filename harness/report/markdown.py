@@ -8,7 +8,9 @@ metadata in a line and a link to the HTML report.
 from __future__ import annotations
 
 from harness.report.reliability import reliability
+from harness.report import attribution
 from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
+from harness.report.headline import COUNTERS as HEADLINE_COUNTERS
 from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
 from harness.results import Run
 
@@ -26,13 +28,15 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 def run_markdown(run: Run, link: str) -> str:
     """A run's summary: one row per finding (claim, headline case, verdict with the ratio
-    and its interval, counters that changed), the metadata line, the report's link."""
+    and its interval, counters that changed, with their lines where the run recorded
+    them), the metadata line, the report's link."""
     lines = [f"### esper-bench run {run.run_id}", ""]
     banner = status_banner(run.metadata)
     if banner:
         lines += [f"> **Run not complete.** {banner}", ""]
+    recorded = attribution.run_sources(run)
     rows = [(h.finding, h.claim, h.where + (f" ({h.coverage_text()})" if h.coverage_text() else ""),
-             h.verdict_text(), h.counters_text()) for h in run_headlines(run)]
+             h.verdict_text(), _counters_text(run, h, recorded)) for h in run_headlines(run)]
     lines += _table(("finding", "claim", "headline case", "verdict (interval)",
                      "counters that changed"), rows) if rows else ["This run holds no rows."]
     trust = reliability(run.summary)
@@ -42,6 +46,21 @@ def run_markdown(run: Run, link: str) -> str:
         lines += ["", note]
     lines += ["", f"HTML report: [{link}]({link})"]
     return "\n".join(lines)
+
+
+def _counters_text(run: Run, head, recorded: dict) -> str:
+    """The headline's counters that differ from the baseline's, with the ops and lines
+    behind them where the run recorded them (`harness.run --sources`)."""
+    rows = {r["variant"]: r for r in run.summary.to_dict("records")
+            if r["finding"] == head.finding and r["case"] == head.case}
+    if head.variant in rows and head.baseline in rows:
+        text = attribution.words(rows[head.baseline], rows[head.variant],
+                                 recorded.get((head.finding, head.case, head.baseline)),
+                                 recorded.get((head.finding, head.case, head.variant)),
+                                 HEADLINE_COUNTERS)
+        if text:
+            return text
+    return head.counters_text()
 
 
 def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_FACTOR,

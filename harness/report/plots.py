@@ -553,7 +553,8 @@ def history_figure(finding: str, points: pd.DataFrame, machines: list[int], base
                    folder: Path) -> Figure | None:
     """Across runs (x, in commit-time order): the speed-up over the baseline at the
     headline case with its 95% interval (left) and the median times (right), one line per
-    variant, one row of panels per machine; rings mark step changes."""
+    variant, one row of panels per machine; rings mark the first run of a new level (a
+    change point, `harness.report.changepoints`)."""
     rows = points[points["finding"] == finding]
     if rows.empty or rows["median_s"].isna().all():
         return None
@@ -576,7 +577,7 @@ def history_figure(finding: str, points: pd.DataFrame, machines: list[int], base
                              color=colours[variant], label=variant)
                 steps = timed[timed["time_step"]]
                 time_ax.scatter(steps["order"], steps["median_s"], s=110, facecolors="none",
-                                edgecolors="black", linewidths=1.3, zorder=3, label="step change")
+                                edgecolors="black", linewidths=1.3, zorder=3, label="new level")
             compared = v[v["ratio"].notna()]
             if variant == baseline or compared.empty:
                 continue
@@ -588,7 +589,7 @@ def history_figure(finding: str, points: pd.DataFrame, machines: list[int], base
             steps = compared[compared["ratio_step"]]
             ratio_ax.scatter(steps["order"], 1.0 / steps["ratio"].to_numpy(float), s=110,
                              facecolors="none", edgecolors="black", linewidths=1.3, zorder=3,
-                             label="step change")
+                             label="new level")
         ratio_ax.axhline(1.0, color="black", linewidth=0.8)
         for ax, scale_label in ((ratio_ax, lambda v: f"{v:g}x"), (time_ax, format_seconds)):
             ax.set_yscale("log")
@@ -610,4 +611,5 @@ def history_figure(finding: str, points: pd.DataFrame, machines: list[int], base
     return _save(fig, folder, f"{finding}-history.png", f"{finding} across runs",
                  f"Left: how many times faster than {baseline} each variant is, with its 95% "
                  "interval; right: the median times behind it. One line per variant, one row "
-                 "per machine; rings: step changes (see the method above).")
+                 "per machine; rings: the first run of a new level (a change point, see the method "
+                 "above).")

@@ -40,7 +40,8 @@ from harness.report.data import (
 from harness.report.folder import MARKER, is_staging, staged
 from harness.report.headline import Headline, estimate, estimate_fields
 from harness.report.reliability import reliability, without_placebo
-from harness.report.history import MACHINE_FIELDS, STEP_FACTOR, History
+from harness.report.changepoints import MIN_SIZE, PENALTY_BETA
+from harness.report.history import MACHINE_FIELDS, History
 from harness.report.summary import verdict_word
 from harness.report.verdicts import present
 from harness.results import Run, atomic_write_text
@@ -257,7 +258,8 @@ def _draw_history(history: History, out: Path, results_dir: Path) -> None:
             "id": finding, "where": rows["where"].iloc[0], "baseline": baseline,
             "variants": ", ".join(dict.fromkeys(rows["variant"])),
             "runs": rows["run_id"].nunique(),
-            "steps": int(rows["ratio_step"].sum() + rows["time_step"].sum()),
+            "steps": sum(c.finding == finding for c in history.changes),
+            "changes": [c for c in history.changes if c.finding == finding],
             "newest": _speedup_text(head[0]) if head else "-",
             "figure": plots.history_figure(finding, points, [m.number for m in history.machines],
                                            baseline, out),
@@ -270,7 +272,7 @@ def _draw_history(history: History, out: Path, results_dir: Path) -> None:
     page = _TEMPLATES.get_template("history.html.j2").render(
         runs=history.runs, machines=history.machines, skipped=history.skipped,
         findings=findings, results=str(results_dir), rendered=format_date(rendered),
-        factor=STEP_FACTOR,
+        min_runs=MIN_SIZE, beta=PENALTY_BETA,
         machine_fields=MACHINE_FIELDS, format_seconds=format_seconds,
     )
     atomic_write_text(out / "index.html", page)

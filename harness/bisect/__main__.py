@@ -1,0 +1,7 @@
+"""`python -m harness.bisect`."""
+
+import sys
+
+from harness.bisect.cli import main
+
+sys.exit(main())
