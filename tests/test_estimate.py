@@ -157,10 +157,13 @@ def test_paired_estimate_rejects_no_processes_and_a_bad_offset():
 
 
 def test_process_noise_falls_with_call_length_and_is_validated():
-    noise = ProcessNoise()
-    assert noise(1e-7) == noise.short_sd and noise(1.0) == noise.long_sd
-    assert noise.short_sd > noise(1e-4) > noise.long_sd
-    assert noise(math.sqrt(noise.short_s * noise.long_s)) == pytest.approx(
-        math.sqrt(noise.short_sd * noise.long_sd))
-    with pytest.raises(ValueError, match="ProcessNoise: expected 0 < short_s < long_s"):
-        ProcessNoise(short_s=1e-3, long_s=1e-5)
+    noise = ProcessNoise(anchors=((1e-6, 0.02), (1e-3, 0.004)))
+    assert noise(1e-9) == 0.02 and noise(1.0) == 0.004
+    assert 0.02 > noise(3e-5) > 0.004
+    assert noise(math.sqrt(1e-6 * 1e-3)) == pytest.approx(math.sqrt(0.02 * 0.004))
+    default = ProcessNoise()
+    assert default(3e-8) > default(2e-6) > default(2e-4) > default(2e-3) == default(0.05)
+    with pytest.raises(ValueError, match="ProcessNoise: expected anchors"):
+        ProcessNoise(anchors=((1e-3, 0.01), (1e-5, 0.02)))
+    with pytest.raises(ValueError, match="ProcessNoise: expected anchors"):
+        ProcessNoise(anchors=((1e-3, float("nan")),))

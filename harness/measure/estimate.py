@@ -199,42 +199,42 @@ class ProcessNoise:
 
     A ratio of short calls moves more from one fresh process to the next than a ratio of
     long ones (where code sits and how the allocator starts matter more to a few hundred
-    nanoseconds of work). Measured on the 2-core CPU this project is developed on
-    (docs/statistics.md: per-process estimates of one row in fresh processes, less the
-    spread their own intervals explain): about 1.5-2% for calls of 0.1-20 us, about 0.3%
-    for calls of 1-50 ms. Between `short_s` and `long_s` the standard deviation is
-    interpolated on log-log axes; outside it, held at the nearer end.
+    nanoseconds of work). Measured on the 2-core CPU this project is developed on, idle
+    (`benchmarks/verdict_stability.py processes`: eight rows, each in 5 fresh processes;
+    the spread of their estimates less what their own rounds explain; docs/statistics.md):
+    8% at 30 ns calls, 1-2% from 2 to 200 us, 0-0.4% from 2 to 50 ms. The standard
+    deviation is interpolated on log-log axes between `anchors` and held beyond them.
     """
 
-    short_s: float = 2e-5
-    """Calls this long or shorter have `short_sd`."""
-    short_sd: float = 0.02
-    """Standard deviation (log units) of a short call's ratio offset."""
-    long_s: float = 1e-3
-    """Calls this long or longer have `long_sd`."""
-    long_sd: float = 0.004
+    anchors: tuple[tuple[float, float], ...] = (
+        (3e-8, 0.08), (2e-6, 0.02), (2e-4, 0.012), (2e-3, 0.004))
+    """(seconds per call, standard deviation of the log ratio's offset), by seconds."""
     same_code_sd: float = 0.004
     """The offset between two copies of the same code on copies of the same inputs (the
     placebo): code placement is shared, so only data placement differs (measured: 0.1-0.6%
     whatever the call's length)."""
 
     def __post_init__(self) -> None:
-        if not (0 < self.short_s < self.long_s and self.short_sd > 0 and self.long_sd > 0
-                and self.same_code_sd >= 0
-                and all(math.isfinite(v) for v in (self.short_s, self.long_s, self.short_sd,
-                                                   self.long_sd, self.same_code_sd))):
-            raise ValueError(f"ProcessNoise: expected 0 < short_s < long_s and positive "
-                             f"standard deviations; got {self!r}")
+        points = self.anchors
+        if (not points or any(len(p) != 2 for p in points)
+                or not all(math.isfinite(s) and s > 0 and math.isfinite(sd) and sd >= 0
+                           for s, sd in points)
+                or any(a[0] >= b[0] for a, b in zip(points, points[1:]))
+                or not (math.isfinite(self.same_code_sd) and self.same_code_sd >= 0)):
+            raise ValueError(f"ProcessNoise: expected anchors of (seconds > 0, sd >= 0) in "
+                             f"increasing seconds and same_code_sd >= 0; got {self!r}")
 
     def __call__(self, seconds: float) -> float:
         """The standard deviation (log units) for calls of `seconds`."""
-        if not seconds > 0:
-            return self.short_sd
-        position = (math.log(seconds) - math.log(self.short_s)) / (
-            math.log(self.long_s) - math.log(self.short_s))
-        if position <= 0.0:
-            return self.short_sd
-        if position >= 1.0:
-            return self.long_sd
-        return math.exp((1 - position) * math.log(self.short_sd)
-                        + position * math.log(self.long_sd))
+        points = self.anchors
+        if not seconds > points[0][0]:
+            return points[0][1]
+        for (s0, sd0), (s1, sd1) in zip(points, points[1:]):
+            if seconds == s1:
+                return sd1
+            if seconds < s1:
+                position = math.log(seconds / s0) / math.log(s1 / s0)
+                if sd0 == 0 or sd1 == 0:
+                    return sd0 + position * (sd1 - sd0)
+                return math.exp((1 - position) * math.log(sd0) + position * math.log(sd1))
+        return points[-1][1]
