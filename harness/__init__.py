@@ -3,6 +3,7 @@
 The public API, for declaring findings of your own (see `harness.findings`)::
 
     from harness import Case, Finding, max_abs_difference, register
+    from harness import Defaults, PlantTarget, set_defaults  # optional: the commands' defaults
 
 A module of yours that calls `register` is measured by
 `python -m harness.run --findings-module PKG.MODULE` (or with the module named in your
@@ -16,7 +17,8 @@ import importlib
 from typing import Any
 
 #: the public names: frozen by tests/test_public_api.py
-__all__ = ["Case", "Finding", "max_abs_difference", "register"]
+__all__ = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
+           "set_defaults"]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,11 +4,12 @@
     esper-bench report [OPTIONS]   = python -m harness.report   (render)
     esper-bench gate [OPTIONS]     = python -m harness.gate     (CI gate)
     esper-bench bisect [OPTIONS]   = python -m harness.bisect   (first changed commit)
-    esper-bench train [OPTIONS]    = python -m esper.train      (train the PPO)
 
-Each subcommand calls the same `main` as its `python -m` form, with the same options
-and exit codes; `esper-bench SUBCOMMAND --help` shows them. `esper-bench --version`
-prints the installed version.
+and the commands the findings modules add (`harness.Defaults.commands`; the built-in
+findings: `train` = python -m esper.train, and the GAE tools `crossovers`, `floor`,
+`targets`). Each subcommand calls the same `main` as its `python -m` form, with the same
+options and exit codes; `esper-bench SUBCOMMAND --help` shows them. `esper-bench
+--version` prints the installed version.
 """
 
 from __future__ import annotations
@@ -24,25 +25,33 @@ SUBCOMMANDS = {
     "report": "harness.report.cli",
     "gate": "harness.gate.cli",
     "bisect": "harness.bisect.cli",
-    "train": "esper.train",
 }
+
+
+def subcommands() -> dict[str, str]:
+    """The harness's subcommands and those the findings modules add (never replacing one)."""
+    from harness.findings import defaults  # late: --version must not load torch
+
+    added = {name: module for name, module in defaults().commands if name not in SUBCOMMANDS}
+    return {**SUBCOMMANDS, **added}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = f"usage: esper-bench {{{','.join(SUBCOMMANDS)}}} [OPTIONS]"
+    if argv and argv[0] == "--version":
+        print(f"esper-bench {version()}")
+        return 0
+    commands = subcommands()
+    usage = f"usage: esper-bench {{{','.join(commands)}}} [OPTIONS]"
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[0] + "\n\n" + usage)
         return 0 if argv else 2
-    if argv[0] == "--version":
-        print(f"esper-bench {version()}")
-        return 0
     command, rest = argv[0], argv[1:]
-    if command not in SUBCOMMANDS:
+    if command not in commands:
         print(f"{usage}\nesper-bench: unknown subcommand {command!r}; "
-              f"expected one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+              f"expected one of {', '.join(commands)}", file=sys.stderr)
         return 2
-    return importlib.import_module(SUBCOMMANDS[command]).main(rest)
+    return importlib.import_module(commands[command]).main(rest)
 
 
 if __name__ == "__main__":

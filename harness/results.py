@@ -17,11 +17,18 @@ only the cells that are missing.
 
 Run ids are unique: the folder is created exclusively, with a suffix on a collision, so
 runs started in the same second never share one.
+
+Every file is checked where it is read (`load_run`, `read_cells`): the document's kind
+and schema version (runs of schema 1, before runs described their findings and words had
+a margin, are migrated on read, in `migrate`, and nowhere else), and each summary row
+against `ROW_FIELDS` (`check_row`): a wrong one is a `RunFileError` naming the file, the
+row and the field, with what was expected and what was found.
 """
 
 from __future__ import annotations
 
 import csv
+import enum
 import errno
 import hashlib
 import io
@@ -37,12 +44,105 @@ from pathlib import Path
 import pandas as pd
 
 from harness.exits import UsageError, read_json
+from harness.measure.stats import Verdict
 
-SCHEMA_VERSION = 1
+#: 2: runs record what the report needs of each finding (`finding_info`), rows their
+#: words with a margin, the paired estimate behind them and the placebo
+SCHEMA_VERSION = 2
+#: the versions `migrate` reads
+READABLE_VERSIONS = (1, 2)
 DEFAULT_RESULTS_DIR = Path("results")
 CELLS = "cells"
 #: statuses a run.json can hold; `killed` is only ever inferred by `load_run`
 STATUSES = ("running", "complete", "interrupted", "crashed", "killed")
+
+
+class Status(str, enum.Enum):
+    """What happened to one finding x case x variant (a summary row's `status`)."""
+
+    OK = "ok"
+    """Timed (its `verdict` says what the time shows)."""
+    FAILED = "failed"
+    """It raised; `error` says where."""
+    MISMATCH = "mismatch"
+    """Its output disagreed with the reference, so it was not timed; `reason` says by how much."""
+    NEEDS_CUDA = "needs_cuda"
+    """It needs a CUDA device and the run had none."""
+    NOT_TIMED = "not_timed"
+    """Left out here (`reason` says why)."""
+
+
+#: a summary row's fields whose kind is fixed, and that kind (a present value must be one;
+#: None is an absent value). Other fields (a finding's own metrics) are kept as they are.
+ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "finding": str, "case": str, "variant": str, "status": Status, "verdict": Verdict,
+    "baseline": bool, "placebo": bool, "headline": bool, "device": str,
+    "n": int, "median_s": float, "iqr_s": float, "first_call_s": float,
+    "ratio": float, "ci_low": float, "ci_high": float, "ci_level": float, "speedup": float,
+    "ci_halfwidth": float, "margin": float, "pvalue": float, "log_se": float, "df": float,
+    "process_sd": float, "rounds_to_decide": int, "max_error": float,
+    "op_calls": int, "host_syncs": int, "allocations": int, "allocated_bytes": int,
+    "kernel_launches": int, "peak_bytes": int, "error": str, "reason": str,
+}
+
+
+def _kind_name(kind) -> str:
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return "one of " + ", ".join(m.value for m in kind)
+    return {str: "a string", bool: "true or false", int: "a whole number",
+            float: "a number"}[kind]
+
+
+def _fits(value, kind) -> bool:
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return value in {m.value for m in kind}
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer())
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def check_row(row: object, where: str) -> dict:
+    """`row` if it is a summary row (a JSON object whose fields in ROW_FIELDS hold their
+    kind); else RunFileError naming `where` and the field."""
+    if not isinstance(row, dict):
+        raise RunFileError(f"{where}: expected a JSON object (a summary row); got "
+                           f"{type(row).__name__}")
+    for field in ("finding", "case", "variant"):
+        if not isinstance(row.get(field), str):
+            raise RunFileError(f"{where}: field {field!r}: expected a string; got "
+                               f"{row.get(field)!r}")
+    for field, kind in ROW_FIELDS.items():
+        value = row.get(field)
+        if value is not None and not _fits(value, kind):
+            raise RunFileError(f"{where}: field {field!r}: expected {_kind_name(kind)}; got "
+                               f"{value!r}")
+    return row
+
+
+def migrate(document: dict, path: Path) -> dict:
+    """A run.json or journal document of any readable schema, as the current schema has
+    it: the one place where older runs are brought up to date. Schema 1 recorded nothing
+    of its findings (`finding_info` becomes empty: the report says so) and its rows'
+    intervals came from unpaired samples (their words keep their old values, and the
+    report marks them)."""
+    version = document.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        newer = isinstance(version, int) and not isinstance(version, bool) \
+            and version > SCHEMA_VERSION
+        raise RunFileError(
+            f"{path}: schema_version: expected one of {', '.join(map(str, READABLE_VERSIONS))}; "
+            f"got {version!r}. " + ("It was written by a newer esper-bench: upgrade it."
+                                   if newer else
+                                   "Re-run `python -m harness.run` with this version of the harness."))
+    if version == 1:
+        document = {**document, "schema_version": SCHEMA_VERSION,
+                    "finding_info": document.get("finding_info") or {}, "migrated_from": 1}
+    return document
 
 
 class RunFileError(UsageError, ValueError):
@@ -323,24 +423,50 @@ def _read_document(folder: Path) -> dict:
         raise RunFileError(str(err)) from err
     if not isinstance(document, dict):
         raise RunFileError(f"{path}: expected a JSON object; got {type(document).__name__}; {fix}")
-    version = document.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise RunFileError(
-            f"{path}: schema_version: expected {SCHEMA_VERSION}; got {version!r}. "
-            "Re-run `python -m harness.run` with this version of the harness."
-        )
+    document = migrate(document, path)
+    if not isinstance(document.get("run_id"), str):
+        raise RunFileError(f"{path}: field 'run_id': expected a string; got "
+                           f"{document.get('run_id')!r}; {fix}")
+    for field in ("summary", "rows"):
+        if not isinstance(document.get(field, []), list):
+            raise RunFileError(f"{path}: field {field!r}: expected a list of rows; got "
+                               f"{type(document[field]).__name__}; {fix}")
+    if not isinstance(document.get("finding_info", {}), dict):
+        raise RunFileError(f"{path}: field 'finding_info': expected an object (finding id -> "
+                           f"what the run recorded of it); got "
+                           f"{type(document['finding_info']).__name__}; {fix}")
+    document.setdefault("summary", [])
+    document.setdefault("rows", [])
+    for index, row in enumerate(document["summary"]):
+        check_row(row, f"{path}: summary row {index}")
     return document
 
 
 def read_cells(folder: Path) -> list[dict]:
-    """The journal of run `folder`, in run order (empty for runs written before it existed)."""
+    """The journal of run `folder`, in run order (empty for runs written before it
+    existed); each cell checked (kind, schema, rows) and migrated to the current schema."""
     cells = []
+    fix = "delete it and measure the cell again with `python -m harness.run --resume`"
     for path in sorted((Path(folder) / CELLS).glob("*.json")):
         try:
-            cell = read_json(path, fix="delete it and measure the cell again with "
-                                       "`python -m harness.run --resume`")
+            cell = read_json(path, fix=fix)
         except UsageError as err:
             raise RunFileError(str(err)) from err
+        if not isinstance(cell, dict):
+            raise RunFileError(f"{path}: expected a JSON object (a journaled cell); got "
+                               f"{type(cell).__name__}; {fix}")
+        cell = migrate(cell, path)
+        order = cell.get("order")
+        if not (isinstance(order, list) and len(order) == 2
+                and all(isinstance(i, int) for i in order)):
+            raise RunFileError(f"{path}: field 'order': expected [finding index, case index]; "
+                               f"got {order!r}; {fix}")
+        for field in ("summary", "samples"):
+            if not isinstance(cell.get(field), list):
+                raise RunFileError(f"{path}: field {field!r}: expected a list of rows; got "
+                                   f"{cell.get(field)!r}; {fix}")
+        for index, row in enumerate(cell["summary"]):
+            check_row(row, f"{path}: summary row {index}")
         cells.append(cell)
     return sorted(cells, key=lambda c: tuple(c["order"]))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import math
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pandas as pd
 import torch
 
 from harness import explain, findings as registry
-from harness import ranks
+from harness import options, ranks
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
 )
@@ -48,15 +47,8 @@ MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--
                        "seed": "--seed", "threads": "--threads"}
 
 
-def _path(text: str) -> Path:
-    """argparse type: a non-empty path (`''` would silently mean the current folder)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a path; got an empty string")
-    return Path(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = options.Parser(
         prog="python -m harness.run", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=epilog("every variant ran and agreed with its reference",
@@ -76,16 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "own findings; repeatable; also read from [tool.esper-bench] "
                         "findings-modules in the nearest pyproject.toml)")
     p.add_argument("--list", action="store_true", help="list the findings and exit")
-    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+    p.add_argument("--time-budget", type=options.seconds, default=None, metavar="S",
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
                         "quick 0.3; a finding of slow calls may declare a multiple: "
                         "E2E-iteration 30x)")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="FRACTION",
+    p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="the practical margin of the words: a ratio whose interval lies "
                         "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "
                         f"else 'inconclusive' (default {DEFAULT_MARGIN}; a finding may "
                         "declare its own)")
-    p.add_argument("--precision", type=float, default=0.03, metavar="FRACTION",
+    p.add_argument("--precision", type=options.fraction_or_zero, default=0.03, metavar="FRACTION",
                    help="a variant stops sampling once its word is decided and its ratio's "
                         "interval is within +-FRACTION of it (default 0.03); 0: every "
                         "variant samples the whole budget")
@@ -93,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the baseline is also timed against a second copy of itself, "
                         "the run's measured noise floor (default: each finding's headline "
                         "cell)")
-    p.add_argument("--out", type=_path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
+    p.add_argument("--out", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
     p.add_argument("--resume", metavar="RUN",
                    help="continue RUN (a folder, a run id under --out, or latest): measure "
@@ -104,13 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "allocations come from, by line of your code (a second profiled "
                         "call per variant); report --compare and --markdown then name the "
                         "lines behind a counter that changed")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--seed", type=options.seed, default=0, help="input seed (default 0)")
+    p.add_argument("--threads", type=options.positive_int, default=None,
                    help="torch CPU threads, fixed for the run (default: torch's current count)")
     p.add_argument("--pyspy", action="store_true",
-                   help="also record a py-spy flamegraph of a few esper.train iterations")
+                   help="also record a py-spy flamegraph of the findings modules' short "
+                        "program (built-in: a few esper.train iterations)")
     p.add_argument("--no-report", action="store_true", help="do not render the HTML report")
-    p.add_argument("--reports", type=_path, default=None, metavar="DIR",
+    p.add_argument("--reports", type=options.path, default=None, metavar="DIR",
                    help="report folder root (default: reports/ beside the results folder)")
     return p
 
@@ -196,15 +189,6 @@ def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device)
 
 
 def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
-    if args.time_budget is not None and not (math.isfinite(args.time_budget)
-                                             and args.time_budget > 0):
-        raise UsageError(f"--time-budget: expected finite seconds > 0; got {args.time_budget}")
-    if args.threads is not None and args.threads <= 0:
-        raise UsageError(f"--threads: expected a positive int; got {args.threads}")
-    if not 0.0 <= args.precision < 1.0:
-        raise UsageError(f"--precision: expected a fraction in [0, 1); got {args.precision}")
-    if not (math.isfinite(args.margin) and 0.0 < args.margin < 1.0):
-        raise UsageError(f"--margin: expected a fraction in (0, 1), e.g. 0.05; got {args.margin}")
     if getattr(args, "sources", False) and args.no_profile:
         raise UsageError("--sources: expected with the profiling pass (it splits the counters "
                          "the profiler counts); got it with --no-profile")
@@ -370,6 +354,7 @@ def finding_info(finding: registry.Finding, options: RunOptions) -> dict:
             "notes": list(finding.notes), "variants": list(finding.variants),
             "baseline": finding.baseline, "peers": list(finding.peers),
             "answer": list(finding.answer), "claim_factor": finding.claim_factor,
+            "proposed": finding.proposed, "phases": list(finding.phases),
             "claim_tolerance": finding.claim_tolerance,
             "margin": finding.margin or options.margin, "paired": finding.paired,
             "cases": [c.label for c in cases], "headline_case": headline_label(finding, options),
@@ -554,11 +539,11 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
                                 cell["summary"], cell["samples"], **extra)
     if len(outcomes) > 1:
         writer.metadata["ranks"] = [o["rank"] for o in outcomes]
-    shared = shared_streams(writer.summary)
-    if shared:
-        writer.metadata["env_streams_shared"] = shared
+    warned = row_warnings(writer.summary)
+    if warned:
+        writer.metadata["warnings"] = warned
     if pyspy:  # after the timing, so that it disturbs nothing
-        writer.metadata["pyspy"] = record_flamegraph(writer.folder)
+        writer.metadata["pyspy"] = record_flamegraph(writer.folder, registry.defaults().flamegraph)
         print(f"py-spy: {writer.metadata['pyspy']['status']}: "
               f"{writer.metadata['pyspy']['detail']}", file=sys.stderr)
     with signals_deferred():
@@ -583,20 +568,21 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     for line in filter(None, lines):
         print(f"\n{line}")
     print(f"\nresults: {writer.folder}  ({status})")
+    for warned in writer.metadata.get("warnings") or ():
+        print(f"warning: {warned['finding']} {warned['case']} {warned['variant']}: "
+              f"{warned['warning']}", file=sys.stderr)
     if trust.noisy:
         print(f"noisy run: a placebo read {', '.join(trust.placebo_decisive)}; its close "
               "words may not repeat (see the noise floor line above)", file=sys.stderr)
 
 
-def shared_streams(summary: list[dict]) -> list[dict]:
-    """Cells whose envs ran on fewer CUDA streams than envs (torch's pool holds 32 per
-    priority, `esper.trainer.make_env_streams`): recorded in the run's metadata, because
-    envs that share a stream serialise and their timings say so."""
+def row_warnings(summary: list[dict]) -> list[dict]:
+    """The rows that carry a `warning` (a finding's `extra_metrics` may say that what it
+    measured ran otherwise than meant, e.g. envs that shared a CUDA stream): recorded in
+    the run's metadata and said at the end of the run."""
     return [{"finding": r["finding"], "case": r["case"], "variant": r["variant"],
-             "num_envs": r["p_num_envs"], "env_streams": r["env_streams"]}
-            for r in summary
-            if r.get("env_streams") is not None and r.get("p_num_envs") is not None
-            and r["env_streams"] < r["p_num_envs"]]
+             "warning": r["warning"]}
+            for r in summary if isinstance(r.get("warning"), str) and r["warning"]]
 
 
 def _cell_detail(summary: list[dict]) -> str:

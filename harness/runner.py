@@ -41,6 +41,7 @@ from harness.measure.timing import (
     Measurement, Sampling, VariantError, make_clock, measure_interleaved,
 )
 from harness.measure.trace import merge_traces
+from harness.results import Status
 
 #: what `RunOptions.placebo` may be: the placebo in each finding's headline cell, in
 #: every cell, or nowhere
@@ -144,7 +145,7 @@ class CaseRun:
         with self._stage("check"):
             self._check(self._first_calls())
         if PLACEBO in self._active() and f.baseline not in self._active():
-            self.cells[PLACEBO].update(status=Verdict.NOT_TIMED,
+            self.cells[PLACEBO].update(status=Status.NOT_TIMED,
                                        reason=f"the baseline {f.baseline} was not timed here")
         if PLACEBO in self._active():
             try:
@@ -194,15 +195,15 @@ class CaseRun:
         return self.finding.baseline if variant == PLACEBO else variant
 
     def _fail(self, variant: str, err: BaseException, stage: str) -> None:
-        self.cells[variant].update(status=Verdict.FAILED, error=f"{stage}: {describe_error(err)}")
+        self.cells[variant].update(status=Status.FAILED, error=f"{stage}: {describe_error(err)}")
 
     def _skip(self) -> None:
         for variant in self.variants:
             reason = self.finding.skip(self._code(variant), self.case, self.options.device)
             if reason == "needs CUDA":
-                self.cells[variant].update(status=Verdict.NEEDS_CUDA, reason=reason)
+                self.cells[variant].update(status=Status.NEEDS_CUDA, reason=reason)
             elif reason:
-                self.cells[variant].update(status=Verdict.NOT_TIMED, reason=reason)
+                self.cells[variant].update(status=Status.NOT_TIMED, reason=reason)
 
     def _first_calls(self) -> dict[str, object]:
         """Each variant's first output (the placebo is the baseline's code: not checked)."""
@@ -231,7 +232,7 @@ class CaseRun:
             reference = outputs[f.baseline]
         else:
             for variant in self._active():
-                self.cells[variant].update(status=Verdict.NOT_TIMED,
+                self.cells[variant].update(status=Status.NOT_TIMED,
                                            reason="no reference: the baseline did not run")
             return
         tolerance = f.tolerance(self.case)
@@ -246,7 +247,7 @@ class CaseRun:
             self.cells[variant]["max_error"] = error
             if not error <= tolerance:  # NaN fails too
                 self.cells[variant].update(
-                    status=Verdict.MISMATCH,
+                    status=Status.MISMATCH,
                     reason=f"max error {error:.3g} > tolerance {tolerance:.3g}",
                 )
 
@@ -329,7 +330,7 @@ class CaseRun:
         for variant in timed:
             m = self.measurements[variant]
             cell = self.cells[variant]
-            cell.update(status="ok", n=m.n, median_s=m.median, iqr_s=m.iqr,
+            cell.update(status=Status.OK, n=m.n, median_s=m.median, iqr_s=m.iqr,
                         number_per_sample=m.number_per_sample,
                         first_call_s=m.first_call_seconds, stopped_by=m.stopped_by.value,
                         precision_reached=m.precision_reached, compared_to=reference,
@@ -428,7 +429,7 @@ class CaseRun:
             cell = dict(self.cells[variant])
             status = cell.pop("status", None)
             verdict = cell.pop("verdict", status)
-            status = "ok" if status == "ok" else getattr(status, "value", status)
+            status = getattr(status, "value", status)
             rows.append({**self._base(), "variant": variant,
                          "baseline": variant == self.finding.baseline,
                          "placebo": variant == PLACEBO,

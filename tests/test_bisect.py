@@ -190,7 +190,7 @@ def test_an_interrupted_bisect_leaves_no_worktree_and_says_how_far_it_got(repo, 
     (["--good", "{first}", "--bad", "main", "--findings", "MY-scale", "--margin", "0.1"],
      "--margin: expected with --time"),
     (["--good", "{first}", "--bad", "main", "--findings", "MY-scale", "--time", "--margin", "5"],
-     "--margin: expected a fraction in (0, 1), e.g. 0.05; got 5.0"),
+     "--margin: expected a fraction in (0, 1), e.g. 0.05; got '5'"),
 ])
 def test_bad_input_exits_2_naming_the_cause_and_changes_nothing(repo, args, message):
     before = _state(repo.path)

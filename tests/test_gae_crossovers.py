@@ -1,9 +1,9 @@
-"""harness.gae_tools.crossovers: proposals from hand-made timings (nothing is timed here)."""
+"""harness.review.gae_tools.crossovers: proposals from hand-made timings (nothing is timed here)."""
 
 from __future__ import annotations
 
 from esper.gae.auto import UNBOUNDED
-from harness.gae_tools.crossovers import Grid, main, propose_parallel_min, propose_rows, rows_source
+from harness.review.gae_tools.crossovers import Grid, main, propose_parallel_min, propose_rows, rows_source
 
 
 def _grid(fast: dict) -> Grid:
@@ -44,4 +44,4 @@ def test_parallel_min_is_where_two_threads_win_from_there_up():
 
 def test_bad_threads_exit_2(capsys):
     assert main(["--threads", "0"]) == 2
-    assert "--threads: expected a positive int" in capsys.readouterr().err
+    assert "--threads: expected an integer >= 1; got '0'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""harness.gae_tools.floor: sampling with a stand-in clock, the targets from hand-made
+"""harness.review.gae_tools.floor: sampling with a stand-in clock, the targets from hand-made
 samples, the command's exit codes, and one short real run (ratios only, with margins)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from esper.gae import METHODS
-from harness.gae_tools import floor
-from harness.gae_tools.floor import (
+from harness.review.gae_tools import floor
+from harness.review.gae_tools.floor import (
     CHECK, FLOOR_NUMPY, NO_OP, SMALL, ShapeResult, batch_sizes, check_targets, main,
     markdown, sample_rounds,
 )
@@ -120,7 +120,7 @@ def test_version_and_exit_codes_in_help(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out == (
-        f"python -m harness.gae_tools.floor {importlib.metadata.version('esper-bench')}\n")
+        f"python -m harness.review.gae_tools.floor {importlib.metadata.version('esper-bench')}\n")
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = capsys.readouterr().out

@@ -1,10 +1,10 @@
-"""harness.gae_tools.targets: the target table and checks from a run's summary rows."""
+"""harness.review.gae_tools.targets: the target table and checks from a run's summary rows."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from harness.gae_tools.targets import TARGET_ENVS, TARGET_STEPS, check_targets, markdown, target_cells
+from harness.review.gae_tools.targets import TARGET_ENVS, TARGET_STEPS, check_targets, markdown, target_cells
 
 
 def _summary(ours_s: float, peer_s: float, floor_s: float) -> pd.DataFrame:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from esper.gae import METHODS
+from harness import findings as registry
 from harness.gate import ab as gate_ab, cli as gate, counters as gate_counters
 from harness.gate import invariants as gate_invariants, quality as gate_quality
 from harness.measure.counters import profile_call
@@ -82,7 +83,7 @@ def test_counters_report_fewer_ops_as_an_improvement(gae_baseline, gae_cells):
 
 
 def test_counters_catch_a_planted_allocation(gae_baseline):
-    with planted("scan", allocating):
+    with planted(registry.defaults().plant, allocating):
         rows = gate_counters.check_counters(gae_baseline, ["B4-CR-03"])
     flagged = {(row.variant, row.change) for row in rows if row.outcome is Outcome.REGRESSION}
     # torch.empty(16): one op, one allocation, 16 float32 values, in every quick case
@@ -267,7 +268,7 @@ def test_invariant_missing_field_is_named(tmp_path):
 
 
 def test_committed_invariants_name_quick_cases_and_keep_wide_margins():
-    config = gate_invariants.load_config(gate_invariants.DEFAULT_CONFIG)
+    config = gate_invariants.load_config(registry.defaults().invariants)
     assert config.invariants
     for invariant in config.invariants:
         assert invariant.margin >= 2.5, invariant
@@ -463,7 +464,7 @@ def test_allocating_adds_one_allocation_per_call():
 
 def test_planted_restores_the_method():
     original = METHODS["scan"]
-    with planted("scan", allocating):
+    with planted(registry.defaults().plant, allocating):
         assert METHODS["scan"] is not original
     assert METHODS["scan"] is original
 
@@ -487,8 +488,8 @@ def test_busy_processes_spin_while_inside_and_are_gone_after():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--busy", "-1"], "--busy: expected an integer >= 0; got -1"),
-    (["--ab-runs", "-2"], "run counts: expected integers >= 0"),
+    (["--busy", "-1"], "--busy: expected an integer >= 0; got '-1'"),
+    (["--ab-runs", "-2"], "--ab-runs: expected an integer >= 0; got '-2'"),
 ])
 def test_gate_quality_usage_errors_exit_2(argv, message, capsys):
     assert gate_quality.main(argv) == 2

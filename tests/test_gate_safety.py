@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from harness import exits
-from harness.gae_tools import crossovers, targets
+from harness.review.gae_tools import crossovers, targets
 from harness.gate import ab as gate_ab, cli as gate, counters as gate_counters
 from harness.gate import quality as gate_quality
 from harness.gate.table import UsageError
@@ -331,8 +331,8 @@ def test_an_unmergeable_baseline_is_replaced_only_when_asked_or_when_nothing_is_
 COMMANDS = {
     "harness.gate": gate.main,
     "harness.gate.quality": gate_quality.main,
-    "harness.gae_tools.crossovers": crossovers.main,
-    "harness.gae_tools.targets": targets.main,
+    "harness.review.gae_tools.crossovers": crossovers.main,
+    "harness.review.gae_tools.targets": targets.main,
     "esper.train": esper.train.main,
 }
 
@@ -362,8 +362,8 @@ INTERNAL_ERRORS = [
     # (command, what to break, argv)
     ("harness.gate", (gate_counters, "measure"), ["--counters", "--findings", FINDING]),
     ("harness.gate.quality", (gate_quality, "run_scenarios"), []),
-    ("harness.gae_tools.crossovers", (crossovers, "timed_methods"), ["--quick"]),
-    ("harness.gae_tools.targets", (targets, "load_run"), []),
+    ("harness.review.gae_tools.crossovers", (crossovers, "timed_methods"), ["--quick"]),
+    ("harness.review.gae_tools.targets", (targets, "load_run"), []),
     ("esper.train", (esper.train, "VectorizedTrainer"),
      ["--device", "cpu", "--envs", "1", "--steps", "2", "--iterations", "1"]),
 ]
@@ -380,10 +380,10 @@ def test_an_unexpected_exception_exits_3_with_its_traceback(name, target, argv, 
 
 
 @pytest.mark.parametrize("name, argv, message", [
-    ("harness.gate.quality", ["--busy", "-1"], "--busy: expected an integer >= 0; got -1"),
+    ("harness.gate.quality", ["--busy", "-1"], "--busy: expected an integer >= 0; got '-1'"),
     ("harness.gate.quality", ["--json", "/proc/x/q.json"], "--json: expected a writable location"),
-    ("harness.gae_tools.crossovers", ["--threads", "0"], "--threads: expected a positive int"),
-    ("harness.gae_tools.targets", ["no-such-run", "--results", "/nonexistent"], "no-such-run"),
+    ("harness.review.gae_tools.crossovers", ["--threads", "0"], "--threads: expected an integer >= 1; got '0'"),
+    ("harness.review.gae_tools.targets", ["no-such-run", "--results", "/nonexistent"], "no-such-run"),
 ])
 def test_tool_commands_exit_2_on_bad_input(name, argv, message, capsys):
     assert COMMANDS[name](argv) == 2

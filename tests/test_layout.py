@@ -1,8 +1,14 @@
 """The package layout: every module imports, and no import goes the wrong way.
 
 Read from the import statements themselves (ast), so a lazy import inside a function
-counts too: `esper` never imports `harness`, and `harness.measure` imports no other
-part of `harness`.
+counts too. The rules:
+
+- `esper` (the system under test) never imports `harness`;
+- the core of `harness` (everything but the plug-in `harness.review`) imports neither
+  `esper` nor the plug-in: the review's findings plug in by name, as a user's do;
+- `harness.report` imports no findings registry (it renders from a run's files alone),
+  and `harness.measure` imports no other part of `harness`;
+- no module imports itself back through others (no import cycle anywhere).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import esper
 import harness
 
 ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = "harness.review"
 
 
 def _modules(package) -> list[str]:
@@ -43,8 +50,23 @@ def _imported_names(path: Path) -> set[str]:
     return names
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _sources(package_dir: Path) -> list[Path]:
     return sorted(package_dir.rglob("*.py"))
+
+
+def _offenders(paths, bad) -> dict[str, list[str]]:
+    found = {str(p.relative_to(ROOT)): sorted(n for n in _imported_names(p) if bad(n))
+             for p in paths}
+    return {k: v for k, v in found.items() if v}
+
+
+def _is(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
 
 
 @pytest.mark.parametrize("name", _modules(esper) + _modules(harness))
@@ -53,28 +75,80 @@ def test_every_module_imports(name):
 
 
 def test_esper_never_imports_harness():
-    offenders = {str(p.relative_to(ROOT)): sorted(n for n in _imported_names(p)
-                                                  if n.split(".")[0] == "harness")
-                 for p in _sources(ROOT / "esper")}
-    assert {k: v for k, v in offenders.items() if v} == {}
+    assert _offenders(_sources(ROOT / "esper"), lambda n: _is(n, "harness")) == {}
+
+
+def test_the_core_of_harness_imports_neither_esper_nor_the_plugin():
+    core = [p for p in _sources(ROOT / "harness") if not _is(_module_name(p), PLUGIN)]
+    assert _offenders(core, lambda n: _is(n, "esper") or _is(n, PLUGIN)) == {}
+
+
+def test_the_report_renders_from_files_without_a_findings_registry():
+    assert _offenders(_sources(ROOT / "harness" / "report"),
+                      lambda n: _is(n, "harness.findings") or _is(n, PLUGIN)) == {}
 
 
 def test_measure_imports_no_other_part_of_harness():
-    offenders = {}
-    for path in _sources(ROOT / "harness" / "measure"):
-        bad = sorted(n for n in _imported_names(path)
-                     if n.startswith("harness") and not n.startswith("harness.measure")
-                     and n != "harness")
-        if bad:
-            offenders[str(path.relative_to(ROOT))] = bad
-    assert offenders == {}
+    assert _offenders(_sources(ROOT / "harness" / "measure"),
+                      lambda n: _is(n, "harness") and not _is(n, "harness.measure")
+                      and n != "harness") == {}
 
 
-def test_gae_package_does_not_import_variants():
-    """The former cycle: esper.gae named its methods to esper.variants, which imported it back."""
-    offenders = [str(p.relative_to(ROOT)) for p in _sources(ROOT / "esper" / "gae")
-                 if any(n.startswith("esper.variants") for n in _imported_names(p))]
-    assert offenders == []
+def _graph() -> dict[str, set[str]]:
+    """module -> the modules of esper and harness it imports (a name that is a module's
+    attribute, `from a.b import c`, points at `a.b`)."""
+    paths = _sources(ROOT / "esper") + _sources(ROOT / "harness")
+    known = {_module_name(p) for p in paths}
+    graph = {}
+    for path in paths:
+        edges = set()
+        for name in _imported_names(path):
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                edges.add(name)
+        me = _module_name(path)
+        graph[me] = edges - {me}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_anywhere():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_flat_modules_left_behind():

@@ -7,7 +7,7 @@ import torch
 
 from esper.gae import METHODS
 from esper.gae.reference import reference_gae
-from harness.findings import peers
+from harness.review.findings import peers
 from harness.findings import select
 from harness.gate.counters import own_variants
 from tests.gae_inputs import make_case

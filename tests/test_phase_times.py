@@ -22,7 +22,7 @@ from esper.env import EnvConfig
 from esper.ppo import PPOConfig
 from esper.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants
-from harness.findings.e2e import phase_seconds
+from harness.review.findings.e2e import phase_seconds
 
 
 class SimulatedCuda:

@@ -16,12 +16,14 @@ from harness import Case, Finding, max_abs_difference, register
 from harness import findings as registry
 
 #: what a user may import from `harness`; changing it breaks their finding modules
-PUBLIC_NAMES = ["Case", "Finding", "max_abs_difference", "register"]
+PUBLIC_NAMES = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
+                "set_defaults"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
                   "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "margin",
-                  "claim_factor", "claim_tolerance", "headline_case", "long", "duration_s",
+                  "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
+                  "long", "duration_s",
                   "ticket", "notes", "gated")
 
 
@@ -30,6 +32,8 @@ def test_the_public_names_are_frozen_and_are_the_registry_s_own():
     assert set(PUBLIC_NAMES) <= set(dir(harness))
     assert (Case, Finding, max_abs_difference, register) == (
         registry.Case, registry.Finding, registry.max_abs_difference, registry.register)
+    assert (harness.Defaults, harness.PlantTarget, harness.set_defaults) == (
+        registry.Defaults, registry.PlantTarget, registry.set_defaults)
     with pytest.raises(AttributeError, match="has no attribute 'Findings'"):
         harness.Findings  # noqa: B018
 

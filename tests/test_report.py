@@ -21,7 +21,7 @@ from harness.measure.flamegraph import record_flamegraph
 from harness.report.plots import crossings, scaling_figure
 from harness.report.cli import main as report_main
 from harness.report.compare import Change, compare_runs
-from harness.report.data import PHASES, ReportError, phase_breakdowns
+from harness.report.data import ReportError, phase_breakdowns
 from harness.report.site import COPY_LIMIT_BYTES, attach, render_run, update_index
 from harness.results import Run, load_run
 from harness.run import main as run_main
@@ -339,6 +339,12 @@ def test_scaling_plot_marks_crossovers_and_needs_two_sizes(tmp_path):
     assert scaling_figure("X", one_case, "p_num_envs", ["loop", "scan"], tmp_path) is None
 
 
+#: the phases the E2E finding declares (`Finding.phases`), as its runs record them
+PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
+E2E_INFO = {"E2E-iteration": {"title": "A full PPO iteration", "claim": "runs once per rollout",
+                              "baseline": "original", "phases": list(PHASES)}}
+
+
 def test_end_to_end_prediction_is_amdahl_over_the_phases():
     phases = {f"phase_{p}_s": s for p, s in zip(PHASES, (4.0, 2.0, 1.0, 2.0, 1.0))}
     faster_gae = {**phases, "phase_gae_s": 0.5}  # GAE 4x faster, 20% of the time
@@ -348,14 +354,15 @@ def test_end_to_end_prediction_is_amdahl_over_the_phases():
         {"case": "num_envs=4", "p_num_envs": 4, "variant": "optimized", "median_s": 10.0,
          "gae_share": 0.5 / 8.5, "ratio": 0.84, "ci_low": 0.8, "ci_high": 0.9, **faster_gae},
     ])
-    (b,) = phase_breakdowns(rows, "original")
+    (b,) = phase_breakdowns(rows, "original", PHASES)
+    assert phase_breakdowns(rows, "original", ()) == []  # a finding that declares no phases
     assert b.predicted_ratio == pytest.approx(1 - 0.2 + 0.2 / 4)  # Amdahl
     assert b.predicted_s == pytest.approx(12.0 * 0.85)
     assert b.measured_ratio == 0.84 and b.measured_ci == (0.8, 0.9)
     assert [r["gain"] for r in b.phase_rows()] == ["1x", "1x", "1x", "4x", "1x"]
 
 
-def test_end_to_end_section_is_rendered_from_e2e_rows(tmp_path):
+def test_a_section_with_declared_phases_is_rendered_from_its_rows(tmp_path):
     phases = {f"phase_{p}_s": s for p, s in zip(PHASES, (0.4, 0.2, 0.1, 0.2, 0.1))}
     base = {"finding": "E2E-iteration", "case": "num_envs=4,max_steps=10", "p_num_envs": 4,
             "p_max_steps": 10, "status": "ok", "n": 5, "iqr_s": 0.01}
@@ -366,7 +373,8 @@ def test_end_to_end_section_is_rendered_from_e2e_rows(tmp_path):
          "median_s": 0.8, "ratio": 0.8, "ci_low": 0.75, "ci_high": 0.85, "speedup": 1.25,
          "gae_share": 0.05 / 0.85, **phases, "phase_gae_s": 0.05},
     ])
-    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete",
+                                                  "finding_info": E2E_INFO},
               summary=summary, rows=pd.DataFrame())
     page = render_run(run, tmp_path / "report")
     update_index(tmp_path)
@@ -375,7 +383,6 @@ def test_end_to_end_section_is_rendered_from_e2e_rows(tmp_path):
     text = page.read_text()
     assert "predicted from the phase gains (Amdahl)" in text
     assert "1.18x" in text  # predicted: 1 / 0.85
-    assert "GAE is 20.0% of the original iteration" in text
 
 
 def test_detail_table_shows_samples_stop_reason_interval_and_peak_memory(tmp_path):
@@ -402,7 +409,6 @@ def test_a_stability_finding_is_answered_by_its_estimates_then_its_cost(tmp_path
     estimate of the rows is in the section's estimates table."""
     from harness.report.markdown import run_markdown
 
-    registry.select(None)
     base = {"finding": "C1-grad-scaler", "case": "train_batches=2", "p_train_batches": 2,
             "status": "ok", "n": 20, "iqr_s": 1e-5}
     rate = "inf_in_host_changed_other_scale_rate"
@@ -413,7 +419,10 @@ def test_a_stability_finding_is_answered_by_its_estimates_then_its_cost(tmp_path
          "median_s": 2e-3, "ratio": 1.01, "ci_low": 0.97, "ci_high": 1.05, "speedup": 0.99,
          rate: 0.0, f"{rate}_low": 0.0, f"{rate}_high": 0.49},
     ])
-    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+    info = {"C1-grad-scaler": {"title": "Mixed precision", "claim": "the scaler...",
+                               "baseline": "shared", "answer": [rate]}}
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete",
+                                                  "finding_info": info},
               summary=summary, rows=pd.DataFrame())
     text = render_run(run, tmp_path / "report").read_text()
     answer = ("inf in host changed other scale rate: per_optimizer 0 [0, 0.49] vs shared "
@@ -445,10 +454,11 @@ def test_paired_e2e_shows_each_phase_saving_with_its_interval_and_device_time(tm
          "gae_share": 0.197 / 0.997, **phases, "phase_gae_s": 0.197, **device, **diffs,
          "time_diff_s": -0.0031, "time_diff_low_s": -0.0045, "time_diff_high_s": -0.0012},
     ])
-    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete"},
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete",
+                                                  "finding_info": E2E_INFO},
               summary=summary, rows=pd.DataFrame())
     text = render_run(run, tmp_path / "report").read_text()
-    assert "median of per-iteration ratios" in text
+    assert "paired over calls" in text
     assert "3 ms [2 ms, 4 ms]" in text  # gae: saved 3 ms, interval 2-4 ms
     assert "3.1 ms [1.2 ms, 4.5 ms]" in text  # the whole iteration, measured
     assert "original on the device" in text and "250 ms" in text  # device update time
@@ -553,7 +563,7 @@ def test_large_files_are_linked_where_they_are_not_copied(tmp_path):
 
 
 def test_missing_pyspy_is_reported_plainly(runs, tmp_path):
-    outcome = record_flamegraph(tmp_path, executable="no-such-py-spy")
+    outcome = record_flamegraph(tmp_path, ("-c", "pass"), executable="no-such-py-spy")
     assert outcome["status"] == "missing" and "not installed" in outcome["detail"]
     run = tmp_path / "run" / runs["a"].name
     shutil.copytree(runs["a"], run)

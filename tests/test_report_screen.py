@@ -205,13 +205,19 @@ CASES = {"num_envs=1,max_steps=25": {"p_num_envs": 1, "p_max_steps": 25},
          "num_envs=4,max_steps=25,dones=random": {"p_num_envs": 4, "p_max_steps": 25}}
 
 
-def test_the_headline_is_the_reviews_proposal_at_the_trainers_default_size():
+def test_the_headline_is_the_claims_proposal_at_the_case_the_run_marked():
     rows = gae_rows(CASES, {"loop": LOOP, "batched": {**SCAN, "ratio": 1 / 8.5},
                             "scan": SCAN, "numba": NUMBA})
     h = headline("B4-CR-03", rows, claim="could be ~4x faster", baseline="loop",
-                 claim_factor=4.0)
+                 claim_factor=4.0, proposed="scan")
+    # an older run (no `headline` rows): the case nearest 4 envs x 25 steps
     assert h.case == "num_envs=4,max_steps=25"  # distance 0, and first of the two such
-    assert h.variant == "scan"  # Variants.optimized().gae
+    assert h.variant == "scan"  # the finding's `proposed`
+    marked = rows.assign(headline=rows["case"] == "num_envs=1,max_steps=25")
+    assert headline("B4-CR-03", marked, claim="", baseline="loop").case == \
+        "num_envs=1,max_steps=25"  # the run's own mark wins
+    # without a proposal, the fastest variant heads it
+    assert headline("B4-CR-03", rows, claim="", baseline="loop").variant == "numba"
     assert h.verdict_text() == "scan 11.8x faster [11.2-13.9]; ticket said ~4x; fastest: numba 90x"
     # host syncs moved most (205x, counting from 1); allocations 14.4x
     assert h.counter_text() == "host syncs 204 \u2192 0"
@@ -388,8 +394,9 @@ def test_bad_paths_exit_2_before_rendering(quick, tmp_path, capsys, option, mess
     (b"", "expected a JSON document; the file is empty"),
     (b'{"schema_version": 1, "summ', "it looks truncated"),
     (b"\xff\xfe{}", "not UTF-8"),
-    (b'{"schema_version": 1, "status": "complete"}', "expected a run document (schema 1)"),
-    (b'{"schema_version": 7, "summary": [], "rows": []}', "schema_version: expected 1; got 7"),
+    (b'{"schema_version": 1, "status": "complete"}', "field 'run_id': expected a string"),
+    (b'{"schema_version": 7, "summary": [], "rows": []}',
+     "schema_version: expected one of 1, 2; got 7. It was written by a newer esper-bench"),
 ])
 def test_a_corrupt_run_json_exits_2_naming_the_file(tmp_path, capsys, content, message):
     (tmp_path / "bad").mkdir()

@@ -189,7 +189,7 @@ def test_audit_check_catches_a_tensor_of_the_wrong_shape():
 # ----- C1: the GradScaler arrangement --------------------------------------------------
 
 def test_per_optimizer_scalers_keep_the_clean_optimizers_scale_and_a_shared_one_does_not():
-    from harness.findings.grad_scaler import stability_run
+    from harness.review.findings.grad_scaler import stability_run
 
     config = dataclasses.replace(SMALL, num_envs=1)
     for target in ("host", "seed"):
@@ -218,7 +218,7 @@ def test_amp_env_runs_on_the_cpu_with_the_dtype_said_and_scalers_agree_without_o
 
 
 def test_c1_check_catches_a_planted_difference():
-    from harness.findings.grad_scaler import germinated_env
+    from harness.review.findings.grad_scaler import germinated_env
 
     f = finding("C1-grad-scaler")
     case = Case.of(train_batches=1)

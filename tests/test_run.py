@@ -219,16 +219,19 @@ def test_paired_finding_interval_over_rounds_whose_work_varies():
     assert cell.inputs["calls"]["single"] == cell.inputs["calls"]["double"]
 
 
-def test_envs_sharing_cuda_streams_are_named_for_the_run_metadata():
-    from harness.run import shared_streams
+def test_rows_that_carry_a_warning_are_named_for_the_run_metadata():
+    from harness.review.findings.e2e import stream_fields
+    from harness.run import row_warnings
 
     rows = [{"finding": "E2E-iteration", "case": "num_envs=48", "variant": "original",
-             "p_num_envs": 48, "env_streams": 32},
+             **stream_fields(env_streams=32, num_envs=48)},
             {"finding": "E2E-iteration", "case": "num_envs=4", "variant": "original",
-             "p_num_envs": 4, "env_streams": 4},
+             **stream_fields(env_streams=4, num_envs=4)},
             {"finding": "B4-CR-03", "case": "x", "variant": "scan", "p_num_envs": 64}]
-    assert shared_streams(rows) == [{"finding": "E2E-iteration", "case": "num_envs=48",
-                                     "variant": "original", "num_envs": 48, "env_streams": 32}]
+    assert row_warnings(rows) == [{"finding": "E2E-iteration", "case": "num_envs=48",
+                                   "variant": "original",
+                                   "warning": "48 envs ran on 32 CUDA streams: envs sharing "
+                                              "a stream serialise"}]
 
 
 def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys):

@@ -8,8 +8,9 @@ every commit), then the code under test from the commit's tree:
 - your findings modules (`findings_modules`): the tree's import folders (`paths`) go
   first on `sys.path` and the modules are loaded through the installed harness's
   registry, as `harness.gate --against` does;
-- the built-in findings (none named): every `harness` and `esper` module is dropped
-  and the tree's own `harness.findings` (and the `esper` it measures) imported instead.
+- the built-in findings (none named): every module of the tree's top-level packages
+  (its `harness`, and the code the built-in findings measure) is dropped and the tree's
+  own `harness.findings` (and what it measures) imported instead.
 
 From the tree only the long-stable findings API is used (`select`, `cases`, `build`,
 `make_call`, `skip`, `variants`, and `peers` where the tree has it). Per finding x quick
@@ -30,6 +31,7 @@ import ctypes
 import importlib
 import json
 import os
+import pkgutil
 import signal
 import sys
 from pathlib import Path
@@ -65,7 +67,8 @@ def _registry(config: dict, tree: Path):
             if tree not in where.parents:
                 return None, f"{name} came from {where}, not from the commit's tree {tree}"
         return registry, None
-    for name in [n for n in sys.modules if n.split(".")[0] in ("harness", "esper")]:
+    packages = {info.name for info in pkgutil.iter_modules([str(tree)])}
+    for name in [n for n in sys.modules if n.split(".")[0] in packages]:
         del sys.modules[name]
     sys.path.insert(0, str(tree))
     try:

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import exits, findings as registry
+from harness import exits, options
+from harness import findings as registry
 from harness.bisect import commits as git_commits, timing
 from harness.bisect.commits import Commit
 from harness.bisect.probe import (
@@ -39,7 +40,7 @@ DEFAULT_MARGIN = 0.05
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = options.Parser(
         prog="python -m harness.bisect", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=exits.epilog(
@@ -68,13 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
                         "own findings; repeatable), after those named in pyproject.toml")
-    p.add_argument("--margin", type=float, metavar="FRACTION",
+    p.add_argument("--margin", type=options.fraction, metavar="FRACTION",
                    help=f"--time: a change smaller than this is no change (default "
                         f"{DEFAULT_MARGIN})")
-    p.add_argument("--sessions", type=int, metavar="N",
+    p.add_argument("--sessions", type=options.at_least(gate_ab.MIN_SESSIONS), metavar="N",
                    help=f"--time: A/B worker processes per commit (default "
                         f"{gate_ab.ABOptions.sessions}, at least 6)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="input seed (default 0)")
+    p.add_argument("--seed", type=options.seed, default=0, metavar="S",
+                   help="input seed (default 0)")
     return p
 
 
@@ -156,8 +158,6 @@ def _check(args: argparse.Namespace) -> Setup:
     ab = None
     if args.time:
         margin = DEFAULT_MARGIN if args.margin is None else args.margin
-        if not 0.0 < margin < 1.0:  # also refuses NaN
-            raise UsageError(f"--margin: expected a fraction in (0, 1), e.g. 0.05; got {margin!r}")
         ab = gate_ab.ABOptions(
             findings=ids, threshold=margin, seed=args.seed, findings_modules=modules,
             paths=folders,

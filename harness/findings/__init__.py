@@ -5,7 +5,8 @@ compared (one is the baseline), the cases (sizes) to run, how inputs are built f
 case, a device and a seed, how each variant is called, and optionally how its output is
 checked against a reference. `register` adds it to the registry that `harness.run`,
 `harness.report` and `harness.gate` work from. The built-in findings (this project's
-review tickets) live in this package; your own go in a module of yours that calls
+review tickets) are a plug-in, `harness.review`, loaded by name as the default findings
+module (`DEFAULT_FINDINGS_MODULE`); your own go in a module of yours that calls
 `register`, named with `python -m harness.run --findings-module PKG.MODULE` or in your
 `pyproject.toml` (`[tool.esper-bench] findings-modules = [...]`, `harness.project`).
 
@@ -35,6 +36,9 @@ import torch
 Inputs = Any
 Call = Callable[[], Any]
 
+#: the findings module loaded when none is named: the review of esper, a plug-in that
+#: registers its findings through this same API (named, never imported, by the core)
+DEFAULT_FINDINGS_MODULE = "harness.review"
 #: the variant name of the baseline timed against a second copy of itself (the placebo)
 PLACEBO = "placebo"
 #: a claimed speed-up in a claim's words: "~4x", "up to 25x", "about 3.5x"
@@ -211,6 +215,14 @@ class Finding:
     claim_tolerance: float = 0.25
     """How far below `claim_factor` the measured speed-up may lie and the claim still be
     met (0.25: down to factor / 1.25); printed with the claim's word."""
+    proposed: str | None = None
+    """The variant the claim proposes (the fix under review): the report's headline
+    variant. None: the finding's only other variant, or else its fastest at the headline
+    case."""
+    phases: tuple[str, ...] = ()
+    """Names of the phases one call is split into, in order, each timed per sample by
+    `sample_metrics` as `phase_<name>_s`: the report then draws each variant's phase
+    breakdown with Amdahl's prediction beside the measured change (a list is accepted)."""
     headline_case: Callable[[list[Case]], Case] | None = None
     """The run's cases -> the one whose answer heads the report (and whose cell also times
     the baseline against itself, the run's placebo); None: the first case."""
@@ -256,6 +268,7 @@ class Finding:
         notes = self._names("notes", self.notes, allow_empty=True, unique=False)
         self._set("notes", notes)
         self._set("answer", self._names("answer", self.answer, allow_empty=True))
+        self._set("phases", self._names("phases", self.phases, allow_empty=True))
         for name in ("paired", "gated", "long"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "True or False", getattr(self, name))
@@ -326,6 +339,11 @@ class Finding:
         if self.baseline in self.peers:
             self._bad("peers", "variants other than the baseline (a peer is a comparator)",
                       self.peers)
+        if self.proposed is not None and (self.proposed not in self.variants
+                                          or self.proposed == self.baseline):
+            self._bad("proposed", f"None or a variant other than the baseline "
+                      f"({', '.join(v for v in self.variants if v != self.baseline)})",
+                      self.proposed)
 
     def _check_callables(self) -> None:
         if isinstance(self.cases, (list, tuple)):
@@ -418,6 +436,102 @@ def max_abs_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
     return (output.double().cpu() - reference.double().cpu()).abs().max().item()
 
 
+@dataclass(frozen=True)
+class PlantTarget:
+    """A callable of the code under test that `harness.gate.quality` may wrap to plant a
+    known regression (a slowdown, an extra allocation): `module.attribute[key]`, an entry
+    of a dict of functions (e.g. `esper.gae.api`, `METHODS`, `scan`)."""
+
+    module: str
+    """The module that holds the dict, importable by name (e.g. `esper.gae.api`)."""
+    attribute: str
+    """The dict's name in that module."""
+    key: str
+    """The entry wrapped."""
+
+    def __post_init__(self) -> None:
+        for name in ("module", "attribute", "key"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"PlantTarget.{name}: expected a non-empty str; got {value!r}")
+
+    @property
+    def file(self) -> Path:
+        """The module's file, relative to the root of a tree that holds it."""
+        return Path(*self.module.split(".")).with_suffix(".py")
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.attribute}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a findings module may set for the commands that measure it, where neither the
+    command line nor `[tool.esper-bench]` says otherwise. Declared with `set_defaults`."""
+
+    invariants: Path | None = None
+    """`harness.gate` check b's config (speed ratios to keep), when --config is not given."""
+    ab_findings: tuple[str, ...] = ()
+    """`harness.gate --against`'s findings when --findings is not given (empty: every gated
+    finding)."""
+    plant: PlantTarget | None = None
+    """Where `harness.gate.quality` plants its regressions."""
+    flamegraph: tuple[str, ...] = ()
+    """`python` arguments of a short program py-spy records for `harness.run --pyspy`
+    (e.g. `("-m", "mypkg.train", "--steps", "10")`); empty: no flamegraph."""
+    commands: tuple[tuple[str, str], ...] = ()
+    """More `esper-bench` subcommands: (name, module whose `main(argv)` it calls)."""
+
+    def __post_init__(self) -> None:
+        if self.invariants is not None and not isinstance(self.invariants, (str, Path)):
+            raise ValueError(f"Defaults.invariants: expected None or a path; got {self.invariants!r}")
+        if self.invariants is not None:
+            object.__setattr__(self, "invariants", Path(self.invariants))
+        for name in ("ab_findings", "flamegraph"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"Defaults.{name}: expected a tuple of str; got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        if self.plant is not None and not isinstance(self.plant, PlantTarget):
+            raise ValueError(f"Defaults.plant: expected None or a PlantTarget; got {self.plant!r}")
+        pairs = tuple(tuple(p) for p in self.commands)
+        if not all(len(p) == 2 and all(isinstance(v, str) and v for v in p) for p in pairs):
+            raise ValueError(f"Defaults.commands: expected (name, module) pairs of str; got "
+                             f"{self.commands!r}")
+        object.__setattr__(self, "commands", pairs)
+
+
+#: findings module (or "built-in") -> what it declared with `set_defaults`
+DEFAULTS: dict[str, Defaults] = {}
+
+
+def set_defaults(defaults: Defaults) -> Defaults:
+    """Declare `defaults` for the findings module being imported (call it at its top level,
+    beside its `register` calls); a second call replaces the first."""
+    if not isinstance(defaults, Defaults):
+        raise ValueError(f"set_defaults: defaults: expected a Defaults; got "
+                         f"{type(defaults).__name__}")
+    caller = sys._getframe(1).f_globals.get("__name__", "set_defaults()")
+    DEFAULTS[_loading[-1] if _loading else caller] = defaults
+    return defaults
+
+
+def defaults() -> Defaults:
+    """The defaults in effect: the built-in module's, each field overridden by the last
+    loaded findings module that sets it."""
+    _load_builtin()
+    merged: dict = {}
+    for origin in ["built-in", *[o for o in DEFAULTS if o != "built-in"]]:
+        found = DEFAULTS.get(origin)
+        if found is None:
+            continue
+        for f in fields(Defaults):
+            value = getattr(found, f.name)
+            if value not in (None, ()):
+                merged[f.name] = value
+    return Defaults(**merged)
+
+
 FINDINGS: dict[str, Finding] = {}
 #: finding id -> where it was registered: `built-in`, or the module that registered it
 ORIGINS: dict[str, str] = {}
@@ -440,7 +554,8 @@ def register(finding: Finding) -> Finding:
     # the module named to load_findings_module, else the module that called register
     caller = sys._getframe(1).f_globals.get("__name__", "register()")
     ORIGINS[finding.id] = (_loading[-1] if _loading
-                           else "built-in" if caller.startswith(f"{__name__}.") else caller)
+                           else "built-in" if caller.startswith(f"{DEFAULT_FINDINGS_MODULE}.")
+                           else caller)
     return finding
 
 
@@ -510,11 +625,10 @@ def select(ids: list[str] | None, include_long: bool = False) -> list[Finding]:
 
 
 def _load_builtin() -> None:
-    # imported for their `register` calls; late, so that `Finding` exists first
-    # in report order: the buffer-level tickets, the vectorized review, end to end
+    """Import the default findings module (`DEFAULT_FINDINGS_MODULE`) for its `register`
+    calls, as any findings module is imported; its findings are the built-in ones."""
     _loading.append("built-in")
     try:
-        from harness.findings import gae_methods, reset_alloc, step_counts  # noqa: F401
-        from harness.findings import batched_transfer, stream_sync, env_pooling, redundant_is_cuda, bootstrap_tensor, mask_stacking, grad_scaler, seed_grad_clip, fused_accumulators, time_limit, e2e  # noqa: F401,E501
+        importlib.import_module(DEFAULT_FINDINGS_MODULE)
     finally:
         _loading.pop()

@@ -7,7 +7,7 @@ change, verdict) on stdout:
                     case, exactly against results/baselines/counters.json; a cell the
                     baseline lacks fails unless --allow-new
   --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
-                    16 x 25), against harness/gate/invariants.json
+                    16 x 25), against harness/review/invariants.json
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell when a
                     one-sided test says it is more than --threshold (5%) slower, with
@@ -40,7 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import exits, findings as registry
+from harness import exits, options
+from harness import findings as registry
 from harness.exits import UsageError
 from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
 from harness.gate.table import (
@@ -53,7 +54,7 @@ from harness.results import atomic_write_text
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = options.Parser(
         prog="python -m harness.gate", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=exits.epilog(
@@ -76,12 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-new", action="store_true",
                    help="counters: let cells the baseline has no entry for pass (reported as "
                         "'new (allowed)'), provided some other cell was compared")
-    p.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+    p.add_argument("--baseline", type=options.path, default=None, metavar="FILE",
                    help="counters baseline (default: baseline in [tool.esper-bench] of "
                         "pyproject.toml, else results/baselines/counters.json)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+    p.add_argument("--config", type=options.path, default=None, metavar="FILE",
                    help="invariants config (default: invariants in [tool.esper-bench] of "
-                        "pyproject.toml, else harness/gate/invariants.json for the built-in "
+                        "pyproject.toml, else the built-in findings module's (harness.review) for the built-in "
                         "findings; with your findings modules and no config, check b is off)")
     p.add_argument("--findings", nargs="+", metavar="ID",
                    help="gated findings for the counters and A/B checks (default: those of "
@@ -90,13 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
                         "own findings; repeatable), after those named in pyproject.toml")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=options.path, metavar="FILE",
                    help="also write the rows, with their numbers, as JSON to FILE")
-    p.add_argument("--sessions", type=int, metavar="N",
+    p.add_argument("--sessions", type=options.at_least(gate_ab.MIN_SESSIONS), metavar="N",
                    help="A/B: worker processes, each timing both trees side by side "
                         f"(default {gate_ab.ABOptions.sessions}, at least "
                         f"{gate_ab.MIN_SESSIONS})")
-    p.add_argument("--threshold", type=float, metavar="FRACTION",
+    p.add_argument("--threshold", type=options.fraction, metavar="FRACTION",
                    help=f"A/B: the margin, as a fraction: a cell fails when a one-sided "
                         f"test (Holm-corrected over the cells) says it is slower by more "
                         f"than this (default {gate_ab.ABOptions.threshold})")
@@ -117,7 +118,7 @@ def _with_project(args: argparse.Namespace) -> None:
     if args.baseline is None:
         args.baseline = project.baseline or gate_counters.DEFAULT_BASELINE
     if args.config is None and (project.invariants or not args.findings_module):
-        args.config = project.invariants or gate_invariants.DEFAULT_CONFIG
+        args.config = project.invariants or registry.defaults().invariants
 
 
 def _default_findings(args: argparse.Namespace, built_in: tuple[str, ...]) -> tuple[str, ...]:
@@ -149,7 +150,8 @@ def _ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
     """The A/B check's options and the repository whose revisions it compares: this
     project's for the built-in findings, the one holding your findings modules for yours."""
     defaults = gate_ab.ABOptions()
-    ids = _findings(args, _default_findings(args, defaults.findings))
+    ids = _findings(args, _default_findings(args, registry.defaults().ab_findings
+                                            or gate_counters.gated_findings(())))
     modules = tuple(dict.fromkeys(registry.ORIGINS.get(i, "register()") for i in ids))
     if "built-in" in modules and len(modules) > 1:
         raise UsageError(f"--findings: expected either built-in findings or your own for "

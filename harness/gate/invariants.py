@@ -8,7 +8,7 @@ threshold; an interval that straddles it is reported as inconclusive, not failed
 
 Thresholds are set far below the measured speedup (`measured_speedup / min_speedup`, the
 margin, is 2.5-3.2), so noise does not trip them while a variant that loses most of its
-advantage does. The config (`harness/gate/invariants.json`) names variants by name; one not
+advantage does. The config (`harness/review/invariants.json`) names variants by name; one not
 available on this machine (say a GAE method missing from `esper.gae.METHODS`) is skipped
 with a message.
 """
@@ -32,7 +32,6 @@ from harness.measure.timing import CpuClock, Measurement, measure_interleaved, p
 from harness.progress import Progress
 
 SCHEMA_VERSION = 1
-DEFAULT_CONFIG = Path(__file__).with_name("invariants.json")
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,25 @@
 """Planted regressions for measuring the gate itself (`harness.gate.quality`, tests/test_gate.py).
 
-Nothing in esper or in the gate imports this module. A plant wraps one GAE method of
-`esper.gae.METHODS`: `slowed` repeats whole calls so the method does `factor` times its
-work on average (1.25: every fourth call runs twice), `allocating` adds one small
-allocation per call. `planted` installs a wrapper in this process and restores the
-original after; `plant_lines` gives lines that append the same wrapper to the `esper/gae/api.py` of a
+Nothing in the code under test or in the gate imports this module. A plant wraps one
+function of the code under test, a `PlantTarget` that the findings module names
+(`harness.Defaults.plant`: for the review of esper, `esper.gae.api.METHODS['scan']`):
+`slowed` repeats whole calls so the function does `factor` times its work on average
+(1.25: every fourth call runs twice), `allocating` adds one small allocation per call.
+`planted` installs a wrapper in this process and restores the original after;
+`plant_lines` gives lines that append the same wrapper to the target's module file in a
 throw-away copy of a tree, for the A/B check, whose worker processes import that copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 from collections.abc import Callable, Iterator
 
 import torch
+
+from harness.findings import PlantTarget
 
 
 def slowed(fn: Callable, factor: float) -> Callable:
@@ -46,25 +51,26 @@ def allocating(fn: Callable) -> Callable:
 
 
 @contextlib.contextmanager
-def planted(method: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
-    """Replace `esper.gae.METHODS[method]` by `wrap(original)` in this process, then restore it."""
-    from esper import gae  # late: plain imports of this module must not pull in esper
-
-    if method not in gae.METHODS:
-        raise ValueError(f"planted: method: expected one of {', '.join(gae.METHODS)}; "
-                         f"got {method!r}")
-    original = gae.METHODS[method]
-    gae.METHODS[method] = wrap(original)
+def planted(target: PlantTarget, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """Replace `target` (`module.attribute[key]`) by `wrap(original)` in this process, then
+    restore it."""
+    table = getattr(importlib.import_module(target.module), target.attribute)
+    if target.key not in table:
+        raise ValueError(f"planted: target: expected one of {', '.join(map(str, table))} in "
+                         f"{target.module}.{target.attribute}; got {target.key!r}")
+    original = table[target.key]
+    table[target.key] = wrap(original)
     try:
         yield
     finally:
-        gae.METHODS[method] = original
+        table[target.key] = original
 
 
-def plant_lines(method: str, factor: float) -> str:
-    """Python lines that, appended to a tree's esper/gae/api.py, slow `method` by `factor`."""
+def plant_lines(target: PlantTarget, factor: float) -> str:
+    """Python lines that, appended to `target`'s module file, slow it by `factor`."""
+    entry = f"{target.attribute}[{target.key!r}]"
     return (
         "\n\n# planted by harness.gate.quality in a throw-away copy of the tree\n"
         "from harness.gate.plant import slowed as _planted_slowed\n"
-        f"METHODS[{method!r}] = _planted_slowed(METHODS[{method!r}], {factor!r})\n"
+        f"{entry} = _planted_slowed({entry}, {factor!r})\n"
     )

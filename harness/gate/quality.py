@@ -4,13 +4,17 @@ Runs each check of `harness.gate` many times on unchanged code (every flagged ru
 false positive) and with a planted regression from `harness.gate.plant` (every run that
 passes is a miss), then prints one markdown table of rates plus the numbers behind them.
 
-  a. counters, unchanged, and with one extra allocation in the scan GAE: each run a fresh
-     `python -m harness.gate --counters` process against the committed baseline;
-  b. invariants, unchanged, with the scan GAE 1.25x slower, and 5x slower: each run a
+  a. counters, unchanged, and with one extra allocation in the plant target: each run a
+     fresh `python -m harness.gate --counters` process against the committed baseline;
+  b. invariants, unchanged, with the plant target 1.25x slower, and 5x slower: each run a
      fresh `--invariants` process; also reports each invariant's measured speedups, from
-     which the thresholds in harness/gate/invariants.json are set (median / 3);
+     which the thresholds of the invariants config are set (median / 3);
   c. A/B against HEAD, the current side a worktree of HEAD (unchanged) or a copy of it
-     whose esper/gae/api.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
+     whose target module slows the plant target (by 1.25x, or each of --ab-slowdowns);
+     each run checks out HEAD afresh.
+
+The plant target is the findings modules' `harness.Defaults.plant` (for the built-in
+findings: the scan GAE, `esper.gae.api.METHODS['scan']`).
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
 `--busy N` keeps N CPU-bound processes running beside every measurement, as another
@@ -36,7 +40,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import exits
+from harness import exits, options
+from harness import findings as registry
+from harness.findings import PlantTarget
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate import ab as gate_ab
 from harness.gate.plant import plant_lines
@@ -44,16 +50,16 @@ from harness.gate.table import rows_document
 from harness.ranks import Launch, Spread, exit_process, solo_environment
 from harness.results import atomic_write_text
 
-PLANTED_METHOD = "scan"
 SMALL_SLOWDOWN = 1.25
 LARGE_SLOWDOWN = 5.0
 
 #: a process that installs a plant, then runs the gate's CLI with the remaining arguments
 _PLANTED_GATE = """
 import sys
+from harness.findings import PlantTarget
 from harness.gate import cli as gate, plant as gate_plant
 wrap = {wrap}
-with gate_plant.planted({method!r}, wrap):
+with gate_plant.planted(PlantTarget(*{target!r}), wrap):
     code = gate.main(sys.argv[1:])
 sys.exit(code)
 """
@@ -86,7 +92,9 @@ def _gate_process(args: list[str], wrap: str | None) -> tuple[int, list[dict], f
         if wrap is None:
             command = [sys.executable, "-m", "harness.gate", *args, "--json", str(out)]
         else:
-            source = _PLANTED_GATE.format(wrap=wrap, method=PLANTED_METHOD)
+            target = plant_target()
+            source = _PLANTED_GATE.format(wrap=wrap, target=(target.module, target.attribute,
+                                                             target.key))
             command = [sys.executable, "-c", source, *args, "--json", str(out)]
         started = time.perf_counter()
         done = run_group(command, cwd=gate_ab.CURRENT_TREE, env=solo_environment())
@@ -147,16 +155,27 @@ def _copy_tree(source: Path, destination: Path) -> None:
             shutil.copy2(source / name, target)
 
 
+def plant_target() -> PlantTarget:
+    """Where regressions are planted: the findings modules' `Defaults.plant`; UsageError
+    when none names one."""
+    target = registry.defaults().plant
+    if target is None:
+        raise UsageError("harness.gate.quality: expected a plant target (harness.Defaults.plant "
+                         "in a findings module); got none")
+    return target
+
+
 def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
-    """A copy of `tree` whose esper/gae/api.py slows PLANTED_METHOD by `factor`.
+    """A copy of `tree` whose plant target's module slows the target by `factor`.
 
     harness/gate/plant.py is copied from this tree, so the plant works whatever the
     copied revision holds.
     """
+    target = plant_target()
     _copy_tree(tree, destination)
     shutil.copy2(Path(__file__).with_name("plant.py"), destination / "harness" / "gate" / "plant.py")
-    with open(destination / "esper" / "gae" / "api.py", "a") as handle:
-        handle.write(plant_lines(PLANTED_METHOD, factor))
+    with open(destination / target.file, "a") as handle:
+        handle.write(plant_lines(target, factor))
     return destination
 
 
@@ -173,7 +192,8 @@ def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
         conditions = [("unchanged", unchanged, runs, False)]
         for factor in slowdowns:
             tree = planted_copy(unchanged, Path(folder) / f"tree-{factor:g}", factor)
-            conditions.append((f"{PLANTED_METHOD} {factor:g}x slower", tree, planted_runs, True))
+            conditions.append((f"{plant_target().key} {factor:g}x slower", tree, planted_runs,
+                               True))
         for condition, tree, count, expect in conditions:
             if not count:
                 continue
@@ -272,39 +292,34 @@ def _slowdowns(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.gate.quality",
+    p = options.Parser(prog="python -m harness.gate.quality",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=exits.epilog("every run done (the tables give the rates; "
                                                     "a flagged run is not a failure here)"))
     exits.add_version(p)
-    p.add_argument("--counters-runs", type=int, default=10, metavar="N",
+    p.add_argument("--counters-runs", type=options.count, default=10, metavar="N",
                    help="runs of check a per condition (default 10)")
-    p.add_argument("--invariant-runs", type=int, default=20, metavar="N",
+    p.add_argument("--invariant-runs", type=options.count, default=20, metavar="N",
                    help="runs of check b per condition (default 20)")
-    p.add_argument("--ab-runs", type=int, default=10, metavar="N",
+    p.add_argument("--ab-runs", type=options.count, default=10, metavar="N",
                    help="runs of check c on unchanged code (default 10)")
-    p.add_argument("--ab-planted-runs", type=int, default=20, metavar="N",
+    p.add_argument("--ab-planted-runs", type=options.count, default=20, metavar="N",
                    help="runs of check c with the planted slowdown (default 20)")
     p.add_argument("--ab-slowdowns", type=_slowdowns, default=(SMALL_SLOWDOWN,),
                    metavar="F,F,...",
                    help=f"check c: the planted slowdowns, each with --ab-planted-runs runs "
                         f"(default {SMALL_SLOWDOWN:g}; e.g. 1.05,1.10,1.15,1.25 for a power "
                         "curve)")
-    p.add_argument("--busy", type=int, default=0, metavar="N",
+    p.add_argument("--busy", type=options.count, default=0, metavar="N",
                    help="CPU-bound processes kept running beside the measurements (default 0)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write every run's rows here")
+    p.add_argument("--json", type=options.path, metavar="FILE", help="also write every run's rows here")
     return p
 
 
 @exits.command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    counts = (args.counters_runs, args.invariant_runs, args.ab_runs, args.ab_planted_runs)
-    if any(n < 0 for n in counts):
-        raise UsageError(f"run counts: expected integers >= 0; got {counts}")
-    if args.busy < 0:
-        raise UsageError(f"--busy: expected an integer >= 0; got {args.busy}")
     if args.json is not None:
         exits.check_writable(args.json, "--json")
     spread = Spread() if Launch.from_environment().distributed else None
@@ -343,17 +358,17 @@ def run_scenarios(args: argparse.Namespace, spread: Spread | None = None) -> lis
         scenarios += [
             run_cli_scenario("a counters", "unchanged", ["--counters"], None,
                              args.counters_runs, False, progress, spread),
-            run_cli_scenario("a counters", f"{PLANTED_METHOD} +1 allocation", ["--counters"],
+            run_cli_scenario("a counters", f"{plant_target().key} +1 allocation", ["--counters"],
                              allocating, args.counters_runs, True, progress, spread),
         ]
     if args.invariant_runs:
         scenarios += [
             run_cli_scenario("b invariants", "unchanged", ["--invariants"], None,
                              args.invariant_runs, False, progress, spread),
-            run_cli_scenario("b invariants", f"{PLANTED_METHOD} {SMALL_SLOWDOWN:g}x slower",
+            run_cli_scenario("b invariants", f"{plant_target().key} {SMALL_SLOWDOWN:g}x slower",
                              ["--invariants"], slowed.format(factor=SMALL_SLOWDOWN),
                              args.invariant_runs, True, progress, spread),
-            run_cli_scenario("b invariants", f"{PLANTED_METHOD} {LARGE_SLOWDOWN:g}x slower",
+            run_cli_scenario("b invariants", f"{plant_target().key} {LARGE_SLOWDOWN:g}x slower",
                              ["--invariants"], slowed.format(factor=LARGE_SLOWDOWN),
                              args.invariant_runs, True, progress, spread),
         ]

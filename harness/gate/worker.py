@@ -40,8 +40,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-#: top-level packages that come from the trees under test; everything else is shared
-TREE_PACKAGES = ("esper", "harness")
 #: with findings of your own: the harness measuring them is the installed one
 SHARED_PACKAGES = ("harness",)
 
@@ -75,22 +73,22 @@ class WorkerConfig:
 
 
 def tree_packages(trees: list[Path], config: WorkerConfig) -> tuple[str, ...]:
-    """The top-level packages imported from each tree: esper and harness for the built-in
-    findings; for yours, your findings modules' packages and every top-level module found
-    in the trees' import folders, except the shared `harness`."""
-    if not config.findings_modules:
-        return TREE_PACKAGES
+    """The top-level packages imported from each tree: every top-level module found in the
+    trees' import folders, and your findings modules' packages; for yours, the harness is
+    the installed one, shared; for the built-in findings, each tree's own `harness` (it
+    holds them) comes from the tree with the code it measures."""
     names = {name.split(".", 1)[0] for name in config.findings_modules}
     for tree in trees:
         for path in config.paths:
             names.update(info.name for info in pkgutil.iter_modules([str(tree / path)]))
-    return tuple(sorted(names - set(SHARED_PACKAGES)))
+    shared = set(SHARED_PACKAGES) if config.findings_modules else set()
+    return tuple(sorted(names - shared))
 
 
 class TreeModules:
     """The modules of `packages` imported from one tree, swapped into `sys.modules` on demand."""
 
-    def __init__(self, tree: Path, packages: tuple[str, ...] = TREE_PACKAGES,
+    def __init__(self, tree: Path, packages: tuple[str, ...],
                  paths: tuple[str, ...] = (".",)) -> None:
         self.tree = tree
         self.packages = packages

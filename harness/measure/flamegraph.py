@@ -1,7 +1,9 @@
-"""A py-spy flamegraph of a few `esper.train` iterations, recorded into a run's folder.
+"""A py-spy flamegraph of a short program, recorded into a run's folder.
 
-py-spy launches the training process itself (`py-spy record -- python -m esper.train`),
-which works where attaching to a running process is forbidden (ptrace restrictions).
+The program is the findings modules' `harness.Defaults.flamegraph` (for the built-in
+findings: a few iterations of `python -m esper.train`). py-spy launches it itself
+(`py-spy record -- python ARGS`), which works where attaching to a running process is
+forbidden (ptrace restrictions).
 When py-spy is missing, cannot sample, or runs out of time, the outcome says why and the
 run goes on: a flamegraph is a picture for the report, never a measurement.
 """
@@ -19,7 +21,6 @@ from pathlib import Path
 
 FLAME_FILE = "flame.svg"
 _TITLE = re.compile(r'(<text id="title"[^>]*>)[^<]*(</text>)')
-TRAIN_ARGS = ("--iterations", "3", "--envs", "4", "--steps", "10", "--device", "cpu")
 
 
 def find_pyspy() -> str | None:
@@ -30,13 +31,19 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def record_flamegraph(folder: Path, *, executable: str | None = None,
-                      timeout_s: float = 300.0) -> dict:
-    """Record `folder/flame.svg`; returns {"status", "file", "detail"} for the run's metadata.
+def record_flamegraph(folder: Path, program: tuple[str, ...], *,
+                      executable: str | None = None, timeout_s: float = 300.0) -> dict:
+    """Record `folder/flame.svg` of `python *program`; returns {"status", "file", "detail"}
+    for the run's metadata.
 
-    status: "recorded" (file holds the SVG), "missing" (no py-spy executable) or "failed"
-    (py-spy exited non-zero, timed out, or wrote nothing; detail holds its last words).
+    status: "recorded" (file holds the SVG), "missing" (no py-spy executable, or no
+    program to record) or "failed" (py-spy exited non-zero, timed out, or wrote nothing;
+    detail holds its last words).
     """
+    if not program:
+        return {"status": "missing", "file": None,
+                "detail": "no program to record: no findings module names one "
+                          "(harness.Defaults.flamegraph)"}
     executable = executable or find_pyspy()
     if executable is None or shutil.which(executable) is None:
         return {"status": "missing", "file": None,
@@ -45,7 +52,7 @@ def record_flamegraph(folder: Path, *, executable: str | None = None,
     target = Path(folder) / FLAME_FILE
     # --nonblocking: sample without pausing the process, so the program runs at full speed
     command = [executable, "record", "--nonblocking", "--output", str(target), "--",
-               sys.executable, "-m", "esper.train", *TRAIN_ARGS]
+               sys.executable, *program]
     # own session: on a timeout the whole group goes, the training child included
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
@@ -60,7 +67,7 @@ def record_flamegraph(folder: Path, *, executable: str | None = None,
         last = (stderr or stdout).strip().splitlines()[-3:]
         return {"status": "failed", "file": None,
                 "detail": f"py-spy exited with status {process.returncode}: " + " / ".join(last)}
-    title = "py-spy record -- python -m esper.train " + " ".join(TRAIN_ARGS)
+    title = "py-spy record -- python " + " ".join(program)
     _retitle(target, title)
     return {"status": "recorded", "file": FLAME_FILE, "detail": title}
 

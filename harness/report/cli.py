@@ -14,12 +14,11 @@ Every option and input is checked before anything is rendered.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
 
-from harness import exits
+from harness import exits, options
 from harness.exits import UsageError
 from harness.report.compare import DEFAULT_FACTOR
 from harness.report.data import ReportError, open_run
@@ -38,7 +37,7 @@ STDOUT = "-"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.report",
+    p = options.Parser(prog="python -m harness.report",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=exits.epilog("report written"))
@@ -53,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="report folder (default reports/<run-id>/ or reports/<new>-vs-<old>/); "
                         "its parent's index.html is updated")
-    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+    p.add_argument("--results", type=options.path, default=None, metavar="DIR",
                    help="where run ids, latest and --history's runs are looked up "
                         f"(default {DEFAULT_RESULTS_DIR}/)")
     p.add_argument("--markdown", nargs="?", const=STDOUT, metavar="FILE",
@@ -62,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "before --markdown)")
     p.add_argument("--force", action="store_true",
                    help="compare runs even if their machine fingerprints differ")
-    p.add_argument("--factor", type=float, default=DEFAULT_FACTOR,
+    p.add_argument("--factor", type=options.factor, default=DEFAULT_FACTOR,
                    help=f"compare: the margin of the words, as a factor: new / old within it "
                         f"either way is 'same', wholly beyond it 'regressed' or 'improved' "
                         f"(default {DEFAULT_FACTOR})")
@@ -87,9 +86,6 @@ def check_options(args: argparse.Namespace) -> Path:
                                        ("--markdown", args.markdown)) if on]
         raise UsageError(f"--history: expected on its own (with --results and --out); got it "
                          f"with {', '.join(given)}")
-    if not (math.isfinite(args.factor) and args.factor > 1.0):
-        raise UsageError(f"--factor: expected a finite factor > 1.0, e.g. 1.05 (a 5% margin); "
-                         f"got {args.factor!r}")
     if args.results is not None and not args.results.is_dir():
         what = "a file" if args.results.exists() else "no such folder"
         raise UsageError(f"--results: expected a folder of runs; got {args.results} ({what})")

@@ -1,8 +1,9 @@
 """What the report shows, computed from a run's files: per-finding tables, sentences, phases.
 
-Everything here is a function of a `harness.results.Run` (or its summary rows) and the
-finding registry's text (title, claim, notes); nothing measures. The HTML templates
-receive the plain dicts and dataclasses built here.
+Everything here is a function of a `harness.results.Run`: its summary rows and what the
+run recorded of each finding when it was made (`finding_info`: title, claim, notes,
+variants, declared phases); no findings module is imported and nothing measures. The
+HTML templates receive the plain dicts and dataclasses built here.
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from harness import findings as registry
 from harness.exits import UsageError, read_json
-from harness.results import SCHEMA_VERSION, Run, load_run, resolve_run_folder
+from harness.results import Run, load_run
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline
 from harness.report.summary import format_seconds, sampling_line, verdict_word
 from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
-#: the E2E-iteration phases, in the order an iteration runs them
-PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
-E2E_ID = "E2E-iteration"
 
 
 class ReportError(UsageError):
@@ -32,47 +29,18 @@ class ReportError(UsageError):
 
 
 def open_run(run, results_dir) -> Run:
-    """`load_run`, with every way a run cannot be read turned into a ReportError that
-    names the file (missing, not UTF-8, empty, truncated, not a run, another schema)."""
+    """`load_run`, with every way a run cannot be read (missing, not UTF-8, empty,
+    truncated, not a run, another schema, a field of the wrong kind) a ReportError that
+    names the file."""
     try:
-        loaded = load_run(run, results_dir)
-    except (FileNotFoundError, ValueError, KeyError, AttributeError, UsageError) as err:
-        raise ReportError(_unreadable(run, results_dir, err)) from err
-    load_findings_modules(loaded)
-    return loaded
-
-
-def load_findings_modules(run: Run) -> None:
-    """Import the findings modules the run was measured with (`--findings-module`, or its
-    pyproject table), so that users' findings read with their claims and notes. One that
-    cannot be imported here is said on stderr; its rows still render."""
-    modules = (run.metadata.get("options") or {}).get("findings_module") or []
-    for module in modules:
-        try:
-            registry.load_findings_module(module)
-        except registry.FindingsModuleError as err:
-            print(f"report: {err}; its findings are shown without their claims", file=sys.stderr)
-
-
-def _unreadable(run, results_dir, err: Exception) -> str:
-    """Why `run` cannot be read, naming its run.json."""
-    try:
-        path = resolve_run_folder(run, results_dir) / "run.json"
-    except FileNotFoundError as missing:
-        return str(missing)
-    if str(path) in str(err):
-        return str(err)
-    try:
-        read_json(path)  # tells a missing, non-UTF-8, empty or truncated file apart
-    except UsageError as bad:
-        return str(bad)
-    return f"{path}: expected a run document (schema {SCHEMA_VERSION}); got one that fails " \
-           f"to load ({type(err).__name__}: {err})"
+        return load_run(run, results_dir)
+    except UsageError as err:
+        raise ReportError(str(err)) from err
 
 
 @dataclass(frozen=True)
 class FindingText:
-    """The ticket's words for a finding; from the registry, or bare when it is unknown."""
+    """The claim's words for a finding, as the run recorded them (bare for older runs)."""
 
     id: str
     title: str
@@ -91,24 +59,17 @@ def recorded_info(metadata: dict | None, finding_id: str) -> dict | None:
 
 
 def finding_text(finding_id: str, rows: pd.DataFrame, metadata: dict | None = None) -> FindingText:
-    """Title, claim and notes of `finding_id`: as the run recorded them, else (older runs)
-    from the registry; a finding known to neither keeps its id."""
+    """Title, claim and notes of `finding_id` as the run recorded them; a run made before
+    runs described their findings keeps the id and says so."""
     marked = rows.loc[rows["baseline"].astype(bool), "variant"]
+    baseline = marked.iloc[0] if len(marked) else "baseline"
     info = recorded_info(metadata, finding_id)
-    if info is not None:
-        return FindingText(finding_id, info.get("title") or finding_id,
-                           info.get("claim") or "", info.get("ticket") or "",
-                           tuple(info.get("notes") or ()),
-                           info.get("baseline") or (marked.iloc[0] if len(marked) else "baseline"),
-                           info.get("claim_factor"))
-    registry.select(None)  # loads the built-in findings
-    known = registry.FINDINGS.get(finding_id)
-    baseline = known.baseline if known else (marked.iloc[0] if len(marked) else "baseline")
-    if known is None:
-        return FindingText(finding_id, finding_id, "(this finding is not in the registry)", "",
-                           (), baseline, None)
-    return FindingText(known.id, known.title, known.claim, known.ticket, known.notes, baseline,
-                       claim_factor(known.claim))
+    if info is None:
+        return FindingText(finding_id, finding_id, "(a run older than schema 2 did not record "
+                           "this finding's claim)", "", (), baseline, None)
+    return FindingText(finding_id, info.get("title") or finding_id, info.get("claim") or "",
+                       info.get("ticket") or "", tuple(info.get("notes") or ()),
+                       info.get("baseline") or baseline, info.get("claim_factor"))
 
 
 def param_columns(rows: pd.DataFrame) -> list[str]:
@@ -262,20 +223,12 @@ def sentences(rows: pd.DataFrame, text: FindingText,
 def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict) -> Headline:
     """The headline of `finding_id` in a run (its rows and the run's metadata)."""
     text = finding_text(finding_id, rows, metadata)
-    info = recorded_info(metadata, finding_id)
-    if info is not None:
-        peers, answer = tuple(info.get("peers") or ()), tuple(info.get("answer") or ())
-        expected = len(info["cases"]) if isinstance(info.get("cases"), list) else None
-    else:
-        known = registry.FINDINGS.get(finding_id)
-        peers, answer = (known.peers, known.answer) if known else ((), ())
-        expected = None
-        if known is not None and metadata.get("quick") is not None:
-            quick = bool(metadata["quick"])
-            expected = len(registry.planned(known, quick).cases(quick))  # a failing cases(): 1
+    info = recorded_info(metadata, finding_id) or {}
+    cases = info.get("cases")
     return headline(finding_id, rows, claim=text.claim, baseline=text.baseline,
-                    claim_factor=text.claim_factor, peers=peers,
-                    cases_expected=expected, answer=answer)
+                    claim_factor=text.claim_factor, peers=tuple(info.get("peers") or ()),
+                    cases_expected=len(cases) if isinstance(cases, list) else None,
+                    answer=tuple(info.get("answer") or ()), proposed=info.get("proposed"))
 
 
 def run_headlines(run: Run) -> list[Headline]:
@@ -300,12 +253,12 @@ def counters_at(rows: pd.DataFrame, case: str | None) -> list[dict]:
 
 @dataclass(frozen=True)
 class PhaseBreakdown:
-    """An E2E case's iteration split into phases, and Amdahl's prediction from them.
+    """A case's call split into its finding's phases, and Amdahl's prediction from them.
 
-    Phase seconds are medians over the timed iterations of each variant (older runs: one
-    profiled iteration). In a paired run (iteration k of both variants does the same
-    work), each phase also has the time it saved per iteration, the median of the
-    per-iteration differences with its 95% interval, and so does the whole iteration.
+    Phase seconds are medians over the timed calls of each variant. In a paired finding
+    (call k of both variants does the same work, e.g. iteration k of two trainers), each
+    phase also has the time it saved per call, the median of the per-call differences with
+    its 95% interval, and so does the whole call.
     """
 
     case: str
@@ -313,18 +266,16 @@ class PhaseBreakdown:
     variant: str
     phases: tuple[str, ...]
     baseline_s: tuple[float, ...]
-    """Seconds of each phase in the baseline's iteration."""
+    """Seconds of each phase in the baseline's call."""
     variant_s: tuple[float, ...]
-    baseline_gae_share: float
-    variant_gae_share: float
     baseline_median_s: float
     variant_median_s: float
     measured_ratio: float
     measured_ci: tuple[float, float]
     saved_s: tuple[tuple[float, float, float] | None, ...] = ()
-    """Per phase: seconds saved per iteration (baseline - variant), (median, low, high)."""
+    """Per phase: seconds saved per call (baseline - variant), (median, low, high)."""
     total_saved_s: tuple[float, float, float] | None = None
-    """The whole iteration's seconds saved, (median, low, high), where paired."""
+    """The whole call's seconds saved, (median, low, high), where paired."""
     baseline_device_s: tuple[float, ...] | None = None
     """On CUDA: each phase's device-timeline seconds in the baseline (None on the CPU)."""
     variant_device_s: tuple[float, ...] | None = None
@@ -340,23 +291,23 @@ class PhaseBreakdown:
 
     @property
     def predicted_s(self) -> float:
-        """The variant's predicted time per iteration: the baseline's median x predicted ratio."""
+        """The variant's predicted time per call: the baseline's median x predicted ratio."""
         return self.baseline_median_s * self.predicted_ratio
 
     @property
     def predicted_saved(self) -> str:
-        """Seconds per iteration the Amdahl prediction saves (the baseline's median less the
+        """Seconds per call the Amdahl prediction saves (the baseline's median less the
         predicted time), formatted; below 0 a loss."""
         return signed_seconds(self.baseline_median_s - self.predicted_s)
 
     @property
     def total_saved_text(self) -> str:
-        """The whole iteration's measured saving with its interval, formatted."""
+        """The whole call's measured saving with its interval, formatted."""
         return format_saving(self.total_saved_s)
 
     def phase_rows(self) -> list[dict]:
         """Per phase: seconds in both variants (and on the device, on CUDA), share of the
-        baseline, gain (x) and the time saved per iteration with its interval."""
+        baseline, gain (x) and the time saved per call with its interval."""
         total = sum(self.baseline_s)
         rows = []
         for index, (name, b, v) in enumerate(zip(self.phases, self.baseline_s, self.variant_s)):
@@ -385,7 +336,7 @@ def signed_seconds(seconds: float) -> str:
 
 
 def _saving(row: dict, name: str) -> tuple[float, float, float] | None:
-    """Seconds saved per iteration from a row's paired difference `name` (variant -
+    """Seconds saved per call from a row's paired difference `name` (variant -
     baseline): (median, low, high) of baseline - variant, or None."""
     keys = (f"{name}_diff", f"{name}_diff_low", f"{name}_diff_high")
     if name == "time":
@@ -396,10 +347,19 @@ def _saving(row: dict, name: str) -> tuple[float, float, float] | None:
     return -diff, -high, -low
 
 
-def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
-    """One PhaseBreakdown per case x non-baseline variant that has phase seconds and a ratio."""
-    columns = [f"phase_{p}_s" for p in PHASES]
-    device = [f"phase_{p}_device_s" for p in PHASES]
+def finding_phases(metadata: dict | None, finding_id: str) -> tuple[str, ...]:
+    """The phases a finding declared (`Finding.phases`), as the run recorded them."""
+    return tuple((recorded_info(metadata, finding_id) or {}).get("phases") or ())
+
+
+def phase_breakdowns(rows: pd.DataFrame, baseline: str,
+                     phases: tuple[str, ...]) -> list[PhaseBreakdown]:
+    """One PhaseBreakdown per case x non-baseline variant that has every phase's seconds
+    (`phase_<name>_s`, `Finding.phases`) and a ratio."""
+    if not phases:
+        return []
+    columns = [f"phase_{p}_s" for p in phases]
+    device = [f"phase_{p}_device_s" for p in phases]
     if not set(columns) <= set(rows.columns):
         return []
     out = []
@@ -415,11 +375,9 @@ def phase_breakdowns(rows: pd.DataFrame, baseline: str) -> list[PhaseBreakdown]:
                 continue
             on_device = all(present(r.get(c)) for r in (base, row) for c in device)
             out.append(PhaseBreakdown(
-                case=case_phrase(row), baseline=baseline, variant=name, phases=PHASES,
+                case=case_phrase(row), baseline=baseline, variant=name, phases=phases,
                 baseline_s=tuple(float(base[c]) for c in columns),
                 variant_s=tuple(float(row[c]) for c in columns),
-                baseline_gae_share=float(base["gae_share"]),
-                variant_gae_share=float(row["gae_share"]),
                 baseline_median_s=float(base["median_s"]), variant_median_s=float(row["median_s"]),
                 measured_ratio=float(row["ratio"]),
                 measured_ci=(float(row["ci_low"]), float(row["ci_high"])),

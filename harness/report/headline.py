@@ -4,12 +4,12 @@ The summary table at the top of a report, the first lines of a finding's section
 markdown summary (`--markdown`) and the history page all read the same `Headline`, so
 that they cannot disagree.
 
-- The headline case is the case nearest the trainer's default size (`TrainConfig`:
-  4 envs x 25 steps), the size the reviewed code runs at, among the cases where the
-  baseline was timed (else among all cases); ties go to the first in run order.
-- The headline variant is the one the review proposed (`Variants.optimized()` on the
-  finding's axis: `scan` for the GAE methods, `mask` for resets); for a finding that is
-  not one axis, its only other variant, or else its fastest at the headline case.
+- The headline case is the one the run marked (`Finding.headline_case`, recorded on the
+  rows as `headline`); for runs made before that, the case nearest 4 envs x 25 steps (the
+  size the built-in findings headlined then) where the baseline was timed.
+- The headline variant is the one the claim proposes (`Finding.proposed`, recorded in the
+  run); for a finding that names none, its only other variant, or else its fastest at the
+  headline case.
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ from dataclasses import dataclass
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from esper.trainer import TrainConfig
-from esper.variants import AXES, Variants
 from harness.measure.stats import Verdict
 from harness.report.verdicts import case_phrase, present
 
 #: per-call counters a headline reports: column -> label
 COUNTERS = {"allocations": "allocations", "host_syncs": "host syncs",
             "kernel_launches": "kernel launches"}
-#: the size the reviewed training loop runs at by default: where the headline case sits
-DEFAULT_SIZE = {"p_num_envs": TrainConfig.num_envs, "p_max_steps": TrainConfig.max_steps}
+#: runs made before the headline case was recorded headlined the case nearest this size
+OLDER_RUNS_SIZE = {"p_num_envs": 4, "p_max_steps": 25}
 _COMPARED = {Verdict.FASTER.value, Verdict.SLOWER.value, Verdict.SAME.value,
              Verdict.INCONCLUSIVE.value, Verdict.WITHIN_FACTOR.value,
              Verdict.NO_DIFFERENCE.value}
@@ -263,7 +261,7 @@ def _value(row: dict, key: str):
 
 def headline_case(rows: pd.DataFrame, baseline: str) -> str | None:
     """The case (label) the run marked as the finding's headline (`headline` rows, from
-    `Finding.headline_case`); for runs made before that, the case nearest DEFAULT_SIZE
+    `Finding.headline_case`); for runs made before that, the case nearest OLDER_RUNS_SIZE
     where `baseline` was timed, else nearest of all.
 
     Distance: the sum over the size params a case has of |log(value / default)|; ties
@@ -284,24 +282,13 @@ def headline_case(rows: pd.DataFrame, baseline: str) -> str | None:
     def distance(case: str) -> float:
         row = first[case]
         total = 0.0
-        for param, default in DEFAULT_SIZE.items():
+        for param, default in OLDER_RUNS_SIZE.items():
             value = row.get(param)
             if present(value) and isinstance(value, numbers.Real) and value > 0:
                 total += abs(math.log(float(value) / default))
         return total
 
     return min(candidates, key=lambda c: (distance(c), candidates.index(c)))
-
-
-def proposed_variant(variants: list[str], baseline: str) -> str | None:
-    """The variant the review proposed for a finding that varies one axis of `Variants`:
-    that axis's value in `Variants.optimized()`, if it is one of `variants`."""
-    optimized = Variants.optimized()
-    for axis, values in AXES.items():
-        if baseline in values:
-            choice = getattr(optimized, axis)
-            return choice if choice in variants and choice != baseline else None
-    return None
 
 
 def fastest(at: dict[str, dict], compared: list[str], variant: str) -> tuple[str, float] | None:
@@ -347,9 +334,11 @@ def counter_changes(row: dict, base: dict) -> tuple[tuple[CounterChange, ...], b
 
 def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
              claim_factor: float | None = None, peers: tuple[str, ...] = (),
-             cases_expected: int | None = None, answer: tuple[str, ...] = ()) -> Headline:
+             cases_expected: int | None = None, answer: tuple[str, ...] = (),
+             proposed: str | None = None) -> Headline:
     """The headline of one finding from its summary rows (one row per case x variant);
-    `answer`: the finding's answer fields (`Finding.answer`)."""
+    `answer`: the finding's answer fields (`Finding.answer`); `proposed`: the variant the
+    claim proposes (`Finding.proposed`)."""
     empty = dict(finding=finding, claim=claim, baseline=baseline, claim_factor=claim_factor,
                  cases_expected=cases_expected, counters=(), counted=False, fastest=None,
                  ratio=None, ci_low=None, ci_high=None, reason="", variant=None, verdict=None)
@@ -369,7 +358,7 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
         return Headline(**common, **empty)
     compared = [v for v in others if v in at and at[v].get("verdict") in _COMPARED
                 and at[v].get("compared_to") in (None, baseline)]
-    variant = proposed_variant(others, baseline)
+    variant = proposed if proposed in others else None
     if variant is None:
         own = [v for v in others if v not in peers]
         if len(own) == 1:

@@ -403,7 +403,7 @@ def counters_figure(finding: str, rows: pd.DataFrame, variants: list[str],
 
 def phases_figure(finding: str, breakdown: PhaseBreakdown, folder: Path,
                   index: int) -> Figure:
-    """Stacked horizontal bars of one iteration's phases, baseline vs variant."""
+    """Stacked horizontal bars of one call's phases (`Finding.phases`), baseline vs variant."""
     fig = _new_figure(9.0, 3.2)
     ax = fig.subplots()
     names = [breakdown.baseline, breakdown.variant]
@@ -414,19 +414,19 @@ def phases_figure(finding: str, breakdown: PhaseBreakdown, folder: Path,
         ax.barh(names, widths, left=left, color=colours[phase], label=phase)
         left += widths
     ax.plot([breakdown.baseline_median_s, breakdown.variant_median_s], names, marker="D",
-            color="black", linestyle="none", label="measured median\n(not profiled)")
+            color="black", linestyle="none", label="median time\nper call")
     ax.invert_yaxis()
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_seconds(v) if v else "0"))
-    ax.set_xlabel("time per iteration")
-    ax.set_title(f"{finding} ({breakdown.case}): one iteration by phase, profiled")
+    ax.set_xlabel("time per call")
+    ax.set_title(f"{finding} ({breakdown.case}): one call by phase")
     handles, labels = ax.get_legend_handles_labels()  # lines come first: the marker goes last
     fig.legend(handles[1:] + handles[:1], labels[1:] + labels[:1], loc="outside right upper",
                fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
     return _save(fig, folder, f"{finding}-phases-{index}.png",
                  f"Phases: {breakdown.baseline} vs {breakdown.variant}",
-                  "Stacked bars: seconds of each phase in one profiled iteration (profiling "
-                  "adds overhead). Diamonds: the unprofiled median time per iteration.")
+                  "Stacked bars: each phase's median seconds over the timed calls. Diamonds: "
+                  "the median time per call.")
 
 
 def compare_figure(rows: pd.DataFrame, factor: float, folder: Path) -> Figure | None:

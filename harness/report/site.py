@@ -32,7 +32,7 @@ from harness.report.compare import (
     DEFAULT_FACTOR, Change, between_run_sd, check_comparable, compare_headlines, compare_runs,
 )
 from harness.report.data import (
-    COUNTERS, E2E_ID, ReportError, counters_at, finding_text, format_date, has_bandwidth,
+    COUNTERS, ReportError, counters_at, finding_phases, finding_text, format_date, has_bandwidth,
     metadata_line,
     metadata_panel, param_columns, phase_breakdowns, run_headlines, run_sampling_line, sentences,
     status_banner, table_rows,
@@ -110,14 +110,14 @@ def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -
     rows = without_placebo(every_row)  # the charts: the finding's own variants
     variants = list(dict.fromkeys(rows["variant"]))
     verdicts, every = sentences(every_row, text, headline.case)
-    e2e, answer = [], None
-    if finding_id == E2E_ID:
-        for index, breakdown in enumerate(phase_breakdowns(rows, text.baseline)):
-            e2e.append({"breakdown": breakdown,
-                        "figure": plots.phases_figure(finding_id, breakdown, out, index)})
-        # the breakdown at the headline case carries the answer; the others go below
-        e2e.sort(key=lambda item: (item["breakdown"].case != headline.where,
-                                   item["breakdown"].variant != headline.variant))
+    phases, answer = [], None
+    declared = finding_phases(run.metadata, finding_id)
+    for index, breakdown in enumerate(phase_breakdowns(rows, text.baseline, declared)):
+        phases.append({"breakdown": breakdown,
+                       "figure": plots.phases_figure(finding_id, breakdown, out, index)})
+    if phases:  # the breakdown at the headline case carries the answer; the others go below
+        phases.sort(key=lambda item: (item["breakdown"].case != headline.where,
+                                      item["breakdown"].variant != headline.variant))
     else:
         answer = _answer_figure(finding_id, rows, text, variants, out)
     figures, crossovers = [], []
@@ -132,7 +132,7 @@ def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -
     return {
         "text": text, "headline": headline, "answer": answer, "verdicts": verdicts,
         "sentences": every, "figures": figures, "crossovers": crossovers,
-        "table": table_rows(every_row), "e2e": e2e, "bandwidth": has_bandwidth(rows),
+        "table": table_rows(every_row), "phases": phases, "bandwidth": has_bandwidth(rows),
         "counters_figure": plots.counters_figure(finding_id, rows, variants, out)
         if counted else None,
         "counters_at": counters_at(rows, headline.case),
@@ -205,7 +205,7 @@ def _layout_problems(sections: list[dict]) -> list[str]:
     figures = []
     for s in sections:
         figures += [s["answer"], s["counters_figure"], *s["figures"],
-                    *(item["figure"] for item in s["e2e"])]
+                    *(item["figure"] for item in s["phases"])]
     return [f"{f.file}: {problem}" for f in figures if f is not None for problem in f.problems]
 
 

@@ -13,6 +13,7 @@ from esper.variants import Variants
 from harness.findings import Case, Finding, register
 from harness.measure.stats import bootstrap_mean_ci, wilson_interval
 from harness.measure.timing import pinned_threads
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = ("none", "clip")
 
@@ -121,6 +122,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="none",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

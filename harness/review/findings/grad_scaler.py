@@ -14,6 +14,7 @@ from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.measure.stats import wilson_interval
 from harness.measure.timing import pinned_threads
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = ("shared", "per_optimizer")
 #: optimizer steps of each stability run, and the steps whose gradients get an inf
@@ -122,6 +123,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="shared",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

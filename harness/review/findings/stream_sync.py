@@ -7,6 +7,8 @@ import torch
 from esper.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
+from harness.review.findings.e2e import stream_fields
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 STEPS_FOR_BLOCKED_TIME = 10
 
@@ -36,7 +38,7 @@ def _host_blocked(variant: str, trainers: dict) -> dict[str, float]:
     for _ in range(STEPS_FOR_BLOCKED_TIME):
         trainer.env_phase()
     return {"host_blocked_s_per_step": trainer._blocked_seconds / STEPS_FOR_BLOCKED_TIME,
-            "env_streams": trainer.env_streams}
+            **stream_fields(trainer.env_streams, trainer.config.num_envs)}
 
 
 def _skip(variant: str, case: Case, device: torch.device) -> str | None:
@@ -51,6 +53,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=("stream", "event"),
     baseline="stream",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

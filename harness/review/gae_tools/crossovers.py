@@ -1,6 +1,6 @@
-"""`python -m harness.gae_tools.crossovers`: which GAE method is fastest at which shape, here.
+"""`python -m harness.review.gae_tools.crossovers`: which GAE method is fastest at which shape, here.
 
-    python -m harness.gae_tools.crossovers [--threads N] [--quick] [--device cpu|cuda]
+    python -m harness.review.gae_tools.crossovers [--threads N] [--quick] [--device cpu|cuda]
 
 Times every GAE method this machine runs on the device (not `auto`, which picks one of
 them, nor `loop`, orders of magnitude slower) on a grid of [num_envs, max_steps] shapes
@@ -28,10 +28,10 @@ import torch
 
 from esper import gae
 from esper.gae.auto import UNBOUNDED, Crossover
-from harness import exits
+from harness import exits, options
 from harness.exits import UsageError
 from harness.findings import Case
-from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
+from harness.review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
 from harness.measure.timing import Sampling, make_clock, measure_interleaved, pinned_threads
 
 ENVS = (1, 4, 16, 64, 256, 1024)
@@ -193,12 +193,12 @@ def warm_up_methods(methods: list[str], device: torch.device) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.gae_tools.crossovers",
+    p = options.Parser(prog="python -m harness.review.gae_tools.crossovers",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=exits.epilog("done (the tables are printed)"))
     exits.add_version(p)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=options.positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, shorter budgets")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
     return p
@@ -207,8 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
 @exits.command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads < 1:
-        raise UsageError(f"--threads: expected a positive int; got {args.threads}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: expected a CUDA device; torch.cuda.is_available() "
                          "is False here")

@@ -6,6 +6,7 @@ import torch
 
 from esper.stream_guard import GUARDS
 from harness.findings import Case, Finding, register
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = tuple(GUARDS)
 
@@ -38,6 +39,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="is_cuda",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

@@ -6,9 +6,10 @@ import torch
 
 from esper.gae import compute_gae
 from harness.findings import Case, Finding, register
-from harness.findings.gae_methods import (
+from harness.review.findings.gae_methods import (
     GAMMA, LAMBDA, build_gae_inputs, gae_args, relative_max_error,
 )
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -36,6 +37,7 @@ register(Finding(
     ticket="B4-DRL-03-zero-tensor-clone.md",
     variants=("clone", "mask"),
     baseline="clone",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=build_gae_inputs,
     make_call=_make_call,

@@ -1,6 +1,6 @@
-"""`python -m harness.gae_tools.floor`: how far each GAE call is from its dispatch floor.
+"""`python -m harness.review.gae_tools.floor`: how far each GAE call is from its dispatch floor.
 
-    python -m harness.gae_tools.floor [--rounds N | --quick] [--methods M,M] [--clock wall|cpu]
+    python -m harness.review.gae_tools.floor [--rounds N | --quick] [--methods M,M] [--clock wall|cpu]
 
 At small shapes a GAE call is mostly the call's own overhead: checking the inputs,
 choosing a method, handing the tensors to a kernel, allocating the outputs. This command
@@ -52,11 +52,11 @@ import numpy as np
 import torch
 
 from esper import gae
-from harness import exits
+from harness import exits, options
 from harness.exits import UsageError
 from harness.findings import Case
-from harness.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
-from harness.gae_tools.crossovers import warm_up_methods
+from harness.review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
+from harness.review.gae_tools.crossovers import warm_up_methods
 from harness.measure import stats
 from harness.measure.counters import profile_call
 from harness.measure.timing import pinned_threads
@@ -370,12 +370,12 @@ def _parse_methods(text: str | None) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.gae_tools.floor",
+    p = options.Parser(prog="python -m harness.review.gae_tools.floor",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=exits.epilog("every target held", "a target missed"))
     exits.add_version(p)
-    p.add_argument("--rounds", type=int, default=None,
+    p.add_argument("--rounds", type=options.at_least(10), default=None,
                    help=f"rounds per shape (default {DEFAULT_ROUNDS}; {QUICK_ROUNDS} with --quick)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds per shape")
     p.add_argument("--methods", default=None, metavar="M,M",

@@ -8,7 +8,8 @@ import torch
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.mask_batch import MODES, MaskBatcher
 from harness.findings import Case, Finding, register
-from harness.findings.copies import copies_metric
+from harness.review.findings.copies import copies_metric
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -54,6 +55,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=MODES,
     baseline="stack",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

@@ -9,7 +9,8 @@ from esper.buffer import RolloutBuffer
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
-from harness.findings.copies import copies_metric
+from harness.review.findings.copies import copies_metric
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = ("per_tensor", "flat")
 STATE_DIM, HIDDEN = 218, 128
@@ -95,6 +96,7 @@ register(Finding(
     ticket="rollout-buffer-audit.md",
     variants=VARIANTS,
     baseline="per_tensor",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

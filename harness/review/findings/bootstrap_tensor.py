@@ -8,7 +8,8 @@ import torch
 from esper.bootstrap_states import MODES, BootstrapStates
 from esper.env import OBS_DIM
 from harness.findings import Case, Finding, max_abs_difference, register
-from harness.findings.copies import copies_metric
+from harness.review.findings.copies import copies_metric
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -39,6 +40,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=MODES,
     baseline="tensor",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

@@ -11,6 +11,7 @@ from esper.env_pool import EnvBatches
 from esper.heads import HEAD_NAMES, OP_INDEX
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = ("recreate", "pool")
 #: batches run before reading the allocator's reserved-minus-allocated bytes (CUDA)
@@ -125,6 +126,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="recreate",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

@@ -8,6 +8,7 @@ from esper.buffer import RolloutBuffer, masks_to_device
 from esper.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 STATE_DIM, HIDDEN = 218, 128
 
@@ -92,6 +93,7 @@ register(Finding(
     ticket="B4-PT-05-step-counts-list.md",
     variants=("list", "tensor"),
     baseline="list",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

@@ -10,6 +10,7 @@ from esper.trainer import TIME_LIMITS, TrainConfig, VectorizedTrainer
 from harness.findings import Case, Finding, register
 from harness.measure.stats import bootstrap_mean_ci
 from harness.measure.timing import pinned_threads
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 #: quick: CI-sized; default: enough iterations for the policy to beat random play
 SETTINGS = {
@@ -90,6 +91,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=TIME_LIMITS,
     baseline="truncated",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,

@@ -1,5 +1,5 @@
 """B4-CR-03: "GAE ... could be ~4x faster with tensor operations"; every GAE method timed,
-next to other libraries' GAE as comparators (`harness.findings.peers`)."""
+next to other libraries' GAE as comparators (`harness.review.findings.peers`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import torch
 
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
 from esper.gae.reference import reference_gae
-from harness.findings import peers
+from esper.variants import Variants
+from harness.review.findings import peers
 from harness.measure.bandwidth import gae_min_bytes
 from harness.findings import Case, Finding, register
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 GAMMA, LAMBDA = 0.995, 0.98
 #: the per-env Python loop costs ~40-50 us per step on a CPU: skip it past ~0.5 s a call
@@ -128,6 +130,8 @@ register(Finding(
     variants=(*METHODS, *peers.PEERS),
     baseline="loop",
     peers=tuple(peers.PEERS),
+    headline_case=nearest_trainer_size,
+    proposed=Variants.optimized().gae,  # the tensor method the ticket proposes: scan
     cases=_cases,
     build=build_gae_inputs,
     make_call=_make_call,

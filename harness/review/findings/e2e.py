@@ -7,6 +7,7 @@ import torch
 from esper.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 PRESETS = {"original": Variants.original, "optimized": Variants.optimized}
 
@@ -61,7 +62,19 @@ def phase_seconds(variant: str, inputs: dict) -> dict[str, float]:
         device = {name: stats.phase_device_seconds[name] for name in PHASES}
         out.update({f"phase_{name}_device_s": value for name, value in device.items()})
         out["gae_share_device"] = _share(device)
-        out["env_streams"] = inputs["trainers"][variant].env_streams
+        trainer = inputs["trainers"][variant]
+        out.update(stream_fields(trainer.env_streams, trainer.config.num_envs))
+    return out
+
+
+def stream_fields(env_streams: int, num_envs: int) -> dict:
+    """`env_streams`, and a `warning` for the run when envs shared CUDA streams (torch's pool
+    holds 32 per priority, `esper.trainer.make_env_streams`): envs that share a stream
+    serialise, and the timings say so."""
+    out = {"env_streams": env_streams}
+    if env_streams < num_envs:
+        out["warning"] = (f"{num_envs} envs ran on {env_streams} CUDA streams: envs sharing a "
+                          "stream serialise")
     return out
 
 
@@ -78,6 +91,8 @@ register(Finding(
     ticket="B4-CR-03-gae-vectorization.md",
     variants=tuple(PRESETS),
     baseline="original",
+    headline_case=nearest_trainer_size,
+    phases=PHASES,
     cases=_cases,
     build=_build,
     make_call=_make_call,

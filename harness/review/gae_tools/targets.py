@@ -1,4 +1,4 @@
-"""`python -m harness.gae_tools.targets [RUN]`: our best GAE method against the peers, per target cell.
+"""`python -m harness.review.gae_tools.targets [RUN]`: our best GAE method against the peers, per target cell.
 
 Reads the `B4-CR-03` rows of a run (default `latest`) and prints, for each cell of
 num_envs x max_steps in the target grid (episode dones), our fastest method, the fastest
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import exits
+from harness import exits, options
 from harness.exits import UsageError
-from harness.findings import gae_methods
-from harness.findings.peers import PEERS
+from harness.review.findings import gae_methods
+from harness.review.findings.peers import PEERS
 from harness.results import DEFAULT_RESULTS_DIR, load_run
 from harness.report.summary import format_seconds
 
@@ -129,7 +129,7 @@ def markdown(cells: list[Cell]) -> str:
 
 @exits.command
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.gae_tools.targets",
+    p = options.Parser(prog="python -m harness.review.gae_tools.targets",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=exits.epilog("every target met",
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "from the run"))
     exits.add_version(p)
     p.add_argument("run", nargs="?", default="latest", help="run folder, run id, or latest")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
+    p.add_argument("--results", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="where run ids are looked up (default results/)")
     args = p.parse_args(argv)
     try:

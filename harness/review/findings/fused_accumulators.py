@@ -7,6 +7,7 @@ import torch
 
 from esper.accumulators import MODES, EpochAccumulators
 from harness.findings import Case, Finding, max_abs_difference, register
+from harness.review.findings.trainer_size import nearest_trainer_size
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -44,6 +45,7 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=MODES,
     baseline="separate",
+    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
