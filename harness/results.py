@@ -44,6 +44,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.exits import UsageError, read_json
+from harness.measure.numbers import is_real, is_whole
 from harness.measure.stats import Verdict
 
 #: 2: runs record what the report needs of each finding (`finding_info`), rows their
@@ -99,10 +100,9 @@ def _fits(value, kind) -> bool:
     if kind is bool:
         return isinstance(value, bool)
     if kind is int:
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer())
+        return is_whole(value) or (isinstance(value, float) and value.is_integer())
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return is_real(value, finite=False)
     return isinstance(value, kind)
 
 
@@ -132,8 +132,7 @@ def migrate(document: dict, path: Path) -> dict:
     report marks them)."""
     version = document.get("schema_version")
     if version not in READABLE_VERSIONS:
-        newer = isinstance(version, int) and not isinstance(version, bool) \
-            and version > SCHEMA_VERSION
+        newer = is_whole(version) and version > SCHEMA_VERSION
         raise RunFileError(
             f"{path}: schema_version: expected one of {', '.join(map(str, READABLE_VERSIONS))}; "
             f"got {version!r}. " + ("It was written by a newer esper-bench: upgrade it."

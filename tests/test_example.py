@@ -14,6 +14,9 @@ import pytest
 
 from harness.results import load_run
 
+#: real launches of the harness (torchrun, fresh processes): `pytest -m integration`
+pytestmark = pytest.mark.integration
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrl_gae"
 VARIANTS = {"ours", "torchrl_module", "torchrl_functional", "torchrl_vec"}
 

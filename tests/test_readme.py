@@ -14,6 +14,7 @@ README = (ROOT / "README.md").read_text()
 EXAMPLES = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
+@pytest.mark.integration  # each example in a fresh interpreter
 @pytest.mark.parametrize("index", range(len(EXAMPLES)))
 def test_python_example_runs(index):
     # lines that demonstrate an error are shown, not run

@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import torch
 
+from harness.measure.numbers import is_real
+
 Inputs = Any
 Call = Callable[[], Any]
 
@@ -273,39 +275,33 @@ class Finding:
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "True or False", getattr(self, name))
         limit = self.profile_max_s
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
-                                  or not limit > 0):
+        if limit is not None and not (is_real(limit) and limit > 0):
             self._bad("profile_max_s", "None or seconds > 0", limit)
         if self.margin is not None:
             self._set("margin", self._fraction("margin", self.margin, "None or "))
         if self.claim_factor is None:
             self._set("claim_factor", claim_factor_of(self.claim))
-        elif (isinstance(self.claim_factor, bool) or not isinstance(self.claim_factor, (int, float))
-              or not (math.isfinite(self.claim_factor) and self.claim_factor > 0)):
+        elif not (is_real(self.claim_factor) and self.claim_factor > 0):
             self._bad("claim_factor", "None or a finite speed-up > 0, e.g. 4.0 for '~4x'",
                       self.claim_factor)
         tolerance = self.claim_tolerance
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
-                math.isfinite(tolerance) and 0 < tolerance <= 1):
+        if not (is_real(tolerance) and 0 < tolerance <= 1):
             self._bad("claim_tolerance", "a fraction in (0, 1], e.g. 0.25", tolerance)
         if self.headline_case is not None and not callable(self.headline_case):
             self._bad("headline_case", "None or a callable cases -> Case", self.headline_case)
         factor = self.budget_factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-                0 < factor < float("inf")):
+        if not (is_real(factor) and factor > 0):
             self._bad("budget_factor", "a finite number > 0", factor)
         duration = self.duration_s
         if duration is not None and not (
                 isinstance(duration, tuple) and len(duration) == 2
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-                        for v in duration)):
+                and all(is_real(v) and v >= 0 for v in duration)):
             self._bad("duration_s", "None or (quick seconds, default seconds), each >= 0",
                       duration)
 
     def _fraction(self, name: str, value: Any, prefix: str = "") -> float:
         """`value` as a float in (0, 1); else the field's ValueError."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and 0 < value < 1):
+        if not (is_real(value) and 0 < value < 1):
             self._bad(name, f"{prefix}a fraction in (0, 1), e.g. 0.05", value)
         return float(value)
 
@@ -353,7 +349,7 @@ class Finding:
             check_cases(self, list(self.cases), "cases")
             self._set("cases", _Listed(tuple(self.cases)))
         tolerance = self.tolerance
-        if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
+        if is_real(tolerance, finite=False):
             if not (math.isfinite(tolerance) and tolerance >= 0):
                 self._bad("tolerance", "a number >= 0 or a function case -> number", tolerance)
             self._set("tolerance", _Constant(float(tolerance)))

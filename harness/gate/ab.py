@@ -50,6 +50,7 @@ from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
 from harness.gate.worker import WorkerConfig
 from harness.measure.estimate import ProcessNoise, paired_estimate
+from harness.measure.numbers import is_whole
 from harness.measure.stats import RatioCI, as_samples
 from harness.ranks import Spread, solo_environment
 
@@ -93,8 +94,7 @@ class ABOptions:
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
             raise UsageError(f"confidence: expected a fraction in [0.5, 1); got {self.confidence!r}")
-        if isinstance(self.sessions, bool) or not isinstance(self.sessions, int) \
-                or self.sessions < MIN_SESSIONS:
+        if not is_whole(self.sessions) or self.sessions < MIN_SESSIONS:
             raise UsageError(f"--sessions: expected an integer >= {MIN_SESSIONS} (processes "
                              f"whose spread the estimate needs); got {self.sessions!r}")
         if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 10.0):

@@ -40,6 +40,7 @@ import torch
 from harness import explain, findings as registry
 from harness.exits import read_json
 from harness.measure.counters import profile_call
+from harness.measure.numbers import is_whole
 from harness.project import load_project_config
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
@@ -193,7 +194,7 @@ def _entry(entry: object, where: str, path: Path, modules: Sequence[str] = ()) -
         raise _bad_baseline(path, f"{where}.tolerance: expected an object; "
                                   f"got {type(tolerance).__name__}", modules)
     bad = {k: v for k, v in {**values, **tolerance}.items()
-           if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+           if not is_whole(v) or v < 0}
     unknown = sorted(set(tolerance) - set(COUNTERS))
     if bad or unknown:
         raise _bad_baseline(path, f"{where}: expected counts and tolerances as integers >= 0 "

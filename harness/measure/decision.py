@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.measure.estimate import PairedEstimate
+from harness.measure.numbers import is_real
 
 __all__ = [
     "DEFAULT_MARGIN", "DEFAULT_TOLERANCE", "ClaimWord", "Looks", "Word", "benjamini_hochberg",
@@ -49,8 +50,7 @@ ALPHA = 0.05
 def check_fraction(value: object, field: str) -> float:
     """`value` as a float in (0, 1); ValueError naming `field`, the expected and the
     received value otherwise (a bool, NaN or inf included)."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or not 0.0 < value < 1.0):
+    if not (is_real(value) and 0.0 < value < 1.0):
         raise ValueError(f"{field}: expected a fraction in (0, 1), e.g. 0.05; got {value!r}")
     return float(value)
 

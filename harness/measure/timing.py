@@ -29,6 +29,7 @@ import torch
 from harness.measure import stats
 from harness.measure.decision import DEFAULT_MARGIN, Looks, check_fraction, decide
 from harness.measure.estimate import PairedEstimate, rounds_estimate
+from harness.measure.numbers import is_whole
 
 __all__ = [
     "Clock",
@@ -317,8 +318,7 @@ class Sampling:
                 and self.time_budget_s > 0):
             raise ValueError(f"Sampling.time_budget_s: expected finite seconds > 0; got "
                              f"{self.time_budget_s!r}")
-        if not isinstance(self.min_rounds, int) or isinstance(self.min_rounds, bool) \
-                or self.min_rounds < 2:
+        if not is_whole(self.min_rounds) or self.min_rounds < 2:
             raise ValueError(f"Sampling.min_rounds: expected an integer >= 2; got "
                              f"{self.min_rounds!r}")
         if not isinstance(self.max_rounds, int) or self.max_rounds < self.min_rounds:

@@ -10,10 +10,10 @@ without `--sources` give None, and the callers keep their counts-only text.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
 from harness import explain
+from harness.measure.numbers import is_real
 from harness.measure.sources import Sources
 from harness.results import Run, RunFileError, read_cells
 
@@ -41,7 +41,7 @@ def _counts(row: Mapping, counters: Iterable[str]) -> dict[str, int]:
     out = {}
     for name in counters:
         value = row.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if is_real(value):
             out[name] = int(value)
     return out
 

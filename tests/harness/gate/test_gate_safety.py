@@ -30,7 +30,7 @@ from harness.gate.table import UsageError
 
 import esper.train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FINDING = "B4-DRL-03"  # 4 cells, counted in about a second
 
 
@@ -405,6 +405,7 @@ def test_sigterm_inside_a_command_cleans_up_and_exits_143(monkeypatch, capsys, t
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back afterwards
 
 
+@pytest.mark.integration
 def test_python_m_gate_version_in_a_subprocess():
     done = subprocess.run([sys.executable, "-m", "harness.gate", "--version"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -499,6 +500,7 @@ def _start_ab(clone: Path, tmp_path: Path) -> tuple[subprocess.Popen, int, Path]
     return gate_process, worker[0], temp
 
 
+@pytest.mark.integration
 @linux_only
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -514,6 +516,7 @@ def test_a_signalled_ab_gate_removes_its_worktree_temp_folders_and_workers(clone
     assert f"{signal.Signals(signum).name}: stopped" in (tmp_path / "gate.log").read_text()
 
 
+@pytest.mark.integration
 @linux_only
 @pytest.mark.slow
 def test_a_killed_ab_gate_takes_its_worker_along_and_the_next_gate_removes_its_worktree(
@@ -532,6 +535,7 @@ def test_a_killed_ab_gate_takes_its_worker_along_and_the_next_gate_removes_its_w
     assert _worktrees(clone) == [str(clone)] and not left.parent.exists()
 
 
+@pytest.mark.integration
 @linux_only
 def test_remove_stale_worktrees_leaves_a_live_gates_worktree(clone):
     commit = gate_ab.resolve_revision(clone, "HEAD")
@@ -541,6 +545,7 @@ def test_remove_stale_worktrees_leaves_a_live_gates_worktree(clone):
     assert _worktrees(clone) == [str(clone)]
 
 
+@pytest.mark.integration
 @linux_only
 @pytest.mark.slow
 def test_a_terminated_quality_run_leaves_no_busy_process(tmp_path):
@@ -563,6 +568,7 @@ def test_a_terminated_quality_run_leaves_no_busy_process(tmp_path):
     assert [p for p in children if _running(p)] == []
 
 
+@pytest.mark.integration
 @linux_only
 def test_a_busy_process_stops_when_its_parent_is_killed_outright():
     parent = subprocess.Popen(

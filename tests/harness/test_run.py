@@ -139,6 +139,7 @@ def test_usage_errors_exit_2(capsys):
         assert "torch.cuda.is_available() is False" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_list_and_cli_subprocess():
     out = subprocess.run([sys.executable, "-m", "harness.run", "--list"],
                          capture_output=True, text=True, check=True).stdout

@@ -20,7 +20,10 @@ from harness.gate.table import Outcome
 from harness.results import load_run, read_cells
 from harness.run import main
 
-REPO = Path(__file__).resolve().parents[1]
+#: real launches of the harness (torchrun, fresh processes): `pytest -m integration`
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 QUICK = ["--quick", "--device", "cpu", "--threads", "1", "--time-budget", "0.1",
          "--findings", "B4-DRL-03", "B4-PT-05"]
@@ -118,7 +121,7 @@ def test_gate_against_spreads_its_sessions_over_the_ranks(tmp_path):
     sessions are shared out over two ranks (each pairs both trees in one process, as
     without torchrun), rank 0 gathers them and reports once, and the 30x slower commit
     is still a regression while the unchanged variants pass."""
-    from tests.test_user_findings import MYLIB, REPO_FINDINGS, SLOWER, _git
+    from tests.harness.test_user_findings import MYLIB, REPO_FINDINGS, SLOWER, _git
 
     repo = tmp_path / "repo"
     (repo / "mylib").mkdir(parents=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from harness.gate import cli as gate
 from harness.gate.table import STEP_SUMMARY_VARIABLE
-from tests.test_gate import _config
+from tests.harness.gate.test_gate import _config
 
 
 def _impossible_invariant(tmp_path):

@@ -25,7 +25,7 @@ from harness.gate.plant import allocating, planted, slowed
 from harness.gate.table import GateRow, Outcome, UsageError, render_markdown, summary_line
 from harness.measure.stats import RatioCI
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -420,6 +420,7 @@ def tree_failing_clone(tmp_path_factory) -> Path:
     return tree
 
 
+@pytest.mark.integration
 def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tree_failing_clone):
     options = gate_ab.ABOptions(findings=("B4-DRL-03",), min_rounds=3, variant_budget_s=0.0)
     sessions = gate_ab.run_sessions(REPO, tree_failing_clone, options)

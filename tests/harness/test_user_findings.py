@@ -317,6 +317,7 @@ def test_against_needs_the_users_modules_in_a_git_repository(tmp_path, monkeypat
             "from different repositories); got USER-rowsums, B4-CR-03") in capsys.readouterr().err
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_against_a_revision_of_the_users_repository_catches_a_slower_commit(tmp_path):
     """A user's repository: a findings module (named in its pyproject.toml) that times its

@@ -327,6 +327,7 @@ NEW_FINDINGS = ("AUDIT-1.3-batched-transfer", "H1-env-pooling", "H2-redundant-is
                 "L2-fused-accumulators", "TL-bootstrap")
 
 
+@pytest.mark.integration
 def test_quick_run_of_every_new_finding(tmp_path):
     assert main(["--quick", "--findings", *NEW_FINDINGS, "--time-budget", "0.05",
                  "--precision", "0", "--no-report", "--out", str(tmp_path),

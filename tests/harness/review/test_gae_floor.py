@@ -110,7 +110,7 @@ def test_the_floors_allocate_outputs_as_the_numba_method_does():
 
 def test_usage_errors_exit_2(capsys):
     assert main(["--rounds", "5"]) == 2
-    assert "--rounds: expected an int >= 10" in capsys.readouterr().err
+    assert "--rounds: expected an integer >= 10; got '5'" in capsys.readouterr().err
     assert main(["--methods", "numba,fast"]) == 2
     assert "--methods: expected a comma-separated list of" in capsys.readouterr().err
 

@@ -16,8 +16,8 @@ import pytest
 from harness.report.cli import main as report_main
 from harness.results import SCHEMA_VERSION, load_run
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
+REPO = Path(__file__).resolve().parents[3]
 
 FINDINGS_MODULE = textwrap.dedent('''
     import torch

@@ -36,7 +36,7 @@ from harness.report.markdown import cell
 from harness.results import load_run
 from harness.run import main as run_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FINDINGS = ["B4-CR-03", "B4-DRL-03"]
 RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--time-budget", "0.05", "--device", "cpu",
             "--threads", "1"]

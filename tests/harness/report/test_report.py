@@ -174,6 +174,7 @@ def test_a_corrupt_sibling_report_is_named_and_the_index_still_written(runs, tmp
     assert "fine/index.html" in (reports / "index.html").read_text()
 
 
+@pytest.mark.integration
 def test_report_module_runs_as_a_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness.report", "no-such-run",
                            "--results", str(tmp_path)], capture_output=True, text=True)
