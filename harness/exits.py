@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.metadata
 import json
 import os
@@ -50,6 +51,16 @@ class UsageError(Exception):
     The message names what was wrong, what was expected and what was received, and
     where there is one, the command that fixes it.
     """
+
+
+class Nonsense(RuntimeError):
+    """A number the command was about to print makes no sense (a word against its own
+    interval, a floor a call beats): a bug of the harness, exit 3, said plainly."""
+
+    def __init__(self, what: str, problems: Sequence[str]) -> None:
+        super().__init__(f"{what}: refused to print numbers that make no sense: "
+                         + "; ".join(problems))
+        self.problems = list(problems)
 
 
 class Terminated(KeyboardInterrupt):
@@ -148,11 +159,14 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
     @functools.wraps(main)
     def run(argv: list[str] | None = None) -> int:
         try:
-            with signals_raise():
+            with signals_raise(), pipe_safe_stdout():
                 return main(argv)
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
             return USAGE
+        except Nonsense as err:  # a bug, found before it was printed: no traceback needed
+            print(f"internal error (exit {INTERNAL}): {err}", file=sys.stderr)
+            return INTERNAL
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP as Terminated
             signum = getattr(err, "signum", signal.SIGINT)
             print(f"{signal.Signals(signum).name}: stopped, after cleaning up (temporary "
@@ -166,6 +180,66 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             return INTERNAL
 
     return run
+
+
+def run_module(name: str) -> int:
+    """Import the command module `name` and call its `main()`: a `__main__`'s whole body.
+    Ctrl-C while the module's imports load (matplotlib, torch: seconds) ends the command
+    like Ctrl-C during its work, exit 130 with one line, not a traceback from an import."""
+    try:
+        module = importlib.import_module(name)
+    except KeyboardInterrupt:
+        print("SIGINT: stopped while loading the command; nothing was done", file=sys.stderr)
+        return 128 + signal.SIGINT
+    return module.main()
+
+
+class _PipeSafe:
+    """A text stream that, once its reader has gone (`command | head`), drops what is
+    written instead of raising BrokenPipeError: the command finishes its work (results,
+    the report) whatever happens to its printout."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone = True
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def pipe_safe_stdout() -> Iterator[None]:
+    """While inside, standard output survives a reader that closes the pipe; on the way
+    out, a broken pipe's stdout is pointed at /dev/null so that Python's own final flush
+    stays quiet."""
+    original = sys.stdout
+    safe = _PipeSafe(original)
+    sys.stdout = safe
+    try:
+        yield
+    finally:
+        safe.flush()
+        sys.stdout = original
+        if safe._gone:
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, original.fileno())
+                os.close(devnull)
 
 
 # ------------------------------------------------------------------------------ input files

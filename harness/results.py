@@ -403,7 +403,12 @@ def resolve_run_folder(run: str | Path | None, results_dir: Path = DEFAULT_RESUL
             raise RunFileError(
                 f"no run found: {latest} does not exist; create one with `python -m harness.run`"
             )
-        run = latest.read_text().strip()
+        run = latest.read_text(errors="replace").strip()
+        if not run or "/" in run or "\0" in run:
+            raise RunFileError(
+                f"{latest}: expected the id of the newest run (a folder name beside it); got "
+                f"{run!r}, which names no run; measure one with `python -m harness.run`, or "
+                f"name a run instead of latest")
     candidate = Path(run)
     if (candidate / "run.json").is_file():
         return candidate

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import shlex
 import sys
 from pathlib import Path
 
@@ -322,7 +323,8 @@ def _interrupted(writer: RunWriter, launch: ranks.Launch, err: KeyboardInterrupt
         _print_result(writer, pd.DataFrame(writer.summary), status)
         if status == "interrupted":
             print(f"stopped after {done} of {total} cells; continue with: python -m harness.run "
-                  f"--resume {writer.folder.name} --out {writer.results_dir}", file=sys.stderr)
+                  f"--resume {shlex.quote(writer.folder.name)} --out "
+                  f"{shlex.quote(str(writer.results_dir))}", file=sys.stderr)
     return 128 + getattr(err, "signum", 2)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.measure.bandwidth import bound_label
+from harness.measure.bandwidth import bound_label, working_set_bandwidth
 from harness.measure.counters import profile_call
 from harness.findings import PLACEBO, Case, Finding
 from harness.measure.decision import (
@@ -395,20 +395,23 @@ class CaseRun:
     def _bandwidth(self) -> None:
         """Bytes moved per second and the floor, for a finding with `min_bytes`.
 
-        Timed rows get `achieved_bytes_per_s` = min bytes / median. With the run's copy
-        bandwidth, every row of the case gets `min_bytes`, `floor_s` (min bytes / copy
-        bandwidth) and `bound`: `bound_label` of the fastest of our own variants (peers
-        excluded) against the floor.
+        Timed rows get `achieved_bytes_per_s` = min bytes / median. With floors asked for
+        (the run measured its copy bandwidth), every row of the case gets `min_bytes`,
+        `floor_s` (min bytes over the bandwidth of a working set of that size,
+        `harness.measure.bandwidth.working_set_bandwidth`), `floor_level` (the memory
+        that holds it: L1d, L2, L3, DRAM) and `bound`: `bound_label` of the fastest of our
+        own variants (peers excluded) against the floor.
         """
-        f, copy = self.finding, self.options.copy_bandwidth_bytes_per_s
+        f = self.finding
         if f.min_bytes is None:
             return
         nbytes = f.min_bytes(self.case)
         for variant, m in self.measurements.items():
             self.cells[variant]["achieved_bytes_per_s"] = nbytes / m.median
-        if copy is None:
+        if self.options.copy_bandwidth_bytes_per_s is None:
             return
-        case_cells = {"min_bytes": nbytes, "floor_s": nbytes / copy}
+        speed, level = working_set_bandwidth(self.options.device.type, max(nbytes, 2))
+        case_cells = {"min_bytes": nbytes, "floor_s": nbytes / speed, "floor_level": level}
         own = [m.median for v, m in self.measurements.items() if v not in (*f.peers, PLACEBO)]
         if own:
             case_cells["bound"] = bound_label(min(own), case_cells["floor_s"])

@@ -2,6 +2,6 @@
 
 import sys
 
-from harness.bisect.cli import main
+from harness.exits import run_module
 
-sys.exit(main())
+sys.exit(run_module("harness.bisect.cli"))

@@ -1,7 +1,8 @@
 """One session of the gate's paired A/B check: two trees timed side by side in one process.
 
 `harness.gate.ab` runs this file's source with `python -c` from a neutral working
-directory. The process imports `esper` and `harness` from each tree in turn, keeping each
+directory. The process imports each tree's packages (its `harness`, whose built-in
+findings import the code they measure) in turn, keeping each
 tree's modules apart (`TreeModules`): whenever tree X's code runs, `sys.modules` and
 `sys.path` hold X's modules and only those. For findings of your own
 (`WorkerConfig.findings_modules`), the trees are two revisions of your repository: from
@@ -18,8 +19,8 @@ A finding whose `cases` raises on a tree is an error of each of its variants the
 
 Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
 started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
-`{"esper": [<path of each tree's esper package>], "cells": [...]}` (for your findings
-`"modules"` instead of `"esper"`: each tree's findings module files, or the error importing
+`{"findings": [<path of each tree's harness.findings>], "cells": [...]}` (for your findings
+`"modules"` instead of `"findings"`: each tree's findings module files, or the error importing
 one raised), a cell per finding x case x variant with `samples`, one list per tree (seconds per call; entry i of each list
 comes from round i), or `errors`, one entry per tree (null where that tree ran), or
 `absent`, one flag per tree (true where the tree has no such cell).
@@ -49,7 +50,7 @@ class WorkerConfig:
     """What one worker process measures."""
 
     trees: tuple[str, ...]
-    """Roots of the trees under test (two for the gate); each one's `esper` comes from it."""
+    """Roots of the trees under test (two for the gate); each one's code comes from it."""
     findings: tuple[str, ...]
     """Finding ids whose quick cases are timed."""
     min_rounds: int
@@ -112,20 +113,21 @@ class TreeModules:
                 sys.path.remove(path)
             self.modules = {n: sys.modules.pop(n) for n in list(sys.modules) if self._from_tree(n)}
 
-    def load(self) -> tuple[object, object]:
-        """`esper` and `harness.findings` of this tree; RuntimeError if they come from elsewhere."""
+    def load(self) -> object:
+        """This tree's `harness.findings` (its registry, which loads the tree's own built-in
+        findings); RuntimeError if it comes from elsewhere."""
         with self.active():
-            esper = importlib.import_module("esper")
             registry = importlib.import_module("harness.findings")
-        for module in (esper, registry):
-            self._check_from_tree(module)
-        return esper, registry
+        self._check_from_tree(registry)
+        return registry
 
     def _check_from_tree(self, module) -> None:
         where = Path(module.__file__).resolve()
         if self.tree not in where.parents:
-            raise RuntimeError(f"{module.__name__} was imported from {where}, "
-                               f"not from the tree under test {self.tree}")
+            raise RuntimeError(
+                f"this revision predates the gate: {module.__name__} is not in it ({self.tree} "
+                f"has no {module.__name__.replace('.', '/')}, so {where} was imported "
+                "instead); compare against a newer revision")
 
     def load_findings(self, names: tuple[str, ...]) -> tuple[dict[str, object], list[str]]:
         """Your findings modules `names` imported from this tree: the findings they
@@ -250,8 +252,9 @@ def measure_trees(config: WorkerConfig) -> dict:
         sources = {"modules": [files for _, files in loaded]}
     else:
         loaded = [modules.load() for modules in trees]
-        selects = [registry.select for _, registry in loaded]
-        sources = {"esper": [str(Path(esper.__file__).resolve().parent) for esper, _ in loaded]}
+        selects = [registry.select for registry in loaded]
+        sources = {"findings": [str(Path(registry.__file__).resolve().parent)
+                                for registry in loaded]}
     per_tree = [_tree_cells(modules, select, config, device)
                 for modules, select in zip(trees, selects)]
     keys = list(dict.fromkeys(key for cells in per_tree for key in cells))

@@ -115,15 +115,16 @@ def has_bandwidth(rows: pd.DataFrame) -> bool:
 
 
 def bandwidth_cell(row: dict) -> str:
-    """`3.1 GB/s (16% of copy)`: the bytes a call must move over its median time, and
-    that as a share of the run's copy bandwidth (= floor time / median); '-' if untimed."""
+    """`3.1 GB/s (16% of L3)`: the bytes a call must move over its median time, and that
+    as a share of the floor's bandwidth (= floor time / median); '-' if untimed."""
     achieved = row.get("achieved_bytes_per_s")
     if not present(achieved):
         return "-"
     if present(row.get("floor_s")) and present(row.get("median_s")):
-        share = 100 * row["floor_s"] / row["median_s"]  # percent of the copy bandwidth
+        share = 100 * row["floor_s"] / row["median_s"]  # percent of the floor's bandwidth
         digits = f"{share:.0f}" if share >= 10 else f"{share:.2g}"
-        return f"{format_bandwidth(achieved)} ({digits}% of copy)"
+        level = row.get("floor_level") if present(row.get("floor_level")) else "copy"
+        return f"{format_bandwidth(achieved)} ({digits}% of {level})"
     return format_bandwidth(achieved)
 
 
@@ -155,12 +156,13 @@ def format_bytes(nbytes: float | None) -> str:
 
 
 def case_bandwidth(row: dict) -> str:
-    """A case's floor and label: `floor 312 us (5.78 MB at copy bandwidth): bandwidth-bound`;
-    '' for rows without a floor."""
+    """A case's floor and label: `floor 66.6 us (5.78 MB at L3 bandwidth): launch-bound`
+    (older runs: `at copy bandwidth`); '' for rows without a floor."""
     if not present(row.get("floor_s")):
         return ""
+    level = row.get("floor_level") if present(row.get("floor_level")) else "copy"
     text = (f"floor {format_seconds(row['floor_s'])} ({_decimal(row['min_bytes'], 'B')} at "
-            "copy bandwidth)")
+            f"{level} bandwidth)")
     return f"{text}: {row['bound']}" if present(row.get("bound")) else text
 
 

@@ -7,11 +7,11 @@ metadata in a line and a link to the HTML report.
 
 from __future__ import annotations
 
-from harness.report.reliability import reliability
 from harness.report import attribution
 from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
 from harness.report.headline import COUNTERS as HEADLINE_COUNTERS
 from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
+from harness.report.reliability import reliability
 from harness.results import Run
 
 

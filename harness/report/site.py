@@ -27,7 +27,8 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from harness.report import plots
+from harness.exits import Nonsense
+from harness.report import plots, sense
 from harness.report.compare import (
     DEFAULT_FACTOR, Change, between_run_sd, check_comparable, compare_headlines, compare_runs,
 )
@@ -183,6 +184,7 @@ def _marker(kind: str, run: Run, **extra) -> str:
 def render_run(run: Run, out: Path) -> Path:
     """Write the report of `run` into `out` (replacing an earlier one); returns its page."""
     out = Path(out)
+    refuse_nonsense(run)
     with staged(out, protect=[run.folder]) as stage:
         headlines = run_headlines(run)
         sections = [_finding_section(run, h.finding, h, stage) for h in headlines]
@@ -200,6 +202,14 @@ def render_run(run: Run, out: Path) -> Path:
     return out / "index.html"
 
 
+def refuse_nonsense(run: Run) -> None:
+    """`harness.exits.Nonsense` (exit 3) when a number of `run` makes no sense
+    (`harness.report.sense`): a report never prints one."""
+    found = sense.problems(run.summary)
+    if found:
+        raise Nonsense(f"report of {run.run_id}", found)
+
+
 def _layout_problems(sections: list[dict]) -> list[str]:
     """'file: problem' for every chart of the page that `plots.layout_problems` faulted."""
     figures = []
@@ -212,6 +222,8 @@ def _layout_problems(sections: list[dict]) -> list[str]:
 def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
                    factor: float = DEFAULT_FACTOR) -> Path:
     """Write the new-vs-old report into `out`; ReportError if fingerprints differ unless forced."""
+    refuse_nonsense(new)
+    refuse_nonsense(old)
     differences = check_comparable(new, old, force)
     between, source = between_run_sd([new, old])
     table = compare_runs(new, old, factor=factor, force=force, between_sd=between)

@@ -56,7 +56,7 @@ def summary_table(summary: pd.DataFrame) -> str:
             "variant": row["variant"],
             "case": row["case"],
             "median": format_seconds(row.get("median_s")),
-            "ratio [95% CI]": format_ratio(row),
+            "ratio [interval]": format_ratio(row),
             "allocs": _count(row, "allocations"),
             "syncs": _count(row, "host_syncs"),
             "verdict": verdict_word(row),

@@ -6,7 +6,8 @@ peer, how many times faster ours is, and the time over the bandwidth floor, then
 the targets:
 
 - our best method is faster than every peer in every cell of the grid;
-- at 1024 x 256 it is within 3x of the memory-bandwidth floor (`harness.measure.bandwidth`);
+- at 1024 x 256 it is within 3x of its memory-bandwidth floor (the bytes it must move at
+  the speed of the memory that holds them: L3 there, `harness.measure.bandwidth`);
 - at 4 x 25 it takes under 40 microseconds per call.
 
 Exit status: 0 all targets met, 1 some target missed or a cell is missing, 2 usage or
@@ -27,6 +28,7 @@ from harness.exits import UsageError
 from harness.review.findings import gae_methods
 from harness.review.findings.peers import PEERS
 from harness.results import DEFAULT_RESULTS_DIR, load_run
+from harness.report import sense
 from harness.report.summary import format_seconds
 
 FINDING = "B4-CR-03"
@@ -112,15 +114,23 @@ def _time(name: str | None, seconds: float | None) -> str:
     return "-" if seconds is None else f"{name} {format_seconds(seconds)}"
 
 
+def versus(ours_s: float | None, peer_s: float | None) -> str:
+    """'3.2x faster' or '7.5x slower': ours against the peer; '-' where either is missing."""
+    if not ours_s or not peer_s:
+        return "-"
+    if ours_s <= peer_s:
+        return f"{peer_s / ours_s:.2g}x faster"
+    return f"{ours_s / peer_s:.2g}x slower"
+
+
 def markdown(cells: list[Cell]) -> str:
     """The per-cell table and the targets, as markdown."""
     lines = ["| envs x steps | our best | best peer | ours vs peer | ours / floor |",
              "|---|---|---|---|---|"]
     for c in cells:
-        versus = (f"{c.peer_s / c.ours_s:.1f}x faster" if c.ours_s and c.peer_s else "-")
         floor = f"{c.ours_s / c.floor_s:.1f}x" if c.ours_s and c.floor_s else "-"
         lines.append(f"| {c.num_envs} x {c.max_steps} | {_time(c.ours, c.ours_s)} | "
-                     f"{_time(c.peer, c.peer_s)} | {versus} | {floor} |")
+                     f"{_time(c.peer, c.peer_s)} | {versus(c.ours_s, c.peer_s)} | {floor} |")
     lines += ["", "| target | met | evidence |", "|---|---|---|"]
     lines += [f"| {name} | {'yes' if met else 'NO'} | {text} |"
               for name, met, text in check_targets(cells)]
@@ -130,23 +140,22 @@ def markdown(cells: list[Cell]) -> str:
 @exits.command
 def main(argv: list[str] | None = None) -> int:
     p = options.Parser(prog="python -m harness.review.gae_tools.targets",
-                                description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=exits.epilog("every target met",
-                                                    "a target missed, or a target cell missing "
-                                                    "from the run"))
+                       description=__doc__.split("\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=exits.epilog("every target met", "a target missed, or a target "
+                                                               "cell missing from the run"))
     exits.add_version(p)
     p.add_argument("run", nargs="?", default="latest", help="run folder, run id, or latest")
     p.add_argument("--results", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="where run ids are looked up (default results/)")
     args = p.parse_args(argv)
-    try:
-        run = load_run(args.run, args.results)
-    except (FileNotFoundError, ValueError) as err:
-        raise UsageError(str(err)) from err
+    run = load_run(args.run, args.results)  # a RunFileError names the file: exit 2
     if FINDING not in set(run.summary.get("finding", [])):
         raise UsageError(f"run {run.run_id}: expected {FINDING} rows; it has none (measure "
                          f"them with `python -m harness.run --findings {FINDING}`)")
+    found = sense.problems(run.summary[run.summary["finding"] == FINDING])
+    if found:
+        raise exits.Nonsense(f"targets of {run.run_id}", found)
     cells = target_cells(run.summary)
     print(f"run {run.run_id} ({run.metadata.get('cpu_model') or run.metadata.get('device_name')}, "
           f"torch threads: {run.metadata.get('threads')})\n")

@@ -314,7 +314,7 @@ def _synthetic_sessions(rng, cells: int, sessions: int, slowdowns: dict[int, flo
                 offset + drift + rng.normal(0.0, 0.04, rounds)))
             cells_out.append({"finding": "F", "case": f"c{index}", "variant": "v",
                               "samples": [current.tolist(), against.tolist()]})
-        out.append({"esper": ["current", "against"], "cells": cells_out})
+        out.append({"findings": ["current", "against"], "cells": cells_out})
     return out
 
 
@@ -347,7 +347,7 @@ def _session(cells: list[tuple[str, float | dict]], jitter: float) -> dict:
             against = [1e-3 * jitter * k for k in (1.0, 1.5, 1.1)]
             cell["samples"] = [[value * t for t in against], against]
         out.append(cell)
-    return {"esper": ["current/esper", "against/esper"], "cells": out}
+    return {"findings": ["current/findings", "against/findings"], "cells": out}
 
 
 def test_ab_compare_flags_slower_and_reports_faster_and_incomparable_cells():
@@ -426,7 +426,8 @@ def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tr
     sessions = gate_ab.run_sessions(REPO, tree_failing_clone, options)
     assert len(sessions) == 6
     for session in sessions:  # every other session ran the trees in the other order
-        assert session["esper"] == [str(REPO / "esper"), str(tree_failing_clone / "esper")]
+        assert session["findings"] == [str(REPO / "harness" / "findings"),
+                                       str(tree_failing_clone / "harness" / "findings")]
         cells = {(c["case"], c["variant"]): c for c in session["cells"]}
         assert {variant for _, variant in cells} == {"clone", "mask"} and len(cells) == 4
         for (_, variant), cell in cells.items():
