@@ -27,6 +27,7 @@ row and the field, with what was expected and what was found.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import enum
 import errno
@@ -37,6 +38,7 @@ import math
 import os
 import re
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,11 +89,24 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
+#: run.json's metadata fields whose kind is fixed (None, where allowed, is absent)
+METADATA_FIELDS: dict[str, type] = {
+    "status": str, "run_id": str, "created": str, "quick": bool, "seed": int,
+    "time_budget_s": float, "precision": float, "margin": float, "placebo": str,
+    "profile": bool, "findings": list, "options": dict, "cells_total": int,
+    "cells_done": int, "world_size": int, "device": str, "device_name": str,
+    "cpu_model": str, "python": str, "torch": str, "cuda": str, "threads": int,
+    "platform": str, "git_commit": str, "git_dirty": bool, "command": str, "pid": int,
+    "host": str, "process_start": str, "finding_info": dict, "process_noise": dict,
+    "copy_bandwidth_bytes_per_s": float, "pyspy": dict, "ranks": list, "warnings": list,
+}
+
+
 def _kind_name(kind) -> str:
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return "one of " + ", ".join(m.value for m in kind)
     return {str: "a string", bool: "true or false", int: "a whole number",
-            float: "a number"}[kind]
+            float: "a number", list: "a list", dict: "an object"}[kind]
 
 
 def _fits(value, kind) -> bool:
@@ -182,6 +197,19 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def raise_if_disk_full(err: OSError, path: Path) -> None:
+    """DiskFullError naming the file system and `path` when `err` says the disk (or the
+    quota) is full, RunFileError when writing there is refused (permissions, a read-only
+    file system): both the user's to fix, exit 2; else nothing, and the caller re-raises
+    `err`."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise DiskFullError(f"no space left on {_mount(Path(path).parent)} while writing {path}; "
+                            "free some space and run again") from err
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        raise RunFileError(f"{path}: cannot be written ({err.strerror or err}); make its "
+                           f"folder writable, or choose another folder") from err
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` all or nothing: a temp file in the same folder, flushed and
     fsync'ed, then renamed over `path`, then the folder fsync'ed.
@@ -194,7 +222,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        # the writer's pid in the name: a later run can tell an orphan (`remove_orphan_temps`)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
+                                   suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -206,13 +236,36 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp = None
         _fsync_folder(path.parent)
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"no space left on {_mount(path.parent)} while writing {path}; "
-                                "free some space and run again") from err
+        raise_if_disk_full(err, path)
         raise
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+#: a temp file of `atomic_write_text` (or of a trace's merge): `.NAME.PID.XXXX.tmp`
+_TEMP = re.compile(r"^\..+\.(?P<pid>\d+)\.(?:[^.]+\.)?tmp$")
+
+
+def remove_orphan_temps(folder: Path, depth: int = 3) -> list[Path]:
+    """Remove the temp files in `folder` (and up to `depth` levels below) whose writer's
+    process is gone: what a SIGKILL or a power cut left half-written. Each removal is
+    said on stderr. Returns the files removed."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    pattern = ["*"]
+    for _ in range(depth + 1):
+        for path in folder.glob("/".join([*pattern[:-1], ".*.tmp"])):
+            match = _TEMP.match(path.name)
+            if match and path.is_file() and not _alive(int(match["pid"]), None):
+                path.unlink(missing_ok=True)
+                print(f"removed {path}: a temp file left by a process that was killed",
+                      file=sys.stderr)
+                removed.append(path)
+        pattern.append("*")
+    return removed
 
 
 def _json_safe(value):
@@ -302,7 +355,12 @@ class RunWriter:
         writer.traces.mkdir()
         writer.cells.mkdir()
         writer._write_header("running")
-        atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
+        try:
+            atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
+        except UsageError:  # the run exists but cannot go on: it says so, where it can
+            with contextlib.suppress(UsageError):
+                writer._write_header("crashed")
+            raise
         return writer
 
     @classmethod
@@ -435,10 +493,19 @@ def _read_document(folder: Path) -> dict:
         if not isinstance(document.get(field, []), list):
             raise RunFileError(f"{path}: field {field!r}: expected a list of rows; got "
                                f"{type(document[field]).__name__}; {fix}")
-    if not isinstance(document.get("finding_info", {}), dict):
-        raise RunFileError(f"{path}: field 'finding_info': expected an object (finding id -> "
-                           f"what the run recorded of it); got "
-                           f"{type(document['finding_info']).__name__}; {fix}")
+    for field, kind in METADATA_FIELDS.items():
+        value = document.get(field)
+        if value is not None and not _fits(value, kind):
+            raise RunFileError(f"{path}: field {field!r}: expected {_kind_name(kind)}; got "
+                               f"{value!r}; {fix}")
+    if document.get("status") not in (None, *STATUSES):
+        raise RunFileError(f"{path}: field 'status': expected one of {', '.join(STATUSES)}; "
+                           f"got {document['status']!r}; {fix}")
+    info = document.get("finding_info") or {}
+    bad = [k for k, v in info.items() if not isinstance(v, dict)]
+    if bad:
+        raise RunFileError(f"{path}: field 'finding_info': expected an object per finding; "
+                           f"got {info[bad[0]]!r} for {bad[0]!r}; {fix}")
     document.setdefault("summary", [])
     document.setdefault("rows", [])
     for index, row in enumerate(document["summary"]):

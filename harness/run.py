@@ -10,6 +10,7 @@ into the run folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import shlex
@@ -34,7 +35,7 @@ from harness.report.reliability import reliability
 from harness.report.summary import format_seconds, sampling_line, summary_table, time_line
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
-    resolve_run_folder,
+    remove_orphan_temps, resolve_run_folder,
 )
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
@@ -259,6 +260,8 @@ def _main(argv: list[str] | None = None) -> int:
     # every input is checked on every rank before the first collective: a rank that
     # stopped alone would leave the others waiting
     check_writable_folder(resumed.folder if resumed else args.out, "--out")
+    if launch.leader:  # what a killed run left half-written: found and removed, said
+        remove_orphan_temps(args.out)
     reports = args.reports or args.out.parent / "reports"
     if not args.no_report:
         check_writable_folder(reports, "--reports")
@@ -464,9 +467,9 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
         rank_info["error"] = _measure_cells(writer, selected, options, mine, launch, label,
                                             rank_info, measured,
                                             sources=options.sources)
-    except Exception as err:
-        if launch.leader and not isinstance(err, DiskFullError):  # else run.json cannot say so
-            with signals_deferred():
+    except Exception:
+        if launch.leader:  # say so in run.json, where the disk still lets it be written
+            with signals_deferred(), contextlib.suppress(DiskFullError, RunFileError):
                 writer.finish("crashed")
         raise
     outcomes = ranks.gather({"rank": rank_info, "cells": measured}, group, launch)

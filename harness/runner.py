@@ -41,7 +41,7 @@ from harness.measure.timing import (
     Measurement, Sampling, VariantError, make_clock, measure_interleaved,
 )
 from harness.measure.trace import merge_traces
-from harness.results import Status
+from harness.results import Status, raise_if_disk_full
 
 #: what `RunOptions.placebo` may be: the placebo in each finding's headline cell, in
 #: every cell, or nowhere
@@ -303,7 +303,11 @@ class CaseRun:
                 if part is not None:
                     parts[variant] = part
             if trace_path is not None and parts:
-                merge_traces(parts, trace_path)
+                try:
+                    merge_traces(parts, trace_path)
+                except OSError as err:  # a full disk is the user's to fix: exit 2, named
+                    raise_if_disk_full(err, trace_path)
+                    raise
 
     def _extra_metrics(self) -> None:
         if self.finding.extra_metrics is None:

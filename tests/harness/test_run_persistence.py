@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import findings as registry
 from harness.report.cli import render
@@ -351,6 +352,31 @@ def test_run_on_a_full_disk_exits_2_with_the_file(small_disk, capsys):
     err = capsys.readouterr().err
     assert "no space left on tmpfs" in err and str(small_disk) in err
     assert not [p for p in small_disk.rglob("*") if p.name.endswith(".tmp")]
+
+
+@pytest.mark.integration
+def test_a_disk_that_fills_while_a_trace_is_written_is_a_usage_error_naming_it(small_disk):
+    """The profile of 200 small ops makes a trace larger than the 16 KiB disk: the cell
+    stops with DiskFullError (exit 2 in the command) naming the trace, no temp file left."""
+    from harness.findings import Case, Finding
+    from harness.runner import CaseRun, RunOptions
+
+    def make_call(variant, x):
+        def call():
+            for _ in range(200):
+                x.add_(1.0)
+            return x
+        return call
+
+    finding = Finding(id="TEST-big-trace", title="many ops", claim="-", variants=("a",),
+                      baseline="a", cases=[Case.of(n=8)],
+                      build=lambda case, device, seed: torch.zeros(case["n"]),
+                      make_call=make_call)
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.02, min_samples=2)
+    target = small_disk / "traces" / "TEST-big-trace.json.gz"
+    with pytest.raises(DiskFullError, match=f"no space left on tmpfs .* while writing {target}"):
+        CaseRun(finding, Case.of(n=8), options).run(target)
+    assert not [p for p in small_disk.rglob("*") if p.is_file()]
 
 
 def test_writer_finish_rejects_unknown_status(tmp_path):

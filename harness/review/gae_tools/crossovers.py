@@ -32,6 +32,7 @@ from harness import exits, options
 from harness.exits import UsageError
 from harness.findings import Case
 from harness.review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
+from harness.progress import Progress
 from harness.measure.timing import Sampling, make_clock, measure_interleaved, pinned_threads
 
 ENVS = (1, 4, 16, 64, 256, 1024)
@@ -81,14 +82,18 @@ def _medians(calls: dict, device: torch.device, shape: Shape, budget_s: float) -
 
 def measure_grid(device: torch.device, shapes: list[Shape], methods: list[str],
                  budget_s: float) -> Grid:
-    """Median seconds per call of every method at every shape."""
+    """Median seconds per call of every method at every shape, a progress line (or bar)
+    per shape on stderr."""
     medians = {}
-    for shape in shapes:
-        args = _inputs(shape, device)
-        calls = {m: (lambda m=m: gae.compute_gae(*args, gamma=GAMMA, gae_lambda=LAMBDA,
-                                                 method=m))
-                 for m in methods}
-        medians[shape] = _medians(calls, device, shape, budget_s)
+    with Progress(len(shapes), "shape") as progress:
+        for shape in shapes:
+            progress.describe(f"{shape[0]} x {shape[1]}")
+            args = _inputs(shape, device)
+            calls = {m: (lambda m=m: gae.compute_gae(*args, gamma=GAMMA, gae_lambda=LAMBDA,
+                                                     method=m))
+                     for m in methods}
+            medians[shape] = _medians(calls, device, shape, budget_s)
+            progress.step(f"{shape[0]} x {shape[1]}")
     return Grid(medians)
 
 
@@ -194,11 +199,12 @@ def warm_up_methods(methods: list[str], device: torch.device) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = options.Parser(prog="python -m harness.review.gae_tools.crossovers",
-                                description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=exits.epilog("done (the tables are printed)"))
+                       description=__doc__.split("\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=exits.epilog("done (the tables are printed)"))
     exits.add_version(p)
-    p.add_argument("--threads", type=options.positive_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=options.positive_int, default=1,
+                   help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, shorter budgets")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
     return p
@@ -217,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     methods = timed_methods(device)
     started = time.perf_counter()
     with pinned_threads(args.threads):
+        print("warming up: numba's JIT and torch.compile's first call (seconds)...",
+              file=sys.stderr, flush=True)
         notes = warm_up_methods(methods, device)
         grid = measure_grid(device, shapes, methods, budget)
     print(f"# GAE crossovers on {device.type}, {args.threads} torch thread(s), "

@@ -1,0 +1,212 @@
+"""Every boundary fuzzed: generated options, corrupted files, failing writes.
+
+What it generates, and what must hold for every case (a failure is a traceback, an exit
+other than 0 or 2, a message that does not name the option or the file, or a file
+changed that the command had no business changing):
+
+- options: for every value-taking option of every harness command, values that are
+  empty, negative, zero, huge, inf, nan, unicode, a path that is a file, a path under
+  /proc, a path with spaces; each run in-process (`main(argv)`), with the other options
+  chosen so that the command stops right after checking its input;
+- files: a run's run.json and a journaled cell, truncated at every length class, empty,
+  binary, each top-level field and each summary-row field replaced by a value of every
+  other JSON type, and a future schema version; read by `harness.report`, they must end
+  in exit 2 naming the file (or render, when the change is harmless);
+- writes (integration): the k-th atomic write of a run fails with a full disk or a
+  permission error; the run must stop with exit 2 naming the file, keep every cell it
+  journaled, and `--resume` must complete it.
+
+Signals at random moments are `tests/harness/test_run_persistence.py`'s fault injection.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from harness import results
+from harness.bisect import cli as bisect_cli
+from harness.gate import cli as gate_cli, quality as gate_quality
+from harness.report import cli as report_cli
+from harness.review.gae_tools import crossovers, floor, targets
+from harness import run as run_cli
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+OLD_RUN = FIXTURES / "schema1" / "20261125-123548-cpu"
+
+#: values a user might type into any option
+NASTY = st.sampled_from([
+    "", " ", "-1", "0", "1e400", "inf", "-inf", "nan", "NaN", "1e23", "99999999999999999999",
+    "0.0", "-0.5", "1.5", "\u00e9t\u00e9", "\u0661", "1_000", "\x00", "/proc/esper/x",
+    "a path with spaces", "--", "3", "0.05", "1.05",
+]) | st.text(max_size=8)
+
+
+def _commands(tmp: Path) -> dict[str, tuple]:
+    """command -> (main, options that take a value, argv that makes it stop after its
+    checks). The stopping argv never measures: run lists, report reads a run that is not
+    there, the gate asks for a check on a finding that does not exist."""
+    return {
+        "run": (run_cli.main, ["--time-budget", "--margin", "--precision", "--seed", "--threads",
+                               "--out", "--reports", "--device", "--placebo", "--findings"],
+                ["--list"]),
+        "report": (report_cli.main, ["--out", "--results", "--factor", "--compare"],
+                   ["no-such-run", "--results", str(tmp)]),
+        "gate": (gate_cli.main, ["--sessions", "--threshold", "--baseline", "--config",
+                                 "--json", "--findings"],
+                 ["--counters", "--findings", "NO-SUCH-FINDING"]),
+        "quality": (gate_quality.main, ["--counters-runs", "--invariant-runs", "--ab-runs",
+                                        "--ab-planted-runs", "--ab-slowdowns", "--busy"],
+                    ["--counters-runs", "0", "--invariant-runs", "0", "--ab-runs", "0",
+                     "--ab-planted-runs", "0", "--json", "/proc/esper/no.json"]),
+        "crossovers": (crossovers.main, ["--threads", "--device"], ["--device", "tpu"]),
+        "floor": (floor.main, ["--rounds", "--methods", "--clock"], ["--clock", "sundial"]),
+        "targets": (targets.main, ["--results"], ["no-such-run", "--results", str(tmp)]),
+        "bisect": (bisect_cli.main, ["--good", "--bad", "--margin", "--sessions", "--seed",
+                                     "--findings", "--counter"],
+                   ["--good", "HEAD~1", "--bad", "HEAD", "--findings", "NO-SUCH",
+                    "--counter", "host_syncs"]),
+    }
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["run", "report", "gate", "quality", "crossovers",
+                                     "floor", "targets", "bisect"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_option_value_ends_in_exit_0_or_2_naming_the_option(command, data, tmp_path_factory,
+                                                               capsys, monkeypatch):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    (tmp / "a-file").write_text("not a folder")
+    monkeypatch.chdir(tmp)
+    main, valued, stop = _commands(tmp)[command]
+    option = data.draw(st.sampled_from(valued))
+    value = data.draw(NASTY | st.just(str(tmp / "a-file")))
+    before = _snapshot(tmp)
+    capsys.readouterr()
+    code = main([*stop, option, value] if not stop or stop[0].startswith("-")
+                else [stop[0], option, value, *stop[1:]])
+    out, err = capsys.readouterr()
+    assert code in (0, 2), (command, option, value, err[-2000:])
+    assert "Traceback" not in err and "internal error" not in err
+    if code == 2:
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert _snapshot(tmp) == before  # nothing outside a command's own output changed
+
+
+def _mutations(document: dict) -> list[tuple[str, object]]:
+    """(what, mutated document or raw bytes) for a run.json: every field of the document
+    and of its first summary row given a value of each other JSON type, and a future
+    schema version."""
+    out = []
+    kinds = [None, True, 7, 2.5, "text", [], {}, [1, "x"], {"a": 1}]
+    for field in list(document):
+        for value in kinds:
+            if type(value) is type(document[field]):
+                continue
+            changed = copy.deepcopy(document)
+            changed[field] = value
+            out.append((f"{field}={value!r}", changed))
+    out.append(("schema_version=99", {**document, "schema_version": 99}))
+    return out
+
+
+def _run_document() -> dict:
+    document = json.loads((OLD_RUN / "run.json").read_text())
+    cell = json.loads(next((OLD_RUN / "cells").glob("*.json")).read_text())
+    return {**document, "summary": cell["summary"][:2], "rows": cell["samples"][:4]}
+
+
+@pytest.mark.parametrize(("what", "document"), _mutations(_run_document()),
+                         ids=lambda value: value if isinstance(value, str) else "")
+def test_a_run_json_with_any_field_of_the_wrong_type_renders_or_is_named(what, document,
+                                                                         tmp_path, capsys):
+    folder = tmp_path / "results" / "r"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(document))
+    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code in (0, 2), (what, err[-3000:])
+    if code == 2:
+        assert str(folder / "run.json") in err or "--out" in err, (what, err)
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cut", [0, 1, 10, 100, 1000, -10, -1])
+def test_a_truncated_run_json_or_cell_is_named(cut, tmp_path, capsys):
+    for name in ("run.json", "cell"):
+        folder = tmp_path / name / "r"
+        shutil_copy(OLD_RUN, folder)
+        target = folder / "run.json" if name == "run.json" else next((folder / "cells").glob("*.json"))
+        raw = target.read_bytes()
+        target.write_bytes(raw[:cut] if cut >= 0 else raw[:len(raw) + cut])
+        assert report_cli.main([str(folder), "--out", str(tmp_path / name / "out")]) == 2
+        assert str(target) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe" * 50, b"[]", b"null", b"42",
+                                     b'{"schema_version": 2}', b'{"order": [0, 0]}'])
+def test_a_corrupt_journal_cell_is_named(content, tmp_path, capsys):
+    folder = tmp_path / "r"
+    shutil_copy(OLD_RUN, folder)
+    cell = next((folder / "cells").glob("*.json"))
+    cell.write_bytes(content)
+    assert report_cli.main([str(folder), "--out", str(tmp_path / "out")]) == 2
+    assert str(cell) in capsys.readouterr().err
+
+
+def shutil_copy(source: Path, destination: Path) -> None:
+    import shutil
+
+    shutil.copytree(source, destination)
+
+
+RUN = ["--findings-module", "tests.findings_modules.tiny", "--findings", "TINY-sums",
+       "--time-budget", "0.02", "--no-profile", "--no-report"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EACCES])
+@pytest.mark.parametrize("failing", [1, 2, 4, 7, 12])
+def test_a_write_that_fails_stops_the_run_keeping_what_was_journaled(error, failing, tmp_path,
+                                                                     monkeypatch, capsys):
+    """The k-th atomic write raises (a full disk, a permission error): the run stops with
+    exit 2 naming the file, every cell journaled before stays readable, and `--resume`
+    completes the run with every cell."""
+    real = results.tempfile.mkstemp
+    calls = {"n": 0}
+
+    def failing_mkstemp(*args, **kwargs):  # each atomic write makes one temp file first
+        calls["n"] += 1
+        if calls["n"] == failing:
+            raise OSError(error, os.strerror(error))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(results.tempfile, "mkstemp", failing_mkstemp)
+    code = run_cli.main([*RUN, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    monkeypatch.setattr(results.tempfile, "mkstemp", real)
+    if calls["n"] < failing:  # the run wrote less than that: nothing failed
+        assert code == 0
+        return
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err and str(tmp_path) in err
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+    runs = [p for p in tmp_path.iterdir() if (p / "run.json").is_file()]
+    if not runs:  # the run folder itself could not be made: nothing was measured
+        return
+    (folder,) = runs
+    journaled = results.read_cells(folder)  # readable, whatever was cut short
+    assert run_cli.main(["--resume", str(folder), "--no-report"]) == 0
+    done = results.load_run(folder)
+    assert done.metadata["status"] == "complete" and done.metadata["cells_done"] == 10
+    assert len(journaled) <= 10
