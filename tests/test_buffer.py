@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from esper.buffer import RolloutBuffer, device_checks
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.gae.reference import reference_gae
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.rollout.buffer import RolloutBuffer, device_checks
 from esper.variants import Variants
 from harness.measure.counters import profile_call
 

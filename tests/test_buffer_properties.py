@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
 from tests.test_buffer import BAD_INPUTS, HIDDEN, LAYERS, STATE_DIM, make_buffer, snapshot
 

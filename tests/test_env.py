@@ -1,4 +1,4 @@
-"""Tests of the synthetic morphogenetic environment (esper.env)."""
+"""Tests of the synthetic morphogenetic environment (esper.env.environment)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from esper.env import (
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
+from esper.env.environment import (
     ALPHA_SPEEDS,
     ALPHA_TARGETS,
     BLUEPRINTS,
@@ -19,7 +20,6 @@ from esper.env import (
     Stage,
     VectorizedMorphoEnv,
 )
-from esper.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

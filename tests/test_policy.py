@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from esper.heads import HEAD_NAMES, HEAD_SIZES
-from esper.policy import SAMPLE_ORDER, FactoredRecurrentActorCritic, MaskedCategorical
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.policy import SAMPLE_ORDER, FactoredRecurrentActorCritic, MaskedCategorical
 
 STATE_DIM = 12
 HIDDEN = 16

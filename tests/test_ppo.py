@@ -8,10 +8,9 @@ import re
 import pytest
 import torch
 
-from esper.buffer import RolloutBuffer
-from esper.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX, OPS
-from esper.policy import EvalOutput, FactoredRecurrentActorCritic
-from esper.ppo import (
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX, OPS
+from esper.agent.policy import EvalOutput, FactoredRecurrentActorCritic
+from esper.agent.ppo import (
     OBJECTIVES,
     PPOAgent,
     PPOConfig,
@@ -19,6 +18,7 @@ from esper.ppo import (
     ppo_losses,
     prepare_batch,
 )
+from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
 
 NAN = float("nan")

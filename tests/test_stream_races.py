@@ -46,8 +46,8 @@ from torch.cuda._sanitizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from esper.env import EnvConfig, Stage
-from esper.trainer import TrainConfig, VectorizedTrainer
+from esper.env.environment import EnvConfig, Stage
+from esper.training.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 
 aten = torch.ops.aten

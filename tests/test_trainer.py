@@ -15,19 +15,19 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.observation_normalizer import RunningNormalizer
+from esper.agent.ppo import PPOConfig
+from esper.env.environment import EnvConfig, MorphoEnv, VectorizedMorphoEnv
 import esper.gae
-from esper.checkpoint import load_checkpoint, save_checkpoint
-from esper.env import EnvConfig, MorphoEnv, VectorizedMorphoEnv
-from esper.evaluate import (
+from esper.training.checkpoint import load_checkpoint, save_checkpoint
+from esper.training.evaluate import (
     evaluate_always_wait,
     evaluate_policy,
     evaluate_random,
     train_and_evaluate,
 )
-from esper.heads import HEAD_NAMES, OP_INDEX
-from esper.normalizer import RunningNormalizer
-from esper.ppo import PPOConfig
-from esper.trainer import (
+from esper.training.trainer import (
     PHASES,
     TIME_LIMITS,
     IterationStats,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.buffer import RolloutBuffer
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.findings.copies import copies_metric

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.bootstrap_states import MODES, BootstrapStates
-from esper.env import OBS_DIM
+from esper.env.bootstrap_states import MODES, BootstrapStates
+from esper.env.environment import OBS_DIM
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.findings.copies import copies_metric
 

@@ -6,9 +6,9 @@ import weakref
 
 import torch
 
-from esper.env import EnvConfig, VectorizedMorphoEnv
-from esper.env_pool import EnvBatches
-from esper.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.env.environment import EnvConfig, VectorizedMorphoEnv
+from esper.env.pool import EnvBatches
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
 

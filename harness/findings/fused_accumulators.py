@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.accumulators import MODES, EpochAccumulators
+from esper.env.accumulators import MODES, EpochAccumulators
 from harness.findings import Case, Finding, max_abs_difference, register
 
 

@@ -7,9 +7,9 @@ import dataclasses
 
 import torch
 
-from esper.env import EnvConfig, MorphoEnv
-from esper.env_optimizers import amp_dtype
-from esper.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.env.environment import EnvConfig, MorphoEnv
+from esper.env.optimizers import amp_dtype
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.measure.stats import wilson_interval

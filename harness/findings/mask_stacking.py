@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.heads import HEAD_NAMES, HEAD_SIZES
-from esper.mask_batch import MODES, MaskBatcher
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.env.mask_batch import MODES, MaskBatcher
 from harness.findings import Case, Finding, register
 from harness.findings.copies import copies_metric
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.stream_guard import GUARDS
+from esper.env.stream_guard import GUARDS
 from harness.findings import Case, Finding, register
 
 VARIANTS = tuple(GUARDS)

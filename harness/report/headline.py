@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from esper.trainer import TrainConfig
+from esper.training.trainer import TrainConfig
 from esper.variants import AXES, Variants
 from harness.measure.stats import Verdict
 from harness.report.verdicts import case_phrase, present

@@ -3,7 +3,7 @@
 One env step is one host training epoch. The host is an MLP learning a fixed synthetic
 classification task (Gaussian inputs labelled by a random teacher network); it has
 `NUM_SLOTS` seed slots, one after each hidden layer. The agent's factored action (see
-`esper.heads`) germinates, blends, prunes and fossilizes seed modules in those slots,
+`esper.agent.heads`) germinates, blends, prunes and fossilizes seed modules in those slots,
 which really changes the host's forward pass and the parameters SGD trains.
 
 What matters for measurement is kept from the original CIFAR-10 environment: every step
@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from esper.accumulators import EpochAccumulators
-from esper.env_optimizers import EnvOptimizers, amp_dtype, make_scalers, new_scaler
-from esper.heads import HEAD_NAMES, HEAD_SIZES, OPS
-from esper.stream_guard import GUARDS, record_on_stream
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OPS
+from esper.env.accumulators import EpochAccumulators
+from esper.env.optimizers import EnvOptimizers, amp_dtype, make_scalers, new_scaler
+from esper.env.stream_guard import GUARDS, record_on_stream
 from esper.variants import Variants
 
 NUM_SLOTS: int = HEAD_SIZES["slot"]
@@ -242,7 +242,7 @@ class EnvConfig:
     """Root seed; data, host init and seed init derive from (seed, env_index)."""
     amp: bool = False
     """Mixed precision for the host's training batches, as the reviewed system's `use_amp`:
-    autocast (`esper.env_optimizers.amp_dtype`: float16 on CUDA) with GradScaler(s) arranged
+    autocast (`esper.env.optimizers.amp_dtype`: float16 on CUDA) with GradScaler(s) arranged
     by `Variants.scaler`. Off by default, as there."""
     seed_clip_norm: float = 1.0
     """Gradient-norm limit of each seed's parameters when `Variants.seed_clip` is `clip`
@@ -394,7 +394,7 @@ class MorphoEnv:
     by (config.seed, env_index) and copied to `device`, so the task is identical on every
     device; `reset()` re-initialises the host and the seed generator, never the data.
     `task`, when given, is the data of an earlier env of the same (config, env_index):
-    an env recreated for a new batch (`esper.env_pool`) shares it instead of drawing it
+    an env recreated for a new batch (`esper.env.pool`) shares it instead of drawing it
     again. `variants` picks the reviewed choices that act in an env (`scaler`,
     `seed_clip`, `stream_guard`, `accumulators`); `stream` is the CUDA stream the caller
     runs `launch_epoch` on, or None.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from esper.trainer import VectorizedTrainer
+from esper.training.trainer import VectorizedTrainer
 
 FORMAT_VERSION = 1
 

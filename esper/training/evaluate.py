@@ -21,11 +21,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from esper.env import EnvConfig, MorphoEnv
-from esper.heads import HEAD_NAMES, OP_INDEX
-from esper.normalizer import RunningNormalizer
-from esper.policy import FactoredRecurrentActorCritic
-from esper.trainer import TrainConfig, VectorizedTrainer
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.observation_normalizer import RunningNormalizer
+from esper.agent.policy import FactoredRecurrentActorCritic
+from esper.env.environment import EnvConfig, MorphoEnv
+from esper.training.trainer import TrainConfig, VectorizedTrainer
 
 
 @dataclass(frozen=True)

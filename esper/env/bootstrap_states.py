@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from esper.staging import StagedCopy
+from esper.rollout.staging import StagedCopy
 
 Tensor = torch.Tensor
 MODES = ("tensor", "copy")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.env import EnvConfig, VectorizedMorphoEnv
+from esper.env.environment import EnvConfig, VectorizedMorphoEnv
 from esper.variants import Variants
 
 MODES = ("recreate", "pool")

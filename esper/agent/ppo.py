@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from esper.heads import HEAD_NAMES, HEADS_FOR_OP, OPS
-from esper.policy import EvalOutput, FactoredRecurrentActorCritic
+from esper.agent.heads import HEAD_NAMES, HEADS_FOR_OP, OPS
+from esper.agent.policy import EvalOutput, FactoredRecurrentActorCritic
 
 
 #: How `ppo_losses` reduces the 8 per-head terms (see `PPOConfig.objective`).

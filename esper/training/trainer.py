@@ -13,15 +13,15 @@ One iteration, read top to bottom (`VectorizedTrainer.iteration`):
 
 Each phase runs inside a `torch.profiler.record_function` range of that name, so a
 profiler attributes time to it, and its host wall time is summed per iteration. On CUDA
-its device time is summed too (`esper.device_spans`): the host time of a phase that
+its device time is summed too (`esper.rollout.device_spans`): the host time of a phase that
 launches work without waiting for it (scan, compiled or Triton GAE) counts launches, and
 its kernels' time would otherwise land in the next phase that syncs.
 
-Each step's action masks reach the device in one transfer (`esper.mask_batch`) that both
+Each step's action masks reach the device in one transfer (`esper.env.mask_batch`) that both
 the policy and the buffer read, instead of one blocking copy per head and env.
 
 Reviewed choices of the vectorized-training review that act here, besides `sync`:
-`env_pool` (H1: each rollout's envs recreated, or reset in place; `esper.env_pool`),
+`env_pool` (H1: each rollout's envs recreated, or reset in place; `esper.env.pool`),
 `masks` (H5: each step's masks stacked anew, or written into pre-allocated tensors) and
 `bootstrap` (H4: the bootstrap states made as new tensors, or copied into a pre-allocated
 buffer). `scaler`, `seed_clip`, `stream_guard` and `accumulators` act inside each env.
@@ -50,16 +50,16 @@ from typing import Iterator
 import torch
 from torch.profiler import record_function
 
-from esper.bootstrap_states import BootstrapStates
-from esper.buffer import RolloutBuffer
-from esper.device_spans import DeviceSpans
-from esper.env import EnvConfig, VectorizedMorphoEnv
-from esper.env_pool import EnvBatches
-from esper.heads import HEAD_NAMES
-from esper.mask_batch import MaskBatcher
-from esper.normalizer import RunningNormalizer
-from esper.policy import FactoredRecurrentActorCritic
-from esper.ppo import PPOAgent, PPOConfig
+from esper.agent.heads import HEAD_NAMES
+from esper.agent.observation_normalizer import RunningNormalizer
+from esper.agent.policy import FactoredRecurrentActorCritic
+from esper.agent.ppo import PPOAgent, PPOConfig
+from esper.env.bootstrap_states import BootstrapStates
+from esper.env.environment import EnvConfig, VectorizedMorphoEnv
+from esper.env.mask_batch import MaskBatcher
+from esper.env.pool import EnvBatches
+from esper.rollout.buffer import RolloutBuffer
+from esper.rollout.device_spans import DeviceSpans
 from esper.variants import Variants
 
 PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
@@ -149,7 +149,7 @@ class IterationStats:
     host_blocked_seconds: float
     """Host time spent waiting for env streams (synchronize / metric reads) in env_step."""
     phase_device_seconds: dict[str, float] = field(default_factory=dict)
-    """On CUDA, device-timeline seconds per phase (`esper.device_spans`; `update` without
+    """On CUDA, device-timeline seconds per phase (`esper.rollout.device_spans`; `update` without
     `gae`); empty on the CPU, where host and device time are one."""
 
     def line(self) -> str:
@@ -219,7 +219,7 @@ class VectorizedTrainer:
 
     @property
     def envs(self) -> VectorizedMorphoEnv:
-        """The current batch's envs (`esper.env_pool.EnvBatches`)."""
+        """The current batch's envs (`esper.env.pool.EnvBatches`)."""
         return self.env_batches.envs
 
     def _new_streams(self, num_envs: int, device: torch.device) -> list:

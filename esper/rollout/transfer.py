@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from esper.staging import StagedCopy
+from esper.rollout.staging import StagedCopy
 
 Tensor = torch.Tensor
 #: every packed tensor starts at a multiple of this many bytes, so that its byte view can

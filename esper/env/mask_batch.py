@@ -12,9 +12,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from esper.buffer import masks_to_device
-from esper.heads import HEAD_NAMES, HEAD_SIZES
-from esper.staging import StagedCopy
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.rollout.buffer import masks_to_device
+from esper.rollout.staging import StagedCopy
 
 Tensor = torch.Tensor
 MODES = ("stack", "preallocated")
@@ -24,7 +24,7 @@ class MaskBatcher:
     """Batches the per-env masks `{head: [K] bool}` of `num_envs` envs for `device`.
 
     `stack`: one `torch.stack` per head (8 new host tensors per step), then the packed
-    transfer of `esper.buffer.masks_to_device`. `preallocated`: every env's masks written
+    transfer of `esper.rollout.buffer.masks_to_device`. `preallocated`: every env's masks written
     by one `torch.cat(..., out=)` into a host buffer `[N, sum K]` allocated once (pinned on
     CUDA), moved in one copy into a device buffer allocated once, and split into `[N, K]`
     views. Those views are overwritten by the next call: consumers use them within the

@@ -17,10 +17,10 @@ import torch
 from torch.profiler import record_function
 
 from esper import gae
-from esper.device_spans import DeviceSpans
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.host_view import host_item, host_view
-from esper.transfer import FlatTransfer
+from esper.rollout.device_spans import DeviceSpans
+from esper.rollout.transfer import FlatTransfer
 from esper.variants import Variants
 
 Tensor = torch.Tensor
@@ -417,7 +417,7 @@ class RolloutBuffer:
 
         From a host buffer to another device, `variants.transfer` picks one `.to()` per
         tensor (`per_tensor`, the original) or one `flat` copy split into views
-        (`esper.transfer.FlatTransfer`); the values are the same.
+        (`esper.rollout.transfer.FlatTransfer`); the values are the same.
         """
         device = self.device if device is None else torch.device(device)
         if (self.variants.transfer == "flat" and self.device.type == "cpu"

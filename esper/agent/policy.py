@@ -1,7 +1,7 @@
 """The recurrent factored actor-critic: one LSTM trunk, 8 masked categorical heads, a value head.
 
 Shapes: `B` batch (environments), `T` time steps, `D` state_dim, `H` hidden_dim,
-`L` LSTM layers, `K` a head's number of actions (`esper.heads.HEAD_SIZES`).
+`L` LSTM layers, `K` a head's number of actions (`esper.agent.heads.HEAD_SIZES`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 
 #: Logit given to masked actions. Finite rather than -inf so that softmax, entropy and
 #: their gradients stay NaN-free even for a fully masked row, and representable in bf16/fp16.

@@ -1,0 +1,8 @@
+"""The agent: the factored action space, the recurrent actor-critic, its PPO update and
+the normaliser of its observations.
+
+- `heads`: the 8 action heads, their sizes, and which heads each op uses;
+- `policy`: `FactoredRecurrentActorCritic`, one LSTM trunk, 8 masked heads, a value head;
+- `ppo`: `PPOConfig` and `PPOAgent`, the update over a whole rollout;
+- `observation_normalizer`: running mean / std of observations.
+"""
