@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
-from esper.rollout.buffer import masks_to_device
+from esper.env.mask_batch import masks_to_device
 import esper.training.trainer as trainer_module
 from esper.training.trainer import STREAM_POOL_SIZE, make_env_streams
 from harness import findings as registry

@@ -9,17 +9,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
-from esper.env.environment import (
-    ALPHA_SPEEDS,
-    ALPHA_TARGETS,
-    BLUEPRINTS,
-    OBS_DIM,
-    TEMPO_EPOCHS,
-    EnvConfig,
-    MorphoEnv,
-    Stage,
-    VectorizedMorphoEnv,
-)
+from esper.env.blueprints import BLUEPRINTS
+from esper.env.config import EnvConfig
+from esper.env.environment import OBS_DIM, MorphoEnv
+from esper.env.seed_slot import ALPHA_SPEEDS, ALPHA_TARGETS, TEMPO_EPOCHS, Stage
+from esper.env.vectorized import VectorizedMorphoEnv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

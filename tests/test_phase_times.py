@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from esper.agent.ppo import PPOConfig
-from esper.env.environment import EnvConfig
+from esper.env.config import EnvConfig
 from esper.rollout.device_spans import DeviceSpans
 from esper.training.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants

@@ -12,7 +12,8 @@ import torch
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 from esper.env.accumulators import EpochAccumulators
 from esper.env.bootstrap_states import BootstrapStates
-from esper.env.environment import EnvConfig, MorphoEnv
+from esper.env.config import EnvConfig
+from esper.env.environment import MorphoEnv
 from esper.env.mask_batch import MaskBatcher
 from esper.env.optimizers import amp_dtype
 from esper.env.pool import EnvBatches

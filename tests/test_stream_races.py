@@ -46,7 +46,8 @@ from torch.cuda._sanitizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from esper.env.environment import EnvConfig, Stage
+from esper.env.config import EnvConfig
+from esper.env.seed_slot import Stage
 from esper.training.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 

@@ -18,7 +18,9 @@ from torch.profiler import ProfilerActivity, profile
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.agent.observation_normalizer import RunningNormalizer
 from esper.agent.ppo import PPOConfig
-from esper.env.environment import EnvConfig, MorphoEnv, VectorizedMorphoEnv
+from esper.env.config import EnvConfig
+from esper.env.environment import MorphoEnv
+from esper.env.vectorized import VectorizedMorphoEnv
 import esper.gae
 from esper.training.checkpoint import load_checkpoint, save_checkpoint
 from esper.training.evaluate import (

@@ -1,28 +1,17 @@
-"""A synthetic morphogenetic environment: a small host network that grows seed modules.
+"""One environment, `MorphoEnv`: a host MLP on a synthetic task, growing seed modules.
 
-One env step is one host training epoch. The host is an MLP learning a fixed synthetic
-classification task (Gaussian inputs labelled by a random teacher network); it has
-`NUM_SLOTS` seed slots, one after each hidden layer. The agent's factored action (see
-`esper.agent.heads`) germinates, blends, prunes and fossilizes seed modules in those slots,
-which really changes the host's forward pass and the parameters SGD trains.
+One env step is one host training epoch. The host (`esper.env.host_network`) is an MLP
+learning a fixed synthetic classification task (`esper.env.task`); it has `NUM_SLOTS`
+seed slots (`esper.env.seed_slot`), one after each hidden layer. The agent's factored
+action (see `esper.agent.heads`) germinates, blends, prunes and fossilizes seed modules
+(`esper.env.blueprints`) in those slots, which really changes the host's forward pass
+and the parameters SGD trains.
 
 What matters for measurement is kept from the original CIFAR-10 environment: every step
 enqueues real training work on the env's device without reading anything back
 (`MorphoEnv.launch_epoch`), and host-side bookkeeping happens only after the caller has
 synchronised and read the metrics (`MorphoEnv.observe`). How to synchronise (per-env
 CUDA streams with `stream.synchronize()`, or events) is the caller's choice.
-
-Seed lifecycle of one slot::
-
-    EMPTY --GERMINATE--> TRAINING --ADVANCE--> BLENDING --FOSSILIZE--> FOSSILIZED
-                            |  ^                  |  ^
-                            +--+ SET_ALPHA        +--+ SET_ALPHA
-                 PRUNE from TRAINING or BLENDING --> EMPTY
-
-A seed adds `alpha * seed(h)` to the hidden features `h` of its slot. In TRAINING the
-seed reads `h.detach()`, so it learns without pushing gradients into the host's lower
-layers; in BLENDING gradients flow both ways; a FOSSILIZED seed is frozen for good.
-Every seed's output is zero-initialised, so germination does not perturb the host.
 """
 
 from __future__ import annotations
@@ -30,350 +19,41 @@ from __future__ import annotations
 import math
 import operator
 from collections import deque
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Callable, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OPS
 from esper.env.accumulators import EpochAccumulators
+from esper.env.blueprints import BLUEPRINTS
+from esper.env.config import EnvConfig
+from esper.env.host_network import HostNetwork
 from esper.env.optimizers import EnvOptimizers, amp_dtype, make_scalers, new_scaler
+from esper.env.seed_slot import (
+    ALPHA_CURVES,
+    ALPHA_SPEEDS,
+    ALPHA_TARGETS,
+    NUM_SLOTS,
+    STYLE_LR_SCALES,
+    TEMPO_EPOCHS,
+    SeedSlot,
+    Stage,
+)
 from esper.env.stream_guard import GUARDS, record_on_stream
+from esper.env.task import DATA, HOST_INIT, SEED_INIT, make_task, random_stream
 from esper.variants import Variants
 
-NUM_SLOTS: int = HEAD_SIZES["slot"]
 #: epochs of (train_loss, val_loss, val_acc) history in the observation.
 HISTORY: int = 5
 #: cap on the loss features of observations, in units of the chance loss ln(num_classes):
 #: a diverged host's loss is huge, inf or NaN, and a single such value would wreck the
 #: agent's running observation statistics for good.
 MAX_LOSS_FEATURE: float = 10.0
-#: alpha_target head index -> blend weight a seed ramps towards.
-ALPHA_TARGETS: tuple[float, ...] = (0.3, 0.7, 1.0)
-#: alpha_speed head index -> epochs a SET_ALPHA ramp takes.
-ALPHA_SPEEDS: tuple[int, ...] = (1, 2, 4, 8)
-#: alpha_curve head index -> shape of the ramp, a map from progress in [0, 1] to [0, 1].
-ALPHA_CURVES: tuple[str, ...] = ("linear", "cosine", "step")
-#: style head index -> multiplier of the seed's learning rate relative to the host's.
-STYLE_LR_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-#: tempo head index -> TRAINING epochs a seed needs before ADVANCE is allowed.
-TEMPO_EPOCHS: tuple[int, ...] = (1, 2, 4)
-
-_CURVE_FNS: dict[str, Callable[[float], float]] = {
-    "linear": lambda p: p,
-    "cosine": lambda p: 0.5 - 0.5 * math.cos(math.pi * p),
-    "step": lambda p: 1.0 if p >= 1.0 else 0.0,
-}
-_GATE_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gate_tanh": torch.tanh,
-    "gate_gelu": F.gelu,
-    "gate_silu": F.silu,
-}
-
-
-class Stage(IntEnum):
-    """Lifecycle stage of one seed slot; the value is its one-hot index in observations."""
-
-    EMPTY = 0
-    TRAINING = 1
-    BLENDING = 2
-    FOSSILIZED = 3
-
-
 #: observation length: loss/accuracy history, per-slot features, epoch and size fractions.
 OBS_DIM: int = 3 * HISTORY + NUM_SLOTS * (len(Stage) + 3) + 2
 
-
-def _he_normal(out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
-    """He-normal weight `[out, in]` float32 on CPU, drawn from `gen`."""
-    return torch.randn(out_features, in_features, generator=gen) * math.sqrt(2.0 / in_features)
-
-
-def _assign(param: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy a CPU init value into a (device) parameter in place."""
-    with torch.no_grad():
-        param.copy_(value)
-
-
-def _init_linear(layer: nn.Linear, gen: torch.Generator, zero: bool = False) -> None:
-    """He-normal weight and zero bias, or all zeros (a residual branch's output layer)."""
-    if zero:
-        _assign(layer.weight, torch.zeros_like(layer.weight, device="cpu"))
-    else:
-        _assign(layer.weight, _he_normal(layer.out_features, layer.in_features, gen))
-    if layer.bias is not None:
-        _assign(layer.bias, torch.zeros(layer.out_features))
-
-
-class _ResidualMLP(nn.Module):
-    """`Linear(H, width) -> ReLU -> Linear(width, H)`; input/output `[B, H]` float32."""
-
-    def __init__(self, hidden: int, width: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(hidden, width)
-        self.down = nn.Linear(width, hidden)
-
-    def reset_parameters_from(self, gen: torch.Generator) -> None:
-        _init_linear(self.up, gen)
-        _init_linear(self.down, gen, zero=True)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(h)))
-
-
-class _LowRankAdapter(nn.Module):
-    """Bias-free `Linear(H, rank) -> Linear(rank, H)`; input/output `[B, H]` float32."""
-
-    def __init__(self, hidden: int, rank: int) -> None:
-        super().__init__()
-        self.a = nn.Linear(hidden, rank, bias=False)
-        self.b = nn.Linear(rank, hidden, bias=False)
-
-    def reset_parameters_from(self, gen: torch.Generator) -> None:
-        _init_linear(self.a, gen)
-        _init_linear(self.b, gen, zero=True)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.b(self.a(h))
-
-
-class _FeatureGate(nn.Module):
-    """Per-feature nonlinearity `act(h * scale + shift) * out`; `[B, H]` float32."""
-
-    def __init__(self, hidden: int, kind: str) -> None:
-        super().__init__()
-        self.act = _GATE_FNS[kind]
-        self.scale = nn.Parameter(torch.empty(hidden))
-        self.shift = nn.Parameter(torch.empty(hidden))
-        self.out = nn.Parameter(torch.empty(hidden))
-
-    def reset_parameters_from(self, gen: torch.Generator) -> None:
-        hidden = self.scale.shape[0]
-        _assign(self.scale, 1.0 + 0.1 * torch.randn(hidden, generator=gen))
-        _assign(self.shift, torch.zeros(hidden))
-        _assign(self.out, torch.zeros(hidden))
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.act(h * self.scale + self.shift) * self.out
-
-
-class _NormAdapter(nn.Module):
-    """`LayerNorm(H)` whose affine weight starts at zero; `[B, H]` float32."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-
-    def reset_parameters_from(self, gen: torch.Generator) -> None:
-        _assign(self.norm.weight, torch.zeros(self.norm.normalized_shape))
-        _assign(self.norm.bias, torch.zeros(self.norm.normalized_shape))
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.norm(h)
-
-
-@dataclass(frozen=True)
-class Blueprint:
-    """A seed module kind: `mlp` (width), `lowrank` (rank), `gate_*` or `norm` (width 0)."""
-
-    kind: str
-    width: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}{self.width}" if self.width else self.kind
-
-    def build(self, hidden: int, device: torch.device, gen: torch.Generator) -> nn.Module:
-        """A fresh residual branch `[B, hidden] -> [B, hidden]` on `device`, init from `gen`."""
-        with torch.device("meta"):  # no init work and no draw from the global RNG
-            if self.kind == "mlp":
-                module: nn.Module = _ResidualMLP(hidden, self.width)
-            elif self.kind == "lowrank":
-                module = _LowRankAdapter(hidden, self.width)
-            elif self.kind in _GATE_FNS:
-                module = _FeatureGate(hidden, self.kind)
-            else:
-                module = _NormAdapter(hidden)
-        module.to_empty(device=device)
-        module.reset_parameters_from(gen)
-        return module
-
-
-#: blueprint head index -> seed module kind (13 entries, one per head choice).
-BLUEPRINTS: tuple[Blueprint, ...] = (
-    *(Blueprint("mlp", w) for w in (8, 16, 32, 64, 128)),
-    *(Blueprint("lowrank", r) for r in (1, 2, 4, 8)),
-    Blueprint("gate_tanh"),
-    Blueprint("gate_gelu"),
-    Blueprint("gate_silu"),
-    Blueprint("norm"),
-)
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """Size and training settings of the synthetic environment (defaults: a few ms/epoch on CPU)."""
-
-    num_envs: int = 4
-    """Number of parallel environments (`VectorizedMorphoEnv`)."""
-    max_steps: int = 25
-    """Episode length in epochs; used to normalise the epoch counter in observations."""
-    input_dim: int = 32
-    """Features per synthetic input sample."""
-    num_classes: int = 10
-    """Classes of the synthetic task (the teacher's outputs)."""
-    host_hidden: int = 64
-    """Width H of the host MLP's three hidden layers (and of every seed's input/output)."""
-    train_batches: int = 4
-    """Minibatches per epoch; the training set is exactly `train_batches * batch_size` samples."""
-    batch_size: int = 128
-    """Samples per training minibatch."""
-    val_size: int = 512
-    """Validation samples, evaluated in one forward at the end of each epoch."""
-    lr: float = 0.1
-    """SGD learning rate of the host; seeds use `lr * STYLE_LR_SCALES[style]`."""
-    param_rent: float = 0.01
-    """Reward penalty per epoch per unit of (seed parameters / host parameters)."""
-    seed: int = 0
-    """Root seed; data, host init and seed init derive from (seed, env_index)."""
-    amp: bool = False
-    """Mixed precision for the host's training batches, as the reviewed system's `use_amp`:
-    autocast (`esper.env.optimizers.amp_dtype`: float16 on CUDA) with GradScaler(s) arranged
-    by `Variants.scaler`. Off by default, as there."""
-    seed_clip_norm: float = 1.0
-    """Gradient-norm limit of each seed's parameters when `Variants.seed_clip` is `clip`
-    (the review's suggested max_norm=1.0)."""
-
-    def __post_init__(self) -> None:
-        minimums = {"num_envs": 1, "max_steps": 1, "input_dim": 1, "num_classes": 2,
-                    "host_hidden": 1, "train_batches": 1, "batch_size": 1, "val_size": 1,
-                    "seed": 0}
-        for name, minimum in minimums.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(
-                    f"EnvConfig.{name}: expected an int >= {minimum}; got {value!r}"
-                )
-        if not isinstance(self.amp, bool):
-            raise ValueError(f"EnvConfig.amp: expected a bool; got {self.amp!r}")
-        for name, positive in (("lr", True), ("param_rent", False), ("seed_clip_norm", True)):
-            value = getattr(self, name)
-            bad = (isinstance(value, bool) or not isinstance(value, (int, float))
-                   or not math.isfinite(value) or value < 0 or (positive and value == 0))
-            if bad:
-                bound = "> 0" if positive else ">= 0"
-                raise ValueError(
-                    f"EnvConfig.{name}: expected a finite float {bound}; got {value!r}"
-                )
-
-
-def _generator(config: EnvConfig, env_index: int, purpose: int) -> torch.Generator:
-    """A CPU generator for one (seed, env, purpose) stream: 0 data, 1 host init, 2 seed init."""
-    state = np.random.SeedSequence([config.seed, env_index, purpose]).generate_state(1)
-    return torch.Generator().manual_seed(int(state[0]))
-
-
-def _make_task(config: EnvConfig, gen: torch.Generator
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gaussian inputs labelled by a random tanh teacher, on CPU.
-
-    Returns `train_x [train_batches, batch_size, input_dim] f32`, `train_y
-    [train_batches, batch_size] int64`, `val_x [val_size, input_dim] f32`,
-    `val_y [val_size] int64`.
-    """
-    d, c, teacher_hidden = config.input_dim, config.num_classes, 32
-    w1 = torch.randn(d, teacher_hidden, generator=gen) / math.sqrt(d)
-    w2 = torch.randn(teacher_hidden, c, generator=gen) / math.sqrt(teacher_hidden)
-    n_train = config.train_batches * config.batch_size
-    x = torch.randn(n_train + config.val_size, d, generator=gen)
-    y = (torch.tanh(x @ w1) @ w2).argmax(dim=-1)
-    train_x = x[:n_train].reshape(config.train_batches, config.batch_size, d)  # [N, D] -> [b, B, D]
-    train_y = y[:n_train].reshape(config.train_batches, config.batch_size)  # [N] -> [b, B]
-    return train_x, train_y, x[n_train:], y[n_train:]
-
-
-@dataclass
-class SeedSlot:
-    """Host-side state of one seed slot; `module` is None exactly when `stage` is EMPTY."""
-
-    stage: Stage = Stage.EMPTY
-    module: nn.Module | None = None
-    blueprint: Blueprint | None = None
-    alpha: float = 0.0
-    """Current blend weight: the slot adds `alpha * module(h)` to `h`."""
-    lr_scale: float = 1.0
-    tempo: int = 1
-    """TRAINING epochs needed before ADVANCE is valid."""
-    epochs_in_stage: int = 0
-    ramp_start: float = 0.0
-    ramp_target: float = 0.0
-    ramp_epochs: int = 0
-    ramp_elapsed: int = 0
-    ramp_curve: str = "linear"
-
-    @property
-    def num_parameters(self) -> int:
-        return 0 if self.module is None else sum(p.numel() for p in self.module.parameters())
-
-    def valid_ops(self) -> tuple[str, ...]:
-        """Ops other than WAIT that may target this slot now."""
-        if self.stage is Stage.EMPTY:
-            return ("GERMINATE",)
-        if self.stage is Stage.TRAINING:
-            ready = self.epochs_in_stage >= self.tempo
-            return ("SET_ALPHA", "PRUNE", "ADVANCE") if ready else ("SET_ALPHA", "PRUNE")
-        if self.stage is Stage.BLENDING:
-            return ("SET_ALPHA", "PRUNE", "FOSSILIZE")
-        return ()
-
-    def start_ramp(self, target: float, epochs: int, curve: str) -> None:
-        """Move `alpha` from its current value to `target` over `epochs` epoch ends."""
-        self.ramp_start, self.ramp_target = self.alpha, target
-        self.ramp_epochs, self.ramp_elapsed, self.ramp_curve = epochs, 0, curve
-
-    def end_epoch(self) -> None:
-        """Advance stage time and, unless fossilized, the alpha ramp by one epoch."""
-        if self.stage is Stage.EMPTY:
-            return
-        self.epochs_in_stage += 1
-        if self.stage is Stage.FOSSILIZED or self.ramp_elapsed >= self.ramp_epochs:
-            return
-        self.ramp_elapsed += 1
-        progress = _CURVE_FNS[self.ramp_curve](self.ramp_elapsed / self.ramp_epochs)
-        self.alpha = self.ramp_start + (self.ramp_target - self.ramp_start) * progress
-
-    def blend(self, h: torch.Tensor) -> torch.Tensor:
-        """`h + alpha * module(h)`, `[B, H]` float32; a TRAINING seed reads `h.detach()`."""
-        if self.module is None:
-            return h
-        seed_in = h.detach() if self.stage is Stage.TRAINING else h
-        return h + self.alpha * self.module(seed_in)
-
-
-class _HostNet(nn.Module):
-    """`input_dim -> H -> H -> H -> num_classes` ReLU MLP with a seed slot after each hidden layer."""
-
-    def __init__(self, config: EnvConfig) -> None:
-        super().__init__()
-        h = config.host_hidden
-        dims = [config.input_dim, h, h, h]
-        self.hidden = nn.ModuleList(nn.Linear(dims[i], dims[i + 1]) for i in range(NUM_SLOTS))
-        self.head = nn.Linear(h, config.num_classes)
-
-    def reset_parameters_from(self, gen: torch.Generator) -> None:
-        for layer in (*self.hidden, self.head):
-            _init_linear(layer, gen)
-
-    def forward(self, x: torch.Tensor, slots: Sequence[SeedSlot]) -> torch.Tensor:
-        """Logits `[B, num_classes]` f32 from inputs `[B, input_dim]` f32."""
-        h = x
-        for layer, slot in zip(self.hidden, slots):
-            h = slot.blend(torch.relu(layer(h)))
-        return self.head(h)
 
 
 def _parse_index(head: str, value: object) -> int:
@@ -416,9 +96,9 @@ class MorphoEnv:
         self.stream = None
         if task is None:
             task = tuple(t.to(self.device)
-                         for t in _make_task(config, _generator(config, env_index, 0)))
+                         for t in make_task(config, random_stream(config, env_index, DATA)))
         self.task = task
-        """`(train_x, train_y, val_x, val_y)` on the device (see `_make_task`)."""
+        """`(train_x, train_y, val_x, val_y)` on the device (see `make_task`)."""
         self._train_x, self._train_y, self._val_x, self._val_y = task
         self._record_guard = GUARDS[self.variants.stream_guard]
         self._accumulators = EpochAccumulators(self.device, self.variants.accumulators)
@@ -426,7 +106,7 @@ class MorphoEnv:
         self.seed_grad_norms: list | None = None
         """Set to a list to record each seed step's gradient norm (see `EnvOptimizers`)."""
         with torch.device("meta"):  # weights are drawn in reset() from the env's generator
-            self._host = _HostNet(config)
+            self._host = HostNetwork(config)
         self._host.to_empty(device=self.device)
         self.host_parameters = sum(p.numel() for p in self._host.parameters())
         self.reset()
@@ -438,8 +118,8 @@ class MorphoEnv:
 
         Returns the observation `[obs_dim]` float32 on CPU (no history yet).
         """
-        self._host.reset_parameters_from(_generator(self.config, self.env_index, 1))
-        self._seed_gen = _generator(self.config, self.env_index, 2)
+        self._host.reset_parameters_from(random_stream(self.config, self.env_index, HOST_INIT))
+        self._seed_gen = random_stream(self.config, self.env_index, SEED_INIT)
         self.slots: list[SeedSlot] = [SeedSlot() for _ in range(NUM_SLOTS)]
         self._history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
         self._last_val_acc = 1.0 / self.config.num_classes  # chance: baseline of the first reward
@@ -650,71 +330,3 @@ def _loss_feature(loss: float, chance_loss: float) -> float:
     """`loss / chance_loss`, capped at MAX_LOSS_FEATURE; NaN (a diverged host) is the cap."""
     scaled = loss / chance_loss
     return scaled if scaled <= MAX_LOSS_FEATURE else MAX_LOSS_FEATURE  # NaN fails `<=`
-
-
-class VectorizedMorphoEnv:
-    """`config.num_envs` independent `MorphoEnv`s on one device, env i seeded by index i.
-
-    `step` is the plain serial reference (one host read per step); a trainer that wants
-    per-env CUDA streams drives `envs[i].apply_action / launch_epoch / observe` itself.
-    """
-
-    def __init__(self, config: EnvConfig, device: torch.device | str = "cpu",
-                 variants: Variants | None = None,
-                 tasks: Sequence[tuple[torch.Tensor, ...]] | None = None) -> None:
-        self.config = config
-        self.device = torch.device(device)
-        tasks = tasks if tasks is not None else [None] * config.num_envs
-        self.envs = [MorphoEnv(config, i, self.device, variants, task)
-                     for i, task in zip(range(config.num_envs), tasks)]
-        self.obs_dim = OBS_DIM
-
-    @property
-    def num_envs(self) -> int:
-        return len(self.envs)
-
-    def reset(self) -> torch.Tensor:
-        """Reset every env; observations `[N, obs_dim]` f32 CPU."""
-        return torch.stack([env.reset() for env in self.envs])
-
-    def observations(self) -> torch.Tensor:
-        """Every env's current observation `[N, obs_dim]` f32 CPU."""
-        return torch.stack([env.observation() for env in self.envs])
-
-    @property
-    def tasks(self) -> list[tuple[torch.Tensor, ...]]:
-        """Each env's data on the device (to share with envs recreated for a new batch)."""
-        return [env.task for env in self.envs]
-
-    def action_masks(self) -> dict[str, torch.Tensor]:
-        """`{head: bool [N, K]}` on CPU."""
-        per_env = [env.action_masks() for env in self.envs]
-        return {head: torch.stack([m[head] for m in per_env]) for head in HEAD_NAMES}
-
-    def _split_actions(self, actions: dict[str, torch.Tensor]) -> list[dict[str, int]]:
-        for head in HEAD_NAMES:
-            value = actions.get(head)
-            if not isinstance(value, torch.Tensor) or value.shape != (self.num_envs,):
-                got = tuple(value.shape) if isinstance(value, torch.Tensor) else value
-                raise ValueError(
-                    f"actions[{head!r}]: expected an int64 tensor of shape ({self.num_envs},); got {got!r}"
-                )
-        # host read of the actions (a sync if they live on an accelerator)
-        columns = {head: actions[head].tolist() for head in HEAD_NAMES}
-        return [{head: columns[head][i] for head in HEAD_NAMES} for i in range(self.num_envs)]
-
-    def step(self, actions: dict[str, torch.Tensor]
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Apply `{head: int64 [N]}`, run one epoch per env, observe.
-
-        Returns `obs [N, obs_dim] f32`, `rewards [N] f32` and `metrics [N, 3] f32`
-        (train_loss, val_loss, val_acc), all on CPU.
-        """
-        for env, action in zip(self.envs, self._split_actions(actions)):
-            env.apply_action(action)
-        metrics = torch.stack([env.launch_epoch() for env in self.envs])  # [N, 3] on device
-        metrics = metrics.cpu()  # host sync: the one read of this step
-        results = [env.observe(row) for env, row in zip(self.envs, metrics)]
-        obs = torch.stack([o for o, _ in results])
-        rewards = torch.tensor([r for _, r in results], dtype=torch.float32)
-        return obs, rewards, metrics

@@ -13,7 +13,6 @@ from typing import Mapping, Sequence
 import torch
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
-from esper.rollout.buffer import masks_to_device
 from esper.rollout.staging import StagedCopy
 
 Tensor = torch.Tensor
@@ -24,7 +23,7 @@ class MaskBatcher:
     """Batches the per-env masks `{head: [K] bool}` of `num_envs` envs for `device`.
 
     `stack`: one `torch.stack` per head (8 new host tensors per step), then the packed
-    transfer of `esper.rollout.buffer.masks_to_device`. `preallocated`: every env's masks written
+    transfer of `masks_to_device`. `preallocated`: every env's masks written
     by one `torch.cat(..., out=)` into a host buffer `[N, sum K]` allocated once (pinned on
     CUDA), moved in one copy into a device buffer allocated once, and split into `[N, K]`
     views. Those views are overwritten by the next call: consumers use them within the
@@ -54,6 +53,23 @@ class MaskBatcher:
         torch.cat([m[head] for m in per_env for head in HEAD_NAMES], out=self._host_flat)
         self._staged.to_device()
         return dict(self._views)
+
+
+def masks_to_device(masks: Mapping[str, Tensor], device: torch.device | str) -> dict[str, Tensor]:
+    """One step's action masks `{head: [N, K] bool}` on `device`, in a single transfer.
+
+    Copying each head (or, in `add`, each env's row of each head) from the host would be
+    8 (or 8 x N) copies per step, each blocking on CUDA. The heads are packed side by side
+    into one [N, sum K] tensor, copied once without blocking (no host sync), and split
+    back into [N, K] views. Masks already on `device` are returned as they are.
+    """
+    device = torch.device(device)
+    if all(mask.device == device for mask in masks.values()):
+        return dict(masks)
+    heads = list(masks)
+    packed = torch.cat([masks[head] for head in heads], dim=1)  # {head: [N, K]} -> [N, sum K]
+    moved = packed.to(device, non_blocking=True)  # a pageable source is staged before return
+    return dict(zip(heads, moved.split([masks[head].shape[1] for head in heads], dim=1)))
 
 
 def _split_heads(packed: Tensor) -> dict[str, Tensor]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.env.environment import EnvConfig, VectorizedMorphoEnv
+from esper.env.config import EnvConfig
+from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import Variants
 
 MODES = ("recreate", "pool")

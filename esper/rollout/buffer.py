@@ -488,23 +488,6 @@ def _nest(flat: dict[str, Tensor]) -> dict:
     return nested
 
 
-def masks_to_device(masks: Mapping[str, Tensor], device: torch.device | str) -> dict[str, Tensor]:
-    """One step's action masks `{head: [N, K] bool}` on `device`, in a single transfer.
-
-    Copying each head (or, in `add`, each env's row of each head) from the host would be
-    8 (or 8 x N) copies per step, each blocking on CUDA. The heads are packed side by side
-    into one [N, sum K] tensor, copied once without blocking (no host sync), and split
-    back into [N, K] views. Masks already on `device` are returned as they are.
-    """
-    device = torch.device(device)
-    if all(mask.device == device for mask in masks.values()):
-        return dict(masks)
-    heads = list(masks)
-    packed = torch.cat([masks[head] for head in heads], dim=1)  # {head: [N, K]} -> [N, sum K]
-    moved = packed.to(device, non_blocking=True)  # a pageable source is staged before return
-    return dict(zip(heads, moved.split([masks[head].shape[1] for head in heads], dim=1)))
-
-
 def _cell(value: Scalar | Flag, detach: bool = True) -> Scalar | Flag:
     """What `add` writes into one cell: a tensor (detached unless `detach` is False: int
     and bool tensors carry no graph), a NumPy scalar as the Python one (torch refuses to

@@ -24,7 +24,8 @@ import torch
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.agent.observation_normalizer import RunningNormalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
-from esper.env.environment import EnvConfig, MorphoEnv
+from esper.env.config import EnvConfig
+from esper.env.environment import MorphoEnv
 from esper.training.trainer import TrainConfig, VectorizedTrainer
 
 

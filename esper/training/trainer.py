@@ -55,9 +55,10 @@ from esper.agent.observation_normalizer import RunningNormalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.agent.ppo import PPOAgent, PPOConfig
 from esper.env.bootstrap_states import BootstrapStates
-from esper.env.environment import EnvConfig, VectorizedMorphoEnv
+from esper.env.config import EnvConfig
 from esper.env.mask_batch import MaskBatcher
 from esper.env.pool import EnvBatches
+from esper.env.vectorized import VectorizedMorphoEnv
 from esper.rollout.buffer import RolloutBuffer
 from esper.rollout.device_spans import DeviceSpans
 from esper.variants import Variants

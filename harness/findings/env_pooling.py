@@ -7,8 +7,9 @@ import weakref
 import torch
 
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
-from esper.env.environment import EnvConfig, VectorizedMorphoEnv
+from esper.env.config import EnvConfig
 from esper.env.pool import EnvBatches
+from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
 

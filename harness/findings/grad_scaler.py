@@ -8,7 +8,8 @@ import dataclasses
 import torch
 
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
-from esper.env.environment import EnvConfig, MorphoEnv
+from esper.env.config import EnvConfig
+from esper.env.environment import MorphoEnv
 from esper.env.optimizers import amp_dtype
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register

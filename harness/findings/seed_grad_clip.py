@@ -8,7 +8,8 @@ import math
 import torch
 
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
-from esper.env.environment import MAX_LOSS_FEATURE, EnvConfig, MorphoEnv
+from esper.env.config import EnvConfig
+from esper.env.environment import MAX_LOSS_FEATURE, MorphoEnv
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
 from harness.measure.stats import bootstrap_mean_ci, wilson_interval

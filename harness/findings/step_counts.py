@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
-from esper.rollout.buffer import RolloutBuffer, masks_to_device
+from esper.env.mask_batch import masks_to_device
+from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 
