@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esper.gae import METHODS, NON_DIFFERENTIABLE, check_gae_inputs, compute_gae
-from esper.gae.api import device_count_check
+from esper.gae.inputs import device_count_check
 from esper.gae.reference import reference_gae
 from harness.measure.counters import profile_call
 from tests.gae_inputs import make_case

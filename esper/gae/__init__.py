@@ -6,10 +6,10 @@
   their first call and listed in `METHODS` only where this machine runs them;
 - `reference`: a float64 pure-Python oracle for tests.
 
-The semantics every method computes are in `esper.gae.api`'s docstring.
+The semantics every method computes are in `esper.gae.inputs`'s docstring.
 """
 
-from esper.gae.api import (
+from esper.gae.inputs import (
     COUNT_DTYPES,
     DEVICE_TYPES,
     FLOAT_DTYPES,

@@ -51,8 +51,8 @@ from dataclasses import dataclass
 
 import torch
 
-from esper.gae import api
-from esper.gae.api import StepCounts, Tensor
+from esper.gae import inputs
+from esper.gae.inputs import StepCounts, Tensor
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,12 @@ CROSSOVERS: tuple[Crossover, ...] = (
 
 def choose(device_type: str, num_envs: int, max_steps: int, differentiable: bool = False) -> str:
     """The method `auto` runs for inputs [num_envs, max_steps] on `device_type`; with
-    `differentiable`, the fastest one that keeps autograd (not `api.NON_DIFFERENTIABLE`)."""
+    `differentiable`, the fastest one that keeps autograd (not `inputs.NON_DIFFERENTIABLE`)."""
     for row in CROSSOVERS:
         if row.device_type == device_type and num_envs <= row.max_envs and max_steps <= row.max_steps:
             for method in row.ranking:
-                if (method in api.METHODS and device_type in api.DEVICE_TYPES[method]
-                        and not (differentiable and method in api.NON_DIFFERENTIABLE)):
+                if (method in inputs.METHODS and device_type in inputs.DEVICE_TYPES[method]
+                        and not (differentiable and method in inputs.NON_DIFFERENTIABLE)):
                     return method
     return "scan"  # runs on every device, and keeps autograd
 
@@ -135,7 +135,7 @@ def gae_auto(
     differentiable = torch.is_grad_enabled() and (
         rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
     method = cached_choice(rewards.shape, rewards.dtype, rewards.device.type, differentiable)
-    return api.METHODS[method](
+    return inputs.METHODS[method](
         rewards, values, dones, truncated, bootstrap_values, step_counts,
         gamma=gamma, gae_lambda=gae_lambda, reset=reset,
     )

@@ -34,7 +34,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from esper.gae.api import (
+from esper.gae.inputs import (
     StepCounts,
     Tensor,
     gae_recurrence_terms,

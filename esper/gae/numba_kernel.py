@@ -45,7 +45,7 @@ from numba import types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from esper.gae.api import StepCounts, Tensor, refuse_grad
+from esper.gae.inputs import StepCounts, Tensor, refuse_grad
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a

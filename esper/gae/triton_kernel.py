@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from esper.gae.api import StepCounts, Tensor, refuse_grad, step_counts_tensor
+from esper.gae.inputs import StepCounts, Tensor, refuse_grad, step_counts_tensor
 
 #: Whether Triton's CPU interpreter runs the kernel (TRITON_INTERPRET=1 at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
