@@ -11,11 +11,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from esper.gae import METHODS as GAE_METHODS
+from esper.gae import RESETS as GAE_RESETS
 
 #: axis name -> allowed values; the first value is the original system's choice.
-#: The GAE methods are those `esper.gae` can run on this machine (loop first).
+#: The two GAE axes are the GAE package's own names (it cannot import this module):
+#: its loop's resets, and the methods it can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {
-    "reset": ("clone", "mask"),
+    "reset": GAE_RESETS,
     "step_counts": ("list", "tensor"),
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),

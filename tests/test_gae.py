@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from esper.gae import METHODS, NON_DIFFERENTIABLE, check_gae_inputs, compute_gae
 from esper.gae.inputs import device_count_check
+from esper.gae.methods import TABLE, _load
 from esper.gae.reference import reference_gae
 from harness.measure.counters import profile_call
 from tests.gae_inputs import make_case
@@ -188,6 +190,27 @@ def test_unknown_method_and_bad_hyperparameters():
         compute_gae(*case.args(), gamma=1.5, gae_lambda=0.9)
     with pytest.raises(ValueError, match="reset"):
         compute_gae(*case.args(), gamma=0.9, gae_lambda=0.9, reset="zero")
+
+
+def test_reset_is_the_loop_methods_parameter_only():
+    """Only `loop` has a terminal reset to choose; every other method takes no `reset`
+    (it had one that did nothing), and `compute_gae` passes it to `loop` alone."""
+    for method in TABLE:
+        if method.name in METHODS:
+            function = method.function if callable(method.function) else _load(method.function)
+            takes_reset = "reset" in inspect.signature(function).parameters
+            assert takes_reset == (method.name == "loop"), method.name
+
+
+@pytest.mark.parametrize("method", FAST_METHODS)
+def test_a_clone_reset_with_another_method_is_no_error_and_changes_nothing(method):
+    """The Variants axes `reset` and `gae` are independent: `reset=clone` with a method
+    other than the loop computes what `reset=mask` does."""
+    case = make_case(3, 12, seed=4, p_done=0.3, p_trunc=0.1)
+    clone, mask = (compute_gae(*case.args(), gamma=0.9, gae_lambda=0.8, method=method,
+                               reset=reset) for reset in RESETS)
+    for a, b in zip(clone, mask):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.skipif("numba" not in METHODS, reason="numba is not installed")

@@ -161,7 +161,7 @@ def test_a_lazy_method_takes_its_own_place_in_methods_on_first_call():
 
 
 def test_auto_looks_its_choice_up_once_per_shape_dtype_device_type_and_autograd_need():
-    from esper.gae.auto import cached_choice, choose
+    from esper.gae.methods import cached_choice, choose
 
     cached_choice.cache_clear()
     args = _args(4, 25)

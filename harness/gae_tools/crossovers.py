@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from esper import gae
-from esper.gae.auto import UNBOUNDED, Crossover
+from esper.gae.crossovers import UNBOUNDED, Crossover
 from harness import exits
 from harness.exits import UsageError
 from harness.findings import Case
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {line}")
     print(f"\nMedian us per call (gamma {GAMMA}, lambda {LAMBDA}, float32, random terminals):\n")
     print(markdown_table(grid, methods))
-    print("\nProposed CROSSOVERS rows (esper/gae/auto.py; first match wins):\n")
+    print("\nProposed CROSSOVERS rows (esper/gae/crossovers.py; first match wins):\n")
     print("```python\n" + rows_source(propose_rows(device.type, grid)) + "\n```")
     if device.type == "cpu" and "numba" in methods and (os.cpu_count() or 1) >= PARALLEL_THREADS:
         results = measure_numba_threads(shapes, budget)

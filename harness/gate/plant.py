@@ -4,7 +4,7 @@ Nothing in esper or in the gate imports this module. A plant wraps one GAE metho
 `esper.gae.METHODS`: `slowed` repeats whole calls so the method does `factor` times its
 work on average (1.25: every fourth call runs twice), `allocating` adds one small
 allocation per call. `planted` installs a wrapper in this process and restores the
-original after; `plant_lines` gives lines that append the same wrapper to the `esper/gae/inputs.py` of a
+original after; `plant_lines` gives lines that append the same wrapper to the `esper/gae/methods.py` of a
 throw-away copy of a tree, for the A/B check, whose worker processes import that copy.
 """
 
@@ -62,7 +62,7 @@ def planted(method: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]
 
 
 def plant_lines(method: str, factor: float) -> str:
-    """Python lines that, appended to a tree's esper/gae/inputs.py, slow `method` by `factor`."""
+    """Python lines that, appended to a tree's esper/gae/methods.py, slow `method` by `factor`."""
     return (
         "\n\n# planted by harness.gate.quality in a throw-away copy of the tree\n"
         "from harness.gate.plant import slowed as _planted_slowed\n"

@@ -10,7 +10,7 @@ passes is a miss), then prints one markdown table of rates plus the numbers behi
      fresh `--invariants` process; also reports each invariant's measured speedups, from
      which the thresholds in harness/gate/invariants.json are set (median / 3);
   c. A/B against HEAD, the current side a worktree of HEAD (unchanged) or a copy of it
-     whose esper/gae/inputs.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
+     whose esper/gae/methods.py slows the scan GAE by 1.25x; each run checks out HEAD afresh.
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
 `--busy N` keeps N CPU-bound processes running beside every measurement, as another
@@ -148,14 +148,14 @@ def _copy_tree(source: Path, destination: Path) -> None:
 
 
 def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
-    """A copy of `tree` whose esper/gae/inputs.py slows PLANTED_METHOD by `factor`.
+    """A copy of `tree` whose esper/gae/methods.py slows PLANTED_METHOD by `factor`.
 
     harness/gate/plant.py is copied from this tree, so the plant works whatever the
     copied revision holds.
     """
     _copy_tree(tree, destination)
     shutil.copy2(Path(__file__).with_name("plant.py"), destination / "harness" / "gate" / "plant.py")
-    with open(destination / "esper" / "gae" / "inputs.py", "a") as handle:
+    with open(destination / "esper" / "gae" / "methods.py", "a") as handle:
         handle.write(plant_lines(PLANTED_METHOD, factor))
     return destination
 

@@ -1,4 +1,4 @@
-"""`auto`: the fastest GAE method for the device and shape, from a measured crossover table.
+"""Which GAE method is fastest where: the measured crossover table that `auto` reads.
 
 CPU rows: measured with `python -m harness.gae_tools.crossovers` (its default: 1 torch thread)
 on a 2-core CPU (AMD EPYC, 2 vCPUs, 32 MiB L3), torch 2.13, numba 0.68, idle (an
@@ -46,13 +46,7 @@ CUDA row: not measured (no GPU here); a reasoned default.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-
-import torch
-
-from esper.gae import inputs
-from esper.gae.inputs import StepCounts, Tensor
 
 
 @dataclass(frozen=True)
@@ -84,58 +78,3 @@ CROSSOVERS: tuple[Crossover, ...] = (
     # not yet measured on a GPU: one kernel launch beats log2(T) launches of the scan
     Crossover("cuda", UNBOUNDED, UNBOUNDED, ("triton", "scan"), False),
 )
-
-
-def choose(device_type: str, num_envs: int, max_steps: int, differentiable: bool = False) -> str:
-    """The method `auto` runs for inputs [num_envs, max_steps] on `device_type`; with
-    `differentiable`, the fastest one that keeps autograd (not `inputs.NON_DIFFERENTIABLE`)."""
-    for row in CROSSOVERS:
-        if row.device_type == device_type and num_envs <= row.max_envs and max_steps <= row.max_steps:
-            for method in row.ranking:
-                if (method in inputs.METHODS and device_type in inputs.DEVICE_TYPES[method]
-                        and not (differentiable and method in inputs.NON_DIFFERENTIABLE)):
-                    return method
-    return "scan"  # runs on every device, and keeps autograd
-
-
-#: distinct (shape, dtype, device type, differentiable) whose choice `cached_choice` keeps
-CHOICE_CACHE_SIZE = 256
-
-
-@functools.lru_cache(maxsize=CHOICE_CACHE_SIZE)
-def cached_choice(shape: tuple[int, ...], dtype: torch.dtype, device_type: str,
-                  differentiable: bool) -> str:
-    """`choose` for inputs of this shape [num_envs, max_steps] and dtype on a device of
-    this type (`cpu`, `cuda`: all the table tells apart), read from the table once per
-    distinct key: a rollout's shape repeats every iteration, and scanning the table
-    costs about a microsecond, as much as `auto` may add to the call. (`dtype` is part of
-    the key so that a table ranking by dtype needs no change here.)
-    `cached_choice.cache_clear()` forgets the choices, e.g. after changing `CROSSOVERS`."""
-    return choose(device_type, shape[0], shape[1], differentiable)
-
-
-def gae_auto(
-    rewards: Tensor,
-    values: Tensor,
-    dones: Tensor,
-    truncated: Tensor,
-    bootstrap_values: Tensor,
-    step_counts: StepCounts,
-    *,
-    gamma: float,
-    gae_lambda: float,
-    reset: str = "mask",
-) -> tuple[Tensor, Tensor]:
-    """GAE by `choose(device, num_envs, max_steps, differentiable)` (cached per shape,
-    dtype, device type and `differentiable`: `cached_choice`); arguments and results as
-    `esper.gae.compute_gae` (rewards etc. [num_envs, max_steps]; outputs the same shape,
-    dtype and device). `differentiable` when an input requires grad in grad mode: then
-    the fastest method that keeps the graph runs. No host sync beyond the chosen
-    method's (none for any fast one)."""
-    differentiable = torch.is_grad_enabled() and (
-        rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
-    method = cached_choice(rewards.shape, rewards.dtype, rewards.device.type, differentiable)
-    return inputs.METHODS[method](
-        rewards, values, dones, truncated, bootstrap_values, step_counts,
-        gamma=gamma, gae_lambda=gae_lambda, reset=reset,
-    )
