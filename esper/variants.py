@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from esper.gae import METHODS as GAE_METHODS
 from esper.gae import RESETS as GAE_RESETS
 
-#: axis name -> allowed values; the first value is the original system's choice.
+#: axis name -> allowed values; the first value is the original system's choice. This is
+#: the one list of every axis's values: the modules that act on an axis read theirs here.
 #: The two GAE axes are the GAE package's own names (it cannot import this module):
 #: its loop's resets, and the methods it can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {

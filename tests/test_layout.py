@@ -81,7 +81,17 @@ def test_no_flat_modules_left_behind():
     flat = sorted(p.name for p in (ROOT / "harness").glob("*.py")
                   if p.stem.startswith(("gate_", "report_", "gae_")))
     flat += sorted(p.name for p in (ROOT / "esper").glob("gae*.py"))
+    flat += sorted(p.name for p in (ROOT / "esper").glob("env*.py"))
     assert flat == []
+
+
+def test_esper_top_level_holds_only_its_rooms():
+    """esper's parts live in their rooms; at the top only what every room reads, and the command."""
+    top = sorted(p.name for p in (ROOT / "esper").glob("*.py"))
+    assert top == ["__init__.py", "checks.py", "host_view.py", "train.py", "variants.py"]
+    rooms = sorted(p.name for p in (ROOT / "esper").iterdir()
+                   if p.is_dir() and (p / "__init__.py").is_file())
+    assert rooms == ["agent", "env", "gae", "rollout", "training"]
 
 
 def _module_name(path: Path) -> str:

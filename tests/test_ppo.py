@@ -289,7 +289,7 @@ def test_config_rejects_bad_values(field, value):
      "PPOConfig.head_entropy_coefs: expected keys among slot, blueprint, style, tempo, "
      "alpha_target, alpha_speed, alpha_curve, op; got 'colour'"),
     (dict(head_entropy_coefs={"op": -1.0}),
-     "PPOConfig.head_entropy_coefs['op']: expected a number >= 0; got -1.0"),
+     "PPOConfig.head_entropy_coefs['op']: expected a finite number >= 0; got -1.0"),
     (dict(head_entropy_coefs=[1.0] * 8),
      "PPOConfig.head_entropy_coefs: expected a mapping of head name to coefficient; got list"),
 ])

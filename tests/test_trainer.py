@@ -332,8 +332,8 @@ def test_evaluation_runs_one_episode_per_seed_reproducibly_without_touching_the_
 
 @pytest.mark.parametrize("seeds, message", [
     ([], "seeds: expected at least one env seed; got none"),
-    ([1, -2], "seeds: expected ints >= 0; got -2"),
-    ([1.5], "seeds: expected ints >= 0; got 1.5"),
+    ([1, -2], "seeds: expected an int >= 0; got -2"),
+    ([1.5], "seeds: expected an int >= 0; got 1.5"),
 ])
 def test_evaluation_rejects_bad_seeds(seeds, message):
     with pytest.raises(ValueError, match=re.escape(message)):

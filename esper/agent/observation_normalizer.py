@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from esper.checks import check_int
+
 
 class RunningNormalizer:
     """Per-feature running mean and population variance (Chan et al. parallel update).
@@ -14,8 +16,7 @@ class RunningNormalizer:
     """
 
     def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8) -> None:
-        if dim <= 0:
-            raise ValueError(f"RunningNormalizer: dim: expected a positive int; got {dim!r}")
+        check_int("RunningNormalizer: dim", dim)
         self.mean = torch.zeros(dim, dtype=torch.float64)
         self.var = torch.ones(dim, dtype=torch.float64)
         self.count = 0

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.checks import check_int
 
 #: Logit given to masked actions. Finite rather than -inf so that softmax, entropy and
 #: their gradients stay NaN-free even for a fully masked row, and representable in bf16/fp16.
@@ -124,11 +125,6 @@ def _mlp_head(hidden_dim: int, out_dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(hidden_dim, 64), nn.ReLU(), nn.Linear(64, out_dim))
 
 
-def _check_positive_int(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: expected a positive int; got {value!r}")
-
-
 class FactoredRecurrentActorCritic(nn.Module):
     """`Linear(D,H) -> LayerNorm -> ReLU -> LSTM(H,H) -> LayerNorm`, then 8 action heads
     and a value head, each `Linear(H,64) -> ReLU -> Linear(64,out)`.
@@ -149,9 +145,9 @@ class FactoredRecurrentActorCritic(nn.Module):
         validate_masks: bool = True,
     ) -> None:
         super().__init__()
-        _check_positive_int("state_dim", state_dim)
-        _check_positive_int("hidden_dim", hidden_dim)
-        _check_positive_int("lstm_layers", lstm_layers)
+        check_int("state_dim", state_dim)
+        check_int("hidden_dim", hidden_dim)
+        check_int("lstm_layers", lstm_layers)
         self.state_dim = state_dim
         self.hidden_dim = hidden_dim
         self.lstm_layers = lstm_layers

@@ -14,7 +14,7 @@ Shapes: `n` environments, `m` the buffer's max steps, `D` state_dim, `L` LSTM la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from torch.profiler import record_function
 
 from esper.agent.heads import HEAD_NAMES, HEADS_FOR_OP, OPS
 from esper.agent.policy import EvalOutput, FactoredRecurrentActorCritic
+from esper.checks import check_bool, check_choice, check_int, check_number
 
 
 #: How `ppo_losses` reduces the 8 per-head terms (see `PPOConfig.objective`).
@@ -84,22 +85,16 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("gamma", "gae_lambda"):
-            _check_range(name, getattr(self, name), "in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+            check_number(f"PPOConfig.{name}", getattr(self, name), minimum=0.0, maximum=1.0)
         positive = ("clip_ratio", "value_clip", "max_grad_norm", "learning_rate", "adam_eps",
                     "target_kl", "kl_stop_factor")
         for name in positive:
-            _check_range(name, getattr(self, name), "> 0", lambda v: v > 0)
+            check_number(f"PPOConfig.{name}", getattr(self, name), positive=True)
         for name in ("entropy_coef", "value_coef"):
-            _check_range(name, getattr(self, name), ">= 0", lambda v: v >= 0)
-        if not isinstance(self.update_epochs, int) or self.update_epochs < 1:
-            raise ValueError(
-                f"PPOConfig.update_epochs: expected a positive int; got {self.update_epochs!r}"
-            )
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"PPOConfig.objective: expected one of {', '.join(OBJECTIVES)}; "
-                f"got {self.objective!r}"
-            )
+            check_number(f"PPOConfig.{name}", getattr(self, name), minimum=0.0)
+        check_int("PPOConfig.update_epochs", self.update_epochs)
+        check_bool("PPOConfig.amp_bf16", self.amp_bf16)
+        check_choice("PPOConfig.objective", self.objective, OBJECTIVES)
         object.__setattr__(self, "head_entropy_coefs", _full_head_coefs(self.head_entropy_coefs))
 
 
@@ -112,13 +107,8 @@ def _full_head_coefs(coefs: Mapping[str, float]) -> dict[str, float]:
         if head not in HEAD_NAMES:
             raise ValueError(f"PPOConfig.head_entropy_coefs: expected keys among "
                              f"{', '.join(HEAD_NAMES)}; got {head!r}")
-        _check_range(f"head_entropy_coefs[{head!r}]", coef, ">= 0", lambda v: v >= 0)
+        check_number(f"PPOConfig.head_entropy_coefs[{head!r}]", coef, minimum=0.0)
     return {head: float(coefs.get(head, 1.0)) for head in HEAD_NAMES}
-
-
-def _check_range(name: str, value: float, expected: str, ok: Callable[[float], bool]) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(value):
-        raise ValueError(f"PPOConfig.{name}: expected a number {expected}; got {value!r}")
 
 
 def causal_head_table(device: torch.device | str = "cpu") -> torch.Tensor:

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import torch
 
+from esper.checks import check_choice
+from esper.variants import AXES
+
 Tensor = torch.Tensor
-MODES = ("separate", "stacked")
+#: `Variants.accumulators`' values, the original's first
+MODES = AXES["accumulators"]
 
 
 class EpochAccumulators:
     """Sums of (loss in nats, correct predictions) over the batches since `zero_()`."""
 
     def __init__(self, device: torch.device | str, mode: str = "separate") -> None:
-        if mode not in MODES:
-            raise ValueError(f"EpochAccumulators: mode: expected one of {', '.join(MODES)}; "
-                             f"got {mode!r}")
-        self.mode = mode
+        self.mode = check_choice("EpochAccumulators: mode", mode, MODES)
         device = torch.device(device)
         if mode == "separate":
             self._loss = torch.zeros((), device=device)

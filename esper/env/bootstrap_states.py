@@ -14,10 +14,13 @@ from typing import Sequence
 
 import torch
 
+from esper.checks import check_choice
 from esper.rollout.staging import StagedCopy
+from esper.variants import AXES
 
 Tensor = torch.Tensor
-MODES = ("tensor", "copy")
+#: `Variants.bootstrap`'s values, the original's first
+MODES = AXES["bootstrap"]
 
 
 class BootstrapStates:
@@ -29,9 +32,7 @@ class BootstrapStates:
 
     def __init__(self, num_envs: int, dim: int, device: torch.device | str,
                  mode: str = "tensor") -> None:
-        if mode not in MODES:
-            raise ValueError(f"BootstrapStates: mode: expected one of {', '.join(MODES)}; "
-                             f"got {mode!r}")
+        check_choice("BootstrapStates: mode", mode, MODES)
         self.num_envs, self.dim, self.device, self.mode = num_envs, dim, torch.device(device), mode
         self._staged = (StagedCopy((num_envs, dim), torch.float32, self.device)
                         if mode == "copy" else None)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from esper.checks import check_bool, check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -45,19 +46,8 @@ class EnvConfig:
                     "host_hidden": 1, "train_batches": 1, "batch_size": 1, "val_size": 1,
                     "seed": 0}
         for name, minimum in minimums.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(
-                    f"EnvConfig.{name}: expected an int >= {minimum}; got {value!r}"
-                )
-        if not isinstance(self.amp, bool):
-            raise ValueError(f"EnvConfig.amp: expected a bool; got {self.amp!r}")
-        for name, positive in (("lr", True), ("param_rent", False), ("seed_clip_norm", True)):
-            value = getattr(self, name)
-            bad = (isinstance(value, bool) or not isinstance(value, (int, float))
-                   or not math.isfinite(value) or value < 0 or (positive and value == 0))
-            if bad:
-                bound = "> 0" if positive else ">= 0"
-                raise ValueError(
-                    f"EnvConfig.{name}: expected a finite float {bound}; got {value!r}"
-                )
+            check_int(f"EnvConfig.{name}", getattr(self, name), minimum)
+        check_bool("EnvConfig.amp", self.amp)
+        check_number("EnvConfig.lr", self.lr, positive=True)
+        check_number("EnvConfig.param_rent", self.param_rent, minimum=0)
+        check_number("EnvConfig.seed_clip_norm", self.seed_clip_norm, positive=True)

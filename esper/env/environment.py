@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OPS
+from esper.checks import check_int
 from esper.env.accumulators import EpochAccumulators
 from esper.env.blueprints import BLUEPRINTS
 from esper.env.config import EnvConfig
@@ -83,11 +84,7 @@ class MorphoEnv:
     def __init__(self, config: EnvConfig, env_index: int = 0,
                  device: torch.device | str = "cpu", variants: Variants | None = None,
                  task: tuple[torch.Tensor, ...] | None = None) -> None:
-        if isinstance(env_index, bool) or not isinstance(env_index, int) or not (
-                0 <= env_index < config.num_envs):
-            raise ValueError(
-                f"env_index: expected an int in [0, {config.num_envs}); got {env_index!r}"
-            )
+        check_int("env_index", env_index, minimum=0, below=config.num_envs)
         self.config = config
         self.env_index = env_index
         self.device = torch.device(device)

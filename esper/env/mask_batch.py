@@ -13,10 +13,13 @@ from typing import Mapping, Sequence
 import torch
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.checks import check_choice
 from esper.rollout.staging import StagedCopy
+from esper.variants import AXES
 
 Tensor = torch.Tensor
-MODES = ("stack", "preallocated")
+#: `Variants.masks`' values, the original's first
+MODES = AXES["masks"]
 
 
 class MaskBatcher:
@@ -31,8 +34,7 @@ class MaskBatcher:
     """
 
     def __init__(self, num_envs: int, device: torch.device | str, mode: str = "stack") -> None:
-        if mode not in MODES:
-            raise ValueError(f"MaskBatcher: mode: expected one of {', '.join(MODES)}; got {mode!r}")
+        check_choice("MaskBatcher: mode", mode, MODES)
         self.num_envs, self.device, self.mode = num_envs, torch.device(device), mode
         self._staged: StagedCopy | None = None
         if mode == "preallocated":

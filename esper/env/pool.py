@@ -17,8 +17,6 @@ from esper.env.config import EnvConfig
 from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import Variants
 
-MODES = ("recreate", "pool")
-
 
 class EnvBatches:
     """Hands out the envs (and, on CUDA, their streams) of each new batch of episodes.

@@ -13,14 +13,26 @@ from typing import Callable
 
 import torch
 
-#: guard name -> (stream or None, a batch tensor) -> record the batch on the stream?
-GUARDS: dict[str, Callable[[object, torch.Tensor], bool]] = {
-    "is_cuda": lambda stream, inputs: stream is not None and inputs.is_cuda,
-    "stream": lambda stream, inputs: stream is not None,
-}
+from esper.variants import AXES
+
+Guard = Callable[[object, torch.Tensor], bool]
 
 
-def record_on_stream(guard: Callable[[object, torch.Tensor], bool], stream,
+def _stream_and_cuda_inputs(stream, inputs: torch.Tensor) -> bool:
+    return stream is not None and inputs.is_cuda
+
+
+def _stream(stream, inputs: torch.Tensor) -> bool:
+    return stream is not None
+
+
+#: guard name (`Variants.stream_guard`'s values: `is_cuda`, the original, then `stream`)
+#: -> (stream or None, a batch tensor) -> record the batch on the stream?
+GUARDS: dict[str, Guard] = dict(zip(AXES["stream_guard"], (_stream_and_cuda_inputs, _stream),
+                                    strict=True))
+
+
+def record_on_stream(guard: Guard, stream,
                      *tensors: torch.Tensor) -> None:
     """`record_stream` each tensor on `stream` when `guard(stream, tensors[0])` says so:
     the caching allocator then keeps their memory until the stream's work on them is done."""

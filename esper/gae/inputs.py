@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
-from numbers import Integral, Real
 
 import numpy as np
 import torch
 
+from esper.checks import check_number, is_integral
 from esper.host_view import host_view
 
 Tensor = torch.Tensor
@@ -221,7 +221,7 @@ def _check_step_counts(step_counts: StepCounts, num_envs: int, max_steps: int) -
     if len(step_counts) != num_envs:
         raise _shape_error("len(step_counts)", num_envs, len(step_counts))
     for count in step_counts:
-        if type(count) is not int and (isinstance(count, bool) or not isinstance(count, Integral)):
+        if type(count) is not int and not is_integral(count):
             raise _shape_error("step_counts", in_range, f"{count!r} ({type(count).__name__})")
     if num_envs and (min(step_counts) < 0 or max(step_counts) > max_steps):
         bad = [c for c in step_counts if not 0 <= c <= max_steps]
@@ -238,10 +238,7 @@ def device_count_check(step_counts: Tensor, max_steps: int) -> None:
 
 
 def _check_discount(name: str, value: object) -> None:
-    if (isinstance(value, bool) or not isinstance(value, Real)
-            or not 0.0 <= float(value) <= 1.0):  # NaN fails both comparisons
-        got = f"{value!r} ({type(value).__name__})" if not isinstance(value, Real) else repr(value)
-        raise _shape_error(name, "a number in [0, 1]", got)
+    check_number(f"compute_gae: {name}", value, minimum=0.0, maximum=1.0)
 
 
 def first_requiring_grad(rewards: Tensor, values: Tensor, bootstrap_values: Tensor) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from torch.profiler import record_function
 
 from esper import gae
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.checks import check_int, is_integral
 from esper.host_view import host_item, host_view
 from esper.rollout.device_spans import DeviceSpans
 from esper.rollout.transfer import FlatTransfer
@@ -77,7 +78,7 @@ def _action_index(where: str, head: str, action: object, size: int) -> int | Non
         if not action.is_cpu:
             return None
         index = host_item(action)
-    elif isinstance(action, Integral) and not isinstance(action, bool):
+    elif is_integral(action):
         index = int(action)
     else:  # a float (1.7 would be stored as 1), a bool, anything else
         raise _add_error(where, f"actions[{head!r}]", f"an int in [0, {size})",
@@ -178,8 +179,7 @@ class RolloutBuffer:
         for name, value in (("num_envs", num_envs), ("max_steps", max_steps),
                             ("state_dim", state_dim), ("lstm_hidden_dim", lstm_hidden_dim),
                             ("num_lstm_layers", num_lstm_layers)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"RolloutBuffer: {name}: expected a positive int; got {value!r}")
+            check_int(f"RolloutBuffer: {name}", value)
         self.num_envs, self.max_steps, self.state_dim = num_envs, max_steps, state_dim
         self.lstm_hidden_dim, self.num_lstm_layers = lstm_hidden_dim, num_lstm_layers
         self.device = torch.device(device)
@@ -300,8 +300,7 @@ class RolloutBuffer:
         are checked by `device_checks` (device-side asserts, no host sync), which
         cannot raise here: see `add`.
         """
-        if (type(env_id) is not int and (isinstance(env_id, bool) or not isinstance(env_id, Integral))
-                or not 0 <= env_id < self.num_envs):
+        if (type(env_id) is not int and not is_integral(env_id)) or not 0 <= env_id < self.num_envs:
             raise _add_error("", "env_id", f"an int in [0, {self.num_envs})", repr(env_id))
         step = self.step_count(env_id)
         where = f"env {env_id} step {step}: "

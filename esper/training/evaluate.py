@@ -24,6 +24,7 @@ import torch
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.agent.observation_normalizer import RunningNormalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
+from esper.checks import check_int
 from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.training.trainer import TrainConfig, VectorizedTrainer
@@ -64,8 +65,7 @@ def _check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
     if not seeds:
         raise ValueError("seeds: expected at least one env seed; got none")
     for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seeds: expected ints >= 0; got {seed!r}")
+        check_int("seeds", seed, minimum=0)
     return seeds
 
 
@@ -151,8 +151,7 @@ def train_and_evaluate(config: TrainConfig, iterations: int, seeds: Sequence[int
         ValueError: `iterations` is not a positive int, or `seeds` is empty, holds a
             negative or non-int seed, or holds the training seed.
     """
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations: expected a positive int; got {iterations!r}")
+    check_int("iterations", iterations)
     seeds = _check_seeds(seeds)
     if config.seed in seeds:
         raise ValueError(f"seeds: expected held-out env seeds, without the training seed "

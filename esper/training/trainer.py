@@ -54,6 +54,7 @@ from esper.agent.heads import HEAD_NAMES
 from esper.agent.observation_normalizer import RunningNormalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.agent.ppo import PPOAgent, PPOConfig
+from esper.checks import check_choice, check_int
 from esper.env.bootstrap_states import BootstrapStates
 from esper.env.config import EnvConfig
 from esper.env.mask_batch import MaskBatcher
@@ -111,12 +112,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "max_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"TrainConfig.{name}: expected a positive int; got {value!r}")
-        if self.time_limit not in TIME_LIMITS:
-            raise ValueError(f"TrainConfig.time_limit: expected one of {', '.join(TIME_LIMITS)}; "
-                             f"got {self.time_limit!r}")
+            check_int(f"TrainConfig.{name}", getattr(self, name))
+        check_choice("TrainConfig.time_limit", self.time_limit, TIME_LIMITS)
 
     @property
     def env_config(self) -> EnvConfig:
