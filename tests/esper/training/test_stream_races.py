@@ -51,6 +51,9 @@ from esper.env.seed_slot import Stage
 from esper.training.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 
+#: CUDA Sanitizer analysis (torch.cuda._sanitizer) of real rollouts on stand-in streams
+pytestmark = pytest.mark.integration
+
 aten = torch.ops.aten
 
 
@@ -287,6 +290,7 @@ def germinated(trainer: VectorizedTrainer) -> bool:
     return any(slot.stage != Stage.EMPTY for env in trainer.envs.envs for slot in env.slots)
 
 
+@pytest.mark.slow  # a whole rollout under the analysis: 2-4 s
 @pytest.mark.parametrize("sync", ["stream", "event"])
 def test_a_rollout_on_env_streams_has_no_race(monkeypatch, sync):
     checker, trainer = rollout_races(monkeypatch, sync)

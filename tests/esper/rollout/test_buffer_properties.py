@@ -4,7 +4,7 @@
 Hypothesis draws a small buffer (list or tensor step counts) and a sequence of adds into
 random envs (so rows fill up and overflow), each with arguments in every accepted form
 (Python and NumPy numbers, 0-d and [1] tensors, float64 tensors, tensors that require
-grad, 0/1 flags) and, for some, one defect from `tests.test_buffer.BAD_INPUTS` (wrong
+grad, 0/1 flags) and, for some, one defect from `tests.esper.rollout.test_buffer.BAD_INPUTS` (wrong
 types, shapes, dtypes, out-of-range or float actions, actions their mask forbids, NaN,
 infinite or positive log-probs, non-finite values, rewards and bootstrap values, flags
 that are not bools, truncation without a bootstrap value). After each call the whole
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.variants import Variants
-from tests.test_buffer import BAD_INPUTS, HIDDEN, LAYERS, STATE_DIM, make_buffer, snapshot
+from tests.esper.rollout.test_buffer import BAD_INPUTS, HIDDEN, LAYERS, STATE_DIM, make_buffer, snapshot
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, width=32)
 log_prob_values = st.floats(-50.0, 0.0, width=32)

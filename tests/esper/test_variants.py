@@ -25,6 +25,7 @@ def test_variants_parse_and_errors():
         Variants().gae = "scan"  # type: ignore[misc]
 
 
+@pytest.mark.integration  # launches a Python process
 def test_optional_gae_methods_parse_without_importing_gae_first():
     """`gae=auto` is registered by esper.gae; Variants imports it when it meets an unknown
     method, so a fresh process can parse it straight away."""

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 
 from esper.gae import DEVICE_TYPES, FLOAT_DTYPES, METHODS, NON_DIFFERENTIABLE, compute_gae
 from esper.gae.reference import reference_gae
-from tests.gae_inputs import make_case
+from tests.gae_inputs import make_case, method_params
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CPU_METHODS = [m for m in METHODS if "cpu" in DEVICE_TYPES[m]]
 #: examples per method: a few seconds each; compiled compiles a graph per dtype and for
 #: autograd, and Triton's interpreter runs a kernel in Python
@@ -227,7 +227,7 @@ def check_call(call: dict) -> None:
             assert got.grad_fn is not None, name
 
 
-@pytest.mark.parametrize("method", CPU_METHODS)
+@pytest.mark.parametrize("method", method_params(CPU_METHODS))
 def test_well_formed_inputs_are_computed_right(method):
     """Computed within tolerance of the reference; or, for a method that computes outside
     autograd given an input that requires grad, rejected naming `requires_grad`."""
@@ -256,6 +256,8 @@ def test_each_defect_is_rejected_naming_the_argument_by_every_method(defect):
     check()
 
 
+@pytest.mark.slow
+@pytest.mark.integration  # a pytest process under TRITON_INTERPRET=1
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="triton is not installed (the `dev` extra installs it on Linux)")
 @pytest.mark.skipif("triton" in CPU_METHODS, reason="this process already runs triton on the CPU")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 SCRIPT = """
 import torch
@@ -73,6 +73,8 @@ print("ok", len(shapes))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.integration  # a Python process under TRITON_INTERPRET=1
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="triton is not installed (the `dev` extra installs it on Linux)")
 def test_triton_kernel_under_the_interpreter_equals_the_reference():

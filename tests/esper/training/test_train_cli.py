@@ -16,7 +16,7 @@ import torch
 
 from esper.train import MAX_ENVS, main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 #: One metrics line per iteration (see `IterationStats.line`).
 METRICS_LINE = re.compile(
@@ -40,6 +40,8 @@ def iterations_printed(stdout: str) -> list[int]:
     return [int(m.group(1)) for m in map(METRICS_LINE.match, stdout.splitlines()) if m]
 
 
+@pytest.mark.slow
+@pytest.mark.integration  # launches a Python process
 def test_smoke_run_then_resume(tmp_path):
     checkpoint = tmp_path / "run.pt"
     first = train("--envs", "2", "--steps", "3", "--iterations", "2",
@@ -183,6 +185,8 @@ def test_help_lists_every_exit_status(capsys):
         assert re.search(rf"^  {code} ", out, re.M), (code, out)
 
 
+@pytest.mark.slow
+@pytest.mark.integration  # launches a Python process
 def test_sigterm_exits_143_leaving_only_whole_checkpoints(tmp_path):
     """SIGTERM ends a run like Ctrl-C: exit 143, and the checkpoint, if one was written, is
     whole (saved with the signal held off; no temporary file is left behind)."""

@@ -17,9 +17,11 @@ from esper.gae.inputs import device_count_check
 from esper.gae.methods import TABLE, _load
 from esper.gae.reference import reference_gae
 from harness.measure.counters import profile_call
-from tests.gae_inputs import make_case
+from tests.gae_inputs import COMPILED, make_case, method_params
 
 FAST_METHODS = [m for m in METHODS if m != "loop"]
+#: the fast methods but the compiled one, whose property test is its own (`slow`)
+UNCOMPILED_FAST = [m for m in FAST_METHODS if m != COMPILED]
 RESETS = ["clone", "mask"]
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -37,7 +39,8 @@ def assert_matches_reference(case, method, reset, gamma, lam, dtype, counts_as_t
         assert err <= TOLERANCE[dtype] * scale, f"{method}/{reset}: max error {err} (scale {scale})"
 
 
-def test_hand_checked_vector():
+@pytest.mark.parametrize("method", method_params(METHODS))
+def test_hand_checked_vector(method):
     """ESPER_NOTES.md: gamma .9, lambda .5 -> A [1.0625, 0.75, 11.8575, 4.85]."""
     args = (
         torch.tensor([[1.0, 1.0, 10.0, 2.0]], dtype=torch.float64),
@@ -50,25 +53,24 @@ def test_hand_checked_vector():
     expected = torch.tensor([[1.0625, 0.75, 11.8575, 4.85]], dtype=torch.float64)
     ref_adv, _ = reference_gae(*args, gamma=0.9, gae_lambda=0.5)
     torch.testing.assert_close(ref_adv, expected, rtol=0, atol=1e-12)
-    for method in METHODS:
-        for reset in RESETS:
-            adv, ret = compute_gae(*args, gamma=0.9, gae_lambda=0.5, method=method, reset=reset)
-            torch.testing.assert_close(adv, expected, rtol=0, atol=1e-12)
-            torch.testing.assert_close(ret, expected + args[1], rtol=0, atol=1e-12)
+    for reset in RESETS:
+        adv, ret = compute_gae(*args, gamma=0.9, gae_lambda=0.5, method=method, reset=reset)
+        torch.testing.assert_close(adv, expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(ret, expected + args[1], rtol=0, atol=1e-12)
 
 
-def test_interior_truncation_cuts_the_trace():
+@pytest.mark.parametrize("method", method_params(METHODS))
+def test_interior_truncation_cuts_the_trace(method):
     """Truncated at t=1 mid-row: A_1 bootstraps from b_1 and A_0 does not see A_2."""
     rewards = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
     values = torch.tensor([[0.0, 0.0, 100.0]], dtype=torch.float64)
     dones = torch.tensor([[False, True, False]])
     truncated = torch.tensor([[False, True, False]])
     boot = torch.tensor([[0.0, 5.0, 7.0]], dtype=torch.float64)
-    for method in METHODS:
-        adv, _ = compute_gae(rewards, values, dones, truncated, boot, [3],
-                             gamma=1.0, gae_lambda=1.0, method=method)
-        # A_1 = 2 + 5 - 0 = 7; A_0 = 1 + V_1 - V_0 + A_1 = 8; A_2 = 3 + 7 - 100 = -90
-        torch.testing.assert_close(adv, torch.tensor([[8.0, 7.0, -90.0]], dtype=torch.float64))
+    adv, _ = compute_gae(rewards, values, dones, truncated, boot, [3],
+                         gamma=1.0, gae_lambda=1.0, method=method)
+    # A_1 = 2 + 5 - 0 = 7; A_0 = 1 + V_1 - V_0 + A_1 = 8; A_2 = 3 + 7 - 100 = -90
+    torch.testing.assert_close(adv, torch.tensor([[8.0, 7.0, -90.0]], dtype=torch.float64))
 
 
 gammas = st.sampled_from([0.0, 1.0, 0.9, 0.995]) | st.floats(0.0, 1.0)
@@ -94,10 +96,22 @@ def cases(draw, max_envs, max_steps):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=cases(max_envs=64, max_steps=300), gamma=gammas, lam=lambdas,
-       method=st.sampled_from(FAST_METHODS), counts_as_tensor=st.booleans())
+       method=st.sampled_from(UNCOMPILED_FAST), counts_as_tensor=st.booleans())
 def test_fast_methods_equal_reference(data, gamma, lam, method, counts_as_tensor):
     case, dtype = data
     assert_matches_reference(case, method, "mask", gamma, lam, dtype, counts_as_tensor)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(COMPILED not in METHODS, reason="no C++ compiler for torch.compile")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=cases(max_envs=64, max_steps=300), gamma=gammas, lam=lambdas,
+       counts_as_tensor=st.booleans())
+def test_compiled_equals_reference(data, gamma, lam, counts_as_tensor):
+    """`test_fast_methods_equal_reference` for the compiled method (30 of its share of
+    examples): it compiles its graph once per dtype, then every shape reuses it."""
+    case, dtype = data
+    assert_matches_reference(case, COMPILED, "mask", gamma, lam, dtype, counts_as_tensor)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -108,7 +122,7 @@ def test_loop_equals_reference(data, gamma, lam, reset, counts_as_tensor):
     assert_matches_reference(case, "loop", reset, gamma, lam, dtype, counts_as_tensor)
 
 
-@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("method", method_params(FAST_METHODS))
 @pytest.mark.parametrize("trace", [0.999, 0.5])
 def test_float32_long_rows(method, trace):
     """T=4096 in float32: finite and within tolerance of the float64 reference."""
@@ -121,7 +135,7 @@ def test_float32_long_rows(method, trace):
     assert_matches_reference(case, method, "mask", gamma, lam, torch.float32)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", method_params(METHODS))
 def test_outputs_zero_past_step_counts_and_dtype_kept(method):
     case = make_case(5, 30, seed=1, dtype=torch.float32, step_counts=[0, 30, 7, 1, 29])
     adv, ret = compute_gae(*case.args(), gamma=0.99, gae_lambda=0.95, method=method)
@@ -136,7 +150,7 @@ def _syncs(method, reset="mask"):
                                             gae_lambda=0.95, method=method, reset=reset))
 
 
-@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("method", method_params(FAST_METHODS))
 def test_fast_methods_never_sync_the_host(method):
     assert _syncs(method).host_syncs == 0
 
@@ -202,7 +216,7 @@ def test_reset_is_the_loop_methods_parameter_only():
             assert takes_reset == (method.name == "loop"), method.name
 
 
-@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("method", method_params(FAST_METHODS))
 def test_a_clone_reset_with_another_method_is_no_error_and_changes_nothing(method):
     """The Variants axes `reset` and `gae` are independent: `reset=clone` with a method
     other than the loop computes what `reset=mask` does."""
@@ -213,6 +227,7 @@ def test_a_clone_reset_with_another_method_is_no_error_and_changes_nothing(metho
         assert torch.equal(a, b)
 
 
+@pytest.mark.integration  # launches a Python process
 @pytest.mark.skipif("numba" not in METHODS, reason="numba is not installed")
 def test_numba_parallel_kernel_keeps_torchs_thread_count():
     """The first parallel call launches numba's OpenMP pool, which set the caller's OpenMP
@@ -317,7 +332,7 @@ def test_empty_inputs_give_empty_outputs(method, num_envs, max_steps):
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", method_params(METHODS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_is_computed_in_float32(method, dtype):
     """numba/auto said only "NotImplementedError: float16". Every method now computes
@@ -354,7 +369,13 @@ def _grads(method, dtype=torch.float64):
     return [leaf.grad for leaf in leaves]
 
 
-@pytest.mark.parametrize("method", DIFFERENTIABLE)
+#: `auto`, given inputs that require grad at 3 x 12, runs the compiled method (its backward
+#: compiles too): both are `slow`
+DIFFERENTIABLE_PARAMS = [pytest.param(m, marks=pytest.mark.slow) if m in (COMPILED, "auto") else m
+                         for m in DIFFERENTIABLE]
+
+
+@pytest.mark.parametrize("method", DIFFERENTIABLE_PARAMS)
 def test_differentiable_methods_give_the_gradients_of_the_loop(method):
     """Every method but numba and triton keeps autograd; `auto` picks among those when an
     input requires grad, so its gradients are those of the others."""

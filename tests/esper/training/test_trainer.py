@@ -37,6 +37,7 @@ from esper.training.trainer import (
     VectorizedTrainer,
 )
 from esper.variants import AXES, Variants
+from tests.gae_inputs import COMPILED
 
 #: Compared between runs that must agree; the rest of the update dict is bookkeeping.
 LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl")
@@ -102,7 +103,9 @@ def original_outcomes() -> list[dict[str, float]]:
 
 # ----- variants -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("variants", ALL_VARIANTS, ids=Variants.spec)
+@pytest.mark.parametrize("variants", [
+    pytest.param(v, marks=pytest.mark.slow) if v.gae == COMPILED else v for v in ALL_VARIANTS
+], ids=Variants.spec)
 def test_every_variant_combination_trains_end_to_end(variants, original_outcomes):
     if variants.gae not in esper.gae.METHODS:
         pytest.skip(f"gae={variants.gae} does not run on this machine")

@@ -4,7 +4,7 @@
 `ptxas` bundled in the triton wheel -> cubin) for each input dtype the kernel accepts, with
 the argument types a launch from `gae_triton` passes (16-bit inputs with float32 scalars,
 as it computes in float32). With the interpreter test against the reference
-(`test_gae_triton.py`), this shows the kernel both computes the right thing and compiles
+(`test_triton_kernel.py`), this shows the kernel both computes the right thing and compiles
 for the targets. Registers, spills and shared memory per target and dtype come from the
 ptxas log and the kernel's metadata and are printed with the test output.
 
@@ -22,8 +22,11 @@ import re
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="triton is not installed (the `dev` extra installs it on Linux)")
+pytestmark = [
+    pytest.mark.integration,  # triton.compile runs ptxas, a process
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                       reason="triton is not installed (the `dev` extra installs it on Linux)"),
+]
 
 #: compute capability -> (name, shared memory a block may use, bytes)
 TARGETS = {80: ("sm_80", 163 * 1024), 90: ("sm_90", 227 * 1024)}
