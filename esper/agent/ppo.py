@@ -31,37 +31,63 @@ OBJECTIVES: tuple[str, ...] = ("reviewed", "joint")
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Hyper-parameters of the update (the original system's values and objective by default)."""
+    """Hyper-parameters of the update: esper-lite's values and objective by default.
+
+    Each field names esper-lite's value and where it is set, at the commit the B4 reviews
+    read (599f3895; `leyline` is `src/esper/leyline/__init__.py`, `ppo.py`
+    `src/esper/simic/agent/ppo.py`). `tests/esper/test_original_defaults.py` holds every
+    default to its original and lists the ones that differ on purpose (none here).
+    """
 
     gamma: float = 0.995
-    """Discount per step."""
+    """Discount per step. Original: `0.995`, src/esper/leyline/__init__.py:52 @599f3895
+    (DEFAULT_GAMMA, PPOAgent's default at ppo.py:197)."""
     gae_lambda: float = 0.98
-    """GAE trace decay."""
+    """GAE trace decay. Original: `0.98`, src/esper/leyline/__init__.py:89 @599f3895
+    (DEFAULT_GAE_LAMBDA; 0.97 at 2df957ed, the vectorized review's commit)."""
     clip_ratio: float = 0.2
-    """Surrogate clip: each head's ratio is clipped to [1 - clip_ratio, 1 + clip_ratio]."""
+    """Surrogate clip: each head's ratio is clipped to [1 - clip_ratio, 1 + clip_ratio].
+    Original: `0.2`, src/esper/leyline/__init__.py:83 @599f3895 (DEFAULT_CLIP_RATIO)."""
     value_clip: float = 10.0
-    """New values are clipped to old value +- value_clip in the pessimistic value loss."""
+    """New values are clipped to old value +- value_clip in the pessimistic value loss.
+    Original: `10.0`, src/esper/leyline/__init__.py:316 @599f3895 (DEFAULT_VALUE_CLIP,
+    with clip_value=True at ppo.py:214)."""
     entropy_coef: float = 0.05
-    """Weight of the (normalised, in [0, 1]) entropy bonus."""
+    """Weight of the (normalised, in [0, 1]) entropy bonus. Original: `0.05`,
+    src/esper/leyline/__init__.py:109 @599f3895 (DEFAULT_ENTROPY_COEF; used as
+    max(entropy_coef, entropy_coef_min=0.01), which is 0.05 here)."""
     value_coef: float = 0.5
-    """Weight of the value loss."""
+    """Weight of the value loss. Original: `0.5`, src/esper/leyline/__init__.py:93
+    @599f3895 (DEFAULT_VALUE_COEF)."""
     max_grad_norm: float = 0.5
-    """Global gradient-norm clip before each Adam step."""
+    """Global gradient-norm clip before each Adam step. Original: `0.5`,
+    src/esper/leyline/__init__.py:97 @599f3895 (DEFAULT_MAX_GRAD_NORM, applied at
+    ppo.py:797)."""
     learning_rate: float = 3e-4
-    """Adam learning rate."""
+    """Adam learning rate. Original: `3e-4`, src/esper/leyline/__init__.py:79 @599f3895
+    (DEFAULT_LEARNING_RATE)."""
     adam_eps: float = 1e-5
-    """Adam epsilon."""
+    """Adam epsilon. Original: `1e-5`, src/esper/simic/agent/ppo.py:351 @599f3895 (Adam
+    fused on CUDA, as here; foreach on the CPU)."""
     target_kl: float = 0.015
     """Approximate-KL target; an epoch whose KL exceeds kl_stop_factor * target_kl
-    is not applied and ends the update."""
+    is not applied and ends the update. Original: `0.015`,
+    src/esper/simic/agent/ppo.py:223 @599f3895."""
     kl_stop_factor: float = 1.5
-    """Multiple of target_kl that triggers the early stop."""
-    update_epochs: int = 4
-    """Passes over the whole rollout per update (one full batch, one Adam step each)."""
+    """Multiple of target_kl that triggers the early stop. Original: `1.5`,
+    src/esper/simic/agent/ppo.py:694 @599f3895 (written into the check)."""
+    update_epochs: int = 1
+    """Passes over the whole rollout per update (one full batch, one Adam step each).
+    Original: `1`, src/esper/simic/agent/ppo.py:265 @599f3895 (`recurrent_n_epochs`,
+    "Default 1 for recurrent (hidden state safety)", line 221; the trainer never passes
+    another, and `ppo_updates_per_batch` defaults to 1 at simic/training/config.py:68).
+    With one pass the KL check before it compares the policy with itself and never
+    stops; more passes make it meaningful."""
     amp_bf16: bool = False
     """Run the policy forward of the update under bf16 autocast (losses stay float32).
     bf16 has float32's exponent range, so no GradScaler is needed (the original's fp16
-    update ran without one)."""
+    update ran without one: see docs/differences.md). Original: `False`,
+    src/esper/simic/training/config.py:80 @599f3895 (`amp: bool = False`)."""
     objective: str = "reviewed"
     """How the per-head terms are reduced, with `m_h` a head's relevance mask over the
     stored steps (the steps whose op uses the head), `n_h = max(1, sum m_h)` and `N` the
@@ -78,10 +104,14 @@ class PPOConfig:
       the joint log-ratio (the relevant heads' log-ratios summed per step), mean over
       stored steps: 4-6x the reviewed KL, so `target_kl` stops earlier.
 
-    Both use the same clipped per-head ratios, value loss and `kl_i = (e^x - 1) - x`."""
+    Both use the same clipped per-head ratios, value loss and `kl_i = (e^x - 1) - x`.
+    Original: `"reviewed"`, src/esper/simic/agent/ppo.py:643 @599f3895 (the reduction of
+    lines 643-750)."""
     head_entropy_coefs: Mapping[str, float] = field(default_factory=dict)
     """head -> `coef_h`, the weight of that head's entropy in the entropy term; heads left
-    out get 1.0 (esper-lite's default). Stored with every head filled in."""
+    out get 1.0. Stored with every head filled in. Original: `{}`,
+    src/esper/simic/agent/ppo.py:275 @599f3895 (none given: every head 1.0, lines
+    275-284)."""
 
     def __post_init__(self) -> None:
         for name in ("gamma", "gae_lambda"):

@@ -87,28 +87,47 @@ def resolve_device(device: str) -> torch.device:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run (what a resumed run must match)."""
+    """Everything that defines a training run (what a resumed run must match).
+
+    Each field names esper-lite's value and where it is set (`leyline` is
+    `src/esper/leyline/__init__.py`); `tests/esper/test_original_defaults.py` holds every
+    default to its original and lists the ones that differ on purpose.
+    """
 
     num_envs: int = 4
-    """Parallel environments, one rollout row each."""
+    """Parallel environments, one rollout row each. Original: `4`,
+    src/esper/leyline/__init__.py:71 @599f3895 (DEFAULT_N_ENVS)."""
     max_steps: int = 25
-    """Steps (host epochs) per episode; one episode per env per iteration (see time_limit)."""
+    """Steps (host epochs) per episode; one episode per env per iteration (see time_limit).
+    Original: `25`, src/esper/leyline/__init__.py:61 @599f3895 (DEFAULT_EPISODE_LENGTH:
+    max_epochs, max_steps_per_env and chunk_length)."""
     seed: int = 0
-    """Seeds policy init, action sampling and the environments."""
+    """Seeds policy init, action sampling and the environments. Original: `42`,
+    src/esper/simic/training/config.py:115 @599f3895 (and train_ppo_vectorized's default,
+    vectorized.py:491). Differs on purpose: a seed picks data, not behaviour; every run,
+    baseline and number recorded in this repository was made with 0, and 42 would change
+    them all without changing what is measured."""
     variants: Variants = field(default_factory=Variants.original)
-    """The reviewed choices (GAE method, reset, step_counts, stream sync)."""
+    """The reviewed choices (GAE method, reset, step_counts, stream sync, ...).
+    Original: none: the axes are this project's; `Variants.original()`, the default,
+    is the reviewed code's choice on every axis."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    """PPO hyper-parameters."""
+    """PPO hyper-parameters. Original: none: a `PPOConfig`, whose fields cite theirs."""
     env: EnvConfig | None = None
-    """Environment sizes; None: `EnvConfig` defaults with this num_envs, max_steps and seed."""
+    """Environment sizes; None: `EnvConfig` defaults with this num_envs, max_steps and seed.
+    Original: none: the synthetic environment stands in for esper-lite's CIFAR-10 host
+    (esper/env); `EnvConfig` cites the options that reproduce the original's."""
     hidden_dim: int = 128
-    """LSTM hidden size of the policy."""
+    """LSTM hidden size of the policy. Original: `128`,
+    src/esper/leyline/__init__.py:66 @599f3895 (DEFAULT_LSTM_HIDDEN_DIM, one LSTM layer)."""
     time_limit: str = "truncated"
     """How the last step of an episode (always cut at `max_steps`) is stored.
     `truncated` (the reviewed system's behaviour): a truncation, bootstrapping from
     V(s_T) computed with the carried LSTM state, although the value head is never
     trained on s_T. `terminal`: a true terminal, no bootstrap (and no bootstrap forward):
-    the observation holds the epoch counter, so the time limit is part of the task."""
+    the observation holds the epoch counter, so the time limit is part of the task.
+    Original: `"truncated"`, src/esper/simic/training/vectorized.py:1906 @2df957ed
+    (`truncated = done`, every episode ends at max_epochs)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "max_steps"):

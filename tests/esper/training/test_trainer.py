@@ -61,10 +61,17 @@ ALL_VARIANTS = [
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+#: Two passes per update where the default (esper-lite's) takes one: the second pass's
+#: losses and KL are those of a policy the first Adam step changed, so runs that must
+#: agree (variants, resume) are compared on an update that did something.
+TWO_PASSES = PPOConfig(update_epochs=2)
+
+
 def small_config(variants: Variants = Variants.original(), **changes) -> TrainConfig:
-    """2 envs x 4 steps of the small host, a 32-wide LSTM; `changes` override any field."""
+    """2 envs x 4 steps of the small host, a 32-wide LSTM, two PPO passes per update;
+    `changes` override any field."""
     config = TrainConfig(num_envs=2, max_steps=4, seed=3, variants=variants, env=SMALL_ENV,
-                         hidden_dim=32)
+                         hidden_dim=32, ppo=TWO_PASSES)
     return dataclasses.replace(config, **changes)
 
 
