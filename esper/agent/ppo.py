@@ -249,27 +249,33 @@ def ppo_losses(ev: EvalOutput, batch: UpdateBatch, config: PPOConfig) -> PPOLoss
     it; elsewhere its choice had no effect, so its log-prob must not carry the
     advantage). `config.objective` decides how the heads' terms are reduced (see
     `PPOConfig.objective`); `total = policy + value_coef * value - entropy_coef * entropy`.
-    `clip_fraction` is the share of relevant (head, step) entries whose ratio was clipped.
+    `approx_kl` reads each head's log-ratio before the clamp (esper-lite's, 599f3895
+    ppo.py:673-674) on the steps where the head is relevant; `clip_fraction` is the share
+    of stored steps where the op head's ratio was clipped (its, ppo.py:687-688).
     """
     valid = batch.valid
     zero = torch.zeros((), device=valid.device)
     joint_log_ratio = torch.zeros(valid.shape, device=valid.device)
-    surrogates, entropies, kls, counts, clipped = [], [], [], [], []
+    surrogates, entropies, kls, counts = [], [], [], []
     for head in HEAD_NAMES:
         relevant = batch.causal[head]
-        log_ratio = (ev.log_probs[head] - batch.old_log_probs[head]).clamp(-20.0, 20.0)
-        log_ratio = torch.where(relevant, log_ratio, zero)
+        raw_log_ratio = ev.log_probs[head] - batch.old_log_probs[head]
+        log_ratio = torch.where(relevant, raw_log_ratio.clamp(-20.0, 20.0), zero)
         ratio = log_ratio.exp()
         advantage = torch.where(relevant, batch.advantages, zero)
         bounded = ratio.clamp(1.0 - config.clip_ratio, 1.0 + config.clip_ratio)
         surrogates.append(torch.min(ratio * advantage, bounded * advantage).sum())
-        detached = log_ratio.detach()
-        kls.append((torch.expm1(detached) - detached).sum())  # 0 where not relevant
+        # the KL reads the log-ratio before the clamp, as esper-lite's (ppo.py:673-674);
+        # `where`, not a product with the mask, so a step where the head is not relevant
+        # counts 0 even when its log-ratio is infinite
+        detached = torch.where(relevant, raw_log_ratio.detach(), zero)
+        kls.append((torch.expm1(detached) - detached).sum())
         joint_log_ratio = joint_log_ratio + detached
         entropy_steps = relevant if config.objective == "reviewed" else valid
         entropies.append(torch.where(entropy_steps, ev.entropy[head], zero).sum())
         counts.append(relevant.sum())
-        clipped.append((((ratio.detach() - 1.0).abs() > config.clip_ratio) & relevant).sum())
+        if head == "op":  # relevant at every stored step
+            clipped_op = (((ratio.detach() - 1.0).abs() > config.clip_ratio) & valid).sum()
 
     # per head, [8] each: summed surrogate, entropy, KL, and the relevant steps
     surrogate, entropy_sum, kl_sum = (torch.stack(x) for x in (surrogates, entropies, kls))
@@ -295,7 +301,7 @@ def ppo_losses(ev: EvalOutput, batch: UpdateBatch, config: PPOConfig) -> PPOLoss
         value=value_loss.detach(),
         entropy=entropy.detach(),
         approx_kl=approx_kl,
-        clip_fraction=torch.stack(clipped).sum() / count.sum().clamp(min=1),
+        clip_fraction=clipped_op / valid.sum().clamp(min=1),
     )
 
 

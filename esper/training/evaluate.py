@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
-from esper.agent.observation_normalizer import RunningNormalizer
+from esper.agent.observation_normalizer import ObservationNormalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.checks import check_int
 from esper.env.config import EnvConfig
@@ -104,7 +104,7 @@ def evaluate_random(env_config: EnvConfig, seeds: Sequence[int], sample_seed: in
     return _run_episodes(env_config, seeds, choose)
 
 
-def evaluate_policy(policy: FactoredRecurrentActorCritic, normalizer: RunningNormalizer,
+def evaluate_policy(policy: FactoredRecurrentActorCritic, normalizer: ObservationNormalizer,
                     env_config: EnvConfig, seeds: Sequence[int],
                     device: torch.device | str = "cpu", sample_seed: int = 0) -> EvalResult:
     """Returns of `policy` sampling its actions (the stochastic policy PPO trains), with the

@@ -51,7 +51,7 @@ import torch
 from torch.profiler import record_function
 
 from esper.agent.heads import HEAD_NAMES
-from esper.agent.observation_normalizer import RunningNormalizer
+from esper.agent.observation_normalizer import OBS_NORMALIZERS, make_obs_normalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.agent.ppo import PPOAgent, PPOConfig
 from esper.checks import check_choice, check_int
@@ -128,11 +128,20 @@ class TrainConfig:
     the observation holds the epoch counter, so the time limit is part of the task.
     Original: `"truncated"`, src/esper/simic/training/vectorized.py:1906 @2df957ed
     (`truncated = done`, every episode ends at max_epochs)."""
+    obs_normalizer: str = "ema"
+    """How observations are normalised (`esper.agent.observation_normalizer`): `ema`,
+    esper-lite's exponential moving average (momentum 0.99, float32 on the device, eps
+    1e-4, clip 10), or `welford`, full-history statistics in float64 (this project's
+    earlier choice). Either is frozen during a rollout and updated after it from the
+    observations the actions were taken on. Original: `"ema"`,
+    src/esper/simic/training/vectorized.py:551 @2df957ed (`RunningMeanStd((state_dim,),
+    device=device, momentum=0.99)`, updated from each batch's raw states at 1574)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "max_steps"):
             check_int(f"TrainConfig.{name}", getattr(self, name))
         check_choice("TrainConfig.time_limit", self.time_limit, TIME_LIMITS)
+        check_choice("TrainConfig.obs_normalizer", self.obs_normalizer, OBS_NORMALIZERS)
 
     @property
     def env_config(self) -> EnvConfig:
@@ -149,6 +158,7 @@ class TrainConfig:
             "seed": self.seed,
             "hidden_dim": self.hidden_dim,
             "time_limit": self.time_limit,
+            "obs_normalizer": self.obs_normalizer,
             "ppo": dataclasses.asdict(self.ppo),
             "env": dataclasses.asdict(self.env_config),
         }
@@ -223,7 +233,7 @@ class VectorizedTrainer:
             config.num_envs, config.max_steps, obs_dim, lstm_hidden_dim=config.hidden_dim,
             num_lstm_layers=self.policy.lstm_layers, device=self.device, variants=config.variants,
         )
-        self.normalizer = RunningNormalizer(obs_dim)
+        self.normalizer = make_obs_normalizer(config.obs_normalizer, obs_dim, self.device)
         self.sampler = torch.Generator(device=self.device).manual_seed(config.seed)
         self.mask_batcher = MaskBatcher(config.num_envs, self.device, config.variants.masks)
         self.bootstrap_states = BootstrapStates(config.num_envs, obs_dim, self.device,
@@ -344,7 +354,9 @@ class VectorizedTrainer:
                 self._add_step(norm_obs, packed, rewards, masks, last, truncated, bootstrap)
             self.hidden = out.hidden
             obs = next_obs
-        self.normalizer.update(torch.cat(seen))  # after the rollout: frozen during it
+        # after the rollout (frozen during it), from the observations the actions were
+        # taken on, as esper-lite's (vectorized.py:1574): the final one only bootstraps
+        self.normalizer.update(torch.cat(seen[:-1]))
         return float(returns.mean())
 
     def _add_step(self, obs, packed, rewards, masks, last, truncated, bootstrap) -> None:

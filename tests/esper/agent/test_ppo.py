@@ -188,7 +188,8 @@ def test_reviewed_policy_loss_is_a_sum_of_per_head_masked_means():
     clipped = ppo_losses(hand_eval(batch, {("blueprint", 0, 1): math.log(0.5)}), batch,
                          PPOConfig())
     assert float(clipped.policy) == pytest.approx(1.525 - 0.4)
-    assert float(clipped.clip_fraction) == pytest.approx(1 / 19)  # 1 of 19 relevant entries
+    # the clip fraction is the op head's, as esper-lite's: op's ratios are all 1 here
+    assert float(clipped.clip_fraction) == 0.0
 
 
 def test_reviewed_entropy_is_a_sum_of_per_head_means_over_relevant_steps():
@@ -219,6 +220,28 @@ def test_reviewed_approx_kl_is_the_n_h_weighted_mean_of_per_head_kls():
     expected = sum(weights[h] * per_head_mean[h] for h in per_head_mean)
     assert float(losses.approx_kl) == pytest.approx(expected)
     assert float(losses.approx_kl) == pytest.approx((0.0945349 + 0.1931472) / 19, rel=1e-6)
+
+
+def test_approx_kl_reads_the_unclamped_log_ratio_as_the_original():
+    """esper-lite computes each head's KL from `log_probs - old_log_probs` before the clamp
+    to +-20 that its ratios use (599f3895 ppo.py:673-674): a log-ratio of 25 counts as 25.
+    Where the head is not relevant the step counts 0, even for an infinite log-ratio (the
+    original multiplied by the mask: inf * 0 = NaN)."""
+    batch = hand_batch()
+    shifts = {("op", 0, 0): 25.0, ("blueprint", 0, 0): math.inf}  # blueprint: a WAIT step
+    losses = ppo_losses(hand_eval(batch, shifts), batch, PPOConfig())
+    assert float(losses.approx_kl) == pytest.approx((5 / 19) * kl3(25.0) / 5)
+    assert float(losses.approx_kl) != pytest.approx((5 / 19) * kl3(20.0) / 5)
+
+
+def test_clip_fraction_is_the_op_heads_over_stored_steps_as_the_original():
+    """esper-lite reports `((ratio_op - 1).abs() > clip_ratio).float().mean()` over the
+    stored steps (599f3895 ppo.py:687-688), not over every relevant head."""
+    batch = hand_batch()
+    shifts = {("op", 0, 0): math.log(1.5), ("op", 1, 1): math.log(1.1),
+              ("slot", 0, 1): math.log(3.0)}
+    losses = ppo_losses(hand_eval(batch, shifts), batch, PPOConfig())
+    assert float(losses.clip_fraction) == pytest.approx(1 / 5)  # op clipped at 1 of 5 steps
 
 
 def test_value_loss_is_the_pessimistic_clipped_loss_over_stored_steps():

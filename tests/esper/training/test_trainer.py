@@ -5,6 +5,7 @@ Everything runs on the CPU at small sizes, except the learning test (defaults, m
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -16,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from esper.agent.heads import HEAD_NAMES, OP_INDEX
-from esper.agent.observation_normalizer import RunningNormalizer
+from esper.agent.observation_normalizer import ObservationNormalizer
 from esper.agent.ppo import PPOConfig
 from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
@@ -85,8 +86,8 @@ def outcome(stats: IterationStats) -> dict[str, float]:
     return {"mean_return": stats.mean_return, **{k: stats.update[k] for k in LOSSES}}
 
 
-def copy_of(normalizer: RunningNormalizer) -> RunningNormalizer:
-    frozen = RunningNormalizer(normalizer.mean.shape[0])
+def copy_of(normalizer: ObservationNormalizer) -> ObservationNormalizer:
+    frozen = copy.deepcopy(normalizer)
     frozen.load_state_dict(normalizer.state_dict())
     return frozen
 
@@ -233,12 +234,15 @@ def test_stored_observations_are_the_normalised_ones_actions_were_sampled_on(sec
     assert not torch.allclose(stored, raw[:, :steps], atol=1e-3)  # the original stored raw ones
 
 
-def test_normaliser_is_updated_after_the_rollout_with_every_observation(second_rollout):
+def test_normaliser_is_updated_after_the_rollout_with_the_observations_acted_on(second_rollout):
+    """As esper-lite's (vectorized.py:1574): the T observations actions were sampled on,
+    not the final one, which only bootstraps."""
     trainer, during, raw = second_rollout
     n, steps = trainer.config.num_envs, trainer.config.max_steps
-    assert trainer.normalizer.count == during.count + n * (steps + 1)
+    assert trainer.normalizer.count == during.count + n * steps
     expected = copy_of(during)
-    expected.update(raw.transpose(0, 1).reshape(-1, raw.shape[-1]))  # [n, T+1, D] -> [(T+1)n, D]
+    acted_on = raw[:, :steps].transpose(0, 1).reshape(-1, raw.shape[-1])  # [n, T, D] -> [Tn, D]
+    expected.update(acted_on)
     torch.testing.assert_close(trainer.normalizer.mean, expected.mean)
     torch.testing.assert_close(trainer.normalizer.var, expected.var)
     assert not torch.equal(trainer.normalizer.normalize(raw[:, 0]), during.normalize(raw[:, 0]))
