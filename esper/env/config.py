@@ -40,6 +40,15 @@ class EnvConfig:
     seed_clip_norm: float = 1.0
     """Gradient-norm limit of each seed's parameters when `Variants.seed_clip` is `clip`
     (the review's suggested max_norm=1.0)."""
+    terminal_bonus: bool = True
+    """Pay esper-lite's terminal reward at an episode's last step, on top of that step's
+    reward: `TERMINAL_ACC_WEIGHT` (0.05) per percentage point of validation accuracy (up
+    to +5), plus `FOSSILIZE_TERMINAL_SCALE` (3) per seed fossilized this episode whose
+    host's validation accuracy had risen by at least `MIN_FOSSILIZE_CONTRIBUTION` (1)
+    point from the seed's first epoch (`esper.env.environment`). False: the plain
+    accuracy-gain reward throughout. Original: `True`,
+    src/esper/simic/rewards/rewards.py:660 @2df957ed (paid whenever epoch == max_epochs,
+    lines 657-669; no switch)."""
 
     def __post_init__(self) -> None:
         minimums = {"num_envs": 1, "max_steps": 1, "input_dim": 1, "num_classes": 2,
@@ -51,3 +60,4 @@ class EnvConfig:
         check_number("EnvConfig.lr", self.lr, positive=True)
         check_number("EnvConfig.param_rent", self.param_rent, minimum=0)
         check_number("EnvConfig.seed_clip_norm", self.seed_clip_norm, positive=True)
+        check_bool("EnvConfig.terminal_bonus", self.terminal_bonus)

@@ -46,6 +46,15 @@ from esper.env.stream_guard import GUARDS, record_on_stream
 from esper.env.task import DATA, HOST_INIT, SEED_INIT, make_task, random_stream
 from esper.variants import Variants
 
+#: The terminal reward (`EnvConfig.terminal_bonus`), esper-lite's at 2df957ed: per
+#: percentage point of validation accuracy (rewards.py:198 `terminal_acc_weight`) ...
+TERMINAL_ACC_WEIGHT: float = 0.05
+#: ... plus this per contributing fossilized seed (rewards.py:201 `fossilize_terminal_scale`),
+FOSSILIZE_TERMINAL_SCALE: float = 3.0
+#: a seed whose host gained at least this many accuracy points from its first epoch to its
+#: fossilization (leyline/__init__.py:141 DEFAULT_MIN_FOSSILIZE_CONTRIBUTION, checked at
+#: vectorized.py:1833-1842).
+MIN_FOSSILIZE_CONTRIBUTION: float = 1.0
 #: epochs of (train_loss, val_loss, val_acc) history in the observation.
 HISTORY: int = 5
 #: cap on the loss features of observations, in units of the chance loss ln(num_classes):
@@ -121,6 +130,8 @@ class MorphoEnv:
         self._history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
         self._last_val_acc = 1.0 / self.config.num_classes  # chance: baseline of the first reward
         self.epoch = 0
+        self.contributing_fossilized = 0
+        """Seeds fossilized this episode that contributed (see `MIN_FOSSILIZE_CONTRIBUTION`)."""
         self.scalers: dict | None = (make_scalers(self.device, self.variants.scaler, ())
                                      if self.config.amp else None)
         """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`)."""
@@ -220,6 +231,11 @@ class MorphoEnv:
             # action but a fade-out is not modelled.
             self.slots[a["slot"]] = SeedSlot()
         elif op == "FOSSILIZE":
+            # contributing: its host gained a point of accuracy since the seed's first epoch
+            gain = (None if slot.initial_val_acc is None
+                    else 100.0 * (self._last_val_acc - slot.initial_val_acc))
+            if gain is not None and gain >= MIN_FOSSILIZE_CONTRIBUTION:
+                self.contributing_fossilized += 1
             slot.stage, slot.epochs_in_stage = Stage.FOSSILIZED, 0
             slot.module.requires_grad_(False)
         else:  # ADVANCE: TRAINING -> BLENDING
@@ -275,7 +291,10 @@ class MorphoEnv:
 
         `metrics` is `[train_loss, val_loss, val_acc]` already on the host (a list or a
         CPU tensor). reward = val_acc - previous val_acc (chance before the first epoch)
-        - param_rent * added_parameter_fraction.
+        - param_rent * added_parameter_fraction; at the episode's last epoch (`max_steps`)
+        plus, with `EnvConfig.terminal_bonus`, esper-lite's terminal reward:
+        `TERMINAL_ACC_WEIGHT * 100 * val_acc + FOSSILIZE_TERMINAL_SCALE * (seeds
+        fossilized this episode that contributed)`.
         """
         if isinstance(metrics, torch.Tensor):
             if metrics.device.type != "cpu":
@@ -292,9 +311,14 @@ class MorphoEnv:
         self._history.append((train_loss, val_loss, val_acc))
         for slot in self.slots:
             slot.end_epoch()
+            if slot.stage is not Stage.EMPTY and slot.initial_val_acc is None:
+                slot.initial_val_acc = val_acc  # the seed's first epoch
         self.epoch += 1
         reward = (val_acc - self._last_val_acc
                   - self.config.param_rent * self.added_parameter_fraction)
+        if self.config.terminal_bonus and self.epoch == self.config.max_steps:
+            reward += (TERMINAL_ACC_WEIGHT * 100.0 * val_acc
+                       + FOSSILIZE_TERMINAL_SCALE * self.contributing_fossilized)
         self._last_val_acc = val_acc
         return self._observation(), reward
 

@@ -71,6 +71,10 @@ class SeedSlot:
     ramp_epochs: int = 0
     ramp_elapsed: int = 0
     ramp_curve: str = "linear"
+    initial_val_acc: float | None = None
+    """The host's validation accuracy (a fraction) at the end of the seed's first epoch,
+    as esper-lite's seed metrics record it (kasmina/slot.py:145-147 @2df957ed); None
+    before it."""
 
     @property
     def num_parameters(self) -> int:

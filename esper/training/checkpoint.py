@@ -1,4 +1,4 @@
-"""Save and resume a `VectorizedTrainer`: policy, optimiser, normaliser, RNG, LSTM state."""
+"""Save and resume a `VectorizedTrainer`: policy, optimiser, normalisers, RNG, LSTM state."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from esper.training.trainer import VectorizedTrainer
 
-FORMAT_VERSION = 1
+#: 2: the reward normaliser's state (None when it is off)
+FORMAT_VERSION = 2
 
 
 def save_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
@@ -25,6 +26,8 @@ def save_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
         "policy": trainer.policy.state_dict(),
         "optimizer": trainer.agent.optimizer.state_dict(),
         "normalizer": trainer.normalizer.state_dict(),
+        "reward_normalizer": (trainer.reward_normalizer.state_dict()
+                              if trainer.reward_normalizer is not None else None),
         "sampler": trainer.sampler.get_state(),
         "torch_rng": torch.get_rng_state(),
         "hidden": tuple(h.cpu() for h in trainer.hidden),
@@ -85,6 +88,8 @@ def load_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
     trainer.normalizer.load_state_dict(
         {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in state["normalizer"].items()}
     )
+    if trainer.reward_normalizer is not None:
+        trainer.reward_normalizer.load_state_dict(state["reward_normalizer"])
     trainer.sampler.set_state(state["sampler"].cpu())
     torch.set_rng_state(state["torch_rng"].cpu())
     trainer.hidden = tuple(h.to(trainer.device) for h in state["hidden"])

@@ -7,9 +7,10 @@ One iteration, read top to bottom (`VectorizedTrainer.iteration`):
         policy_forward  one batched act() for all envs on normalised observations
         (bookkeeping)   actions to the host, applied to each env's host network
         env_step        each env trains one epoch on its own CUDA stream; sync by variant
+        (bookkeeping)   rewards normalised online, env by env (esper-lite's reward normaliser)
         policy_forward  at the last step: bootstrap values with the carried LSTM state
         buffer_add      one add() per env
-    normaliser update (frozen during the rollout), then PPO update (gae, update)
+    observation normaliser update (frozen during the rollout), then PPO update (gae, update)
 
 Each phase runs inside a `torch.profiler.record_function` range of that name, so a
 profiler attributes time to it, and its host wall time is summed per iteration. On CUDA
@@ -54,7 +55,8 @@ from esper.agent.heads import HEAD_NAMES
 from esper.agent.observation_normalizer import OBS_NORMALIZERS, make_obs_normalizer
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.agent.ppo import PPOAgent, PPOConfig
-from esper.checks import check_choice, check_int
+from esper.agent.reward_normalizer import RewardNormalizer
+from esper.checks import check_bool, check_choice, check_int
 from esper.env.bootstrap_states import BootstrapStates
 from esper.env.config import EnvConfig
 from esper.env.mask_batch import MaskBatcher
@@ -136,12 +138,19 @@ class TrainConfig:
     observations the actions were taken on. Original: `"ema"`,
     src/esper/simic/training/vectorized.py:551 @2df957ed (`RunningMeanStd((state_dim,),
     device=device, momentum=0.99)`, updated from each batch's raw states at 1574)."""
+    reward_normalizer: bool = True
+    """Store each reward divided by the running std of every reward so far, clipped to
+    +-10 (`esper.agent.reward_normalizer`), normalised online as the rollout produces
+    them; reported returns stay raw. False: store raw rewards. Original: `True`,
+    src/esper/simic/training/vectorized.py:555 @2df957ed (`RewardNormalizer(clip=10.0)`,
+    applied to every reward at 1899)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "max_steps"):
             check_int(f"TrainConfig.{name}", getattr(self, name))
         check_choice("TrainConfig.time_limit", self.time_limit, TIME_LIMITS)
         check_choice("TrainConfig.obs_normalizer", self.obs_normalizer, OBS_NORMALIZERS)
+        check_bool("TrainConfig.reward_normalizer", self.reward_normalizer)
 
     @property
     def env_config(self) -> EnvConfig:
@@ -159,6 +168,7 @@ class TrainConfig:
             "hidden_dim": self.hidden_dim,
             "time_limit": self.time_limit,
             "obs_normalizer": self.obs_normalizer,
+            "reward_normalizer": self.reward_normalizer,
             "ppo": dataclasses.asdict(self.ppo),
             "env": dataclasses.asdict(self.env_config),
         }
@@ -234,6 +244,7 @@ class VectorizedTrainer:
             num_lstm_layers=self.policy.lstm_layers, device=self.device, variants=config.variants,
         )
         self.normalizer = make_obs_normalizer(config.obs_normalizer, obs_dim, self.device)
+        self.reward_normalizer = RewardNormalizer() if config.reward_normalizer else None
         self.sampler = torch.Generator(device=self.device).manual_seed(config.seed)
         self.mask_batcher = MaskBatcher(config.num_envs, self.device, config.variants.masks)
         self.bootstrap_states = BootstrapStates(config.num_envs, obs_dim, self.device,
@@ -339,7 +350,9 @@ class VectorizedTrainer:
             results = [env.observe(row) for env, row in zip(envs.envs, metrics)]
             next_obs = torch.stack([o for o, _ in results])
             rewards = [r for _, r in results]
-            returns += torch.tensor(rewards)
+            returns += torch.tensor(rewards)  # raw: what the episode earned
+            if self.reward_normalizer is not None:  # stored normalised, env by env
+                rewards = [self.reward_normalizer.update_and_normalize(r) for r in rewards]
             seen.append(next_obs)
             last = t == steps - 1
             truncated = last and self.config.time_limit == "truncated"

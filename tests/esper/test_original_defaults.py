@@ -88,3 +88,13 @@ def test_ppo_takes_one_gradient_step_per_rollout_as_the_original():
     src/esper/simic/agent/ppo.py:221,265) and one `agent.update()` per batch."""
     assert PPOConfig().update_epochs == 1
 
+
+
+def test_the_env_options_that_reproduce_the_original_cite_it():
+    """The synthetic environment has no original to match field by field; the options
+    that bring the original's behaviour into it do, and default to it."""
+    docs = field_docs(EnvConfig)
+    for name in ("terminal_bonus",):
+        cited = CITED.search(docs[name])
+        assert cited and cited["commit"] in COMMITS, (name, docs[name])
+        assert ast.literal_eval(cited["value"]) == getattr(EnvConfig(), name)

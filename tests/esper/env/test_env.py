@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -338,3 +339,45 @@ def test_vectorized_step_rejects_wrongly_shaped_actions():
     actions["slot"] = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"actions\['slot'\]: expected .* shape \(2,\); got \(3,\)"):
         vec.step(actions)
+
+
+# ----- the original's terminal reward ----------------------------------------------------
+
+def observe(env: MorphoEnv, val_acc: float) -> float:
+    """One epoch end with made-up metrics: the reward (no device work)."""
+    return env.observe([1.0, 1.0, val_acc])[1]
+
+
+def test_the_last_step_pays_the_originals_terminal_bonus():
+    """esper-lite 2df957ed src/esper/simic/rewards/rewards.py:657-669: at epoch ==
+    max_epochs, `val_acc (a percentage) * 0.05` plus 3 per contributing fossilized seed."""
+    config = EnvConfig(num_envs=1, max_steps=3, param_rent=0.0)
+    env = MorphoEnv(config)
+    assert observe(env, 0.2) == pytest.approx(0.2 - 0.1)
+    assert observe(env, 0.3) == pytest.approx(0.1)
+    assert observe(env, 0.4) == pytest.approx(0.1 + 0.05 * 40.0)  # the episode's end
+
+    plain = MorphoEnv(dataclasses.replace(config, terminal_bonus=False))
+    rewards = [observe(plain, acc) for acc in (0.2, 0.3, 0.4)]
+    assert rewards[-1] == pytest.approx(0.1)
+
+
+def test_a_fossilized_seed_that_raised_accuracy_by_a_point_earns_3_at_the_end():
+    """Contributing: its host's val accuracy rose by at least 1 percentage point
+    (DEFAULT_MIN_FOSSILIZE_CONTRIBUTION, leyline:141 @2df957ed) from the seed's first
+    epoch to its fossilization (kasmina/slot.py:154, vectorized.py:1833-1842)."""
+    config = EnvConfig(num_envs=1, max_steps=5, param_rent=0.0)
+
+    def episode(gain: float) -> float:
+        env = MorphoEnv(config)
+        env.apply_action(action("GERMINATE", tempo=0))  # one TRAINING epoch before ADVANCE
+        observe(env, 0.50)  # the seed's first epoch: its initial accuracy
+        env.apply_action(action("ADVANCE"))
+        observe(env, 0.50 + gain)
+        env.apply_action(action("FOSSILIZE"))
+        observe(env, 0.50 + gain)
+        observe(env, 0.50 + gain)
+        return observe(env, 0.50 + gain)  # the last of 5
+
+    assert episode(0.02) == pytest.approx(0.05 * 52.0 + 3.0)
+    assert episode(0.005) == pytest.approx(0.05 * 50.5)  # half a point: not contributing
