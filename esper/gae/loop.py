@@ -53,9 +53,9 @@ def gae_loop(
     zero = torch.zeros((), dtype=dtype, device=device)
     # 0-d tensors, as the original's gamma_t and gamma_lambda_t: `trace * last_gae` wraps
     # no Python scalar (an allocation per step)
-    discount = torch.full((), gamma, dtype=dtype, device=device)
     trace = torch.full((), gamma * gae_lambda, dtype=dtype, device=device)
     if reset == "clone":
+        discount = torch.full((), gamma, dtype=dtype, device=device)
         # [E, T - 1]: the next value of an interior step, its own bootstrap value where it
         # is truncated; [E, T]: the trace factor, 0 where a truncation cuts it
         next_values = torch.where(truncated[:, :-1], bootstrap_values[:, :-1], values[:, 1:])
@@ -68,6 +68,9 @@ def gae_loop(
         env_adv = torch.zeros(max_steps, dtype=dtype, device=device)
         done, trunc = dones[env], truncated[env]
         if reset == "clone":
+            # one view per row, each step an element of it, as the original's row slices
+            row_rewards, row_values, row_boot = rewards[env], values[env], bootstrap_values[env]
+            row_next, row_trace = next_values[env], cut_trace[env]
             last_gae = zero.clone()  # as rollout_buffer.py:388, once per env
             for t in reversed(range(steps)):
                 if t == steps - 1:
@@ -75,15 +78,15 @@ def gae_loop(
                         next_non_terminal = 1.0
                     else:
                         next_non_terminal = 1.0 - float(done[t])  # host sync
-                    next_value = bootstrap_values[env, t]  # 0 there unless truncated, as stored
+                    next_value = row_boot[t]  # 0 there unless truncated, as stored
                 else:
-                    next_value = next_values[env, t]
+                    next_value = row_next[t]
                     # host sync: 2 when done[t] is False (`and` hands float() the tensor)
                     next_non_terminal = 1.0 - float(done[t] and not trunc[t])
                 if done[t] and not trunc[t]:  # host sync (x2 at a terminal)
                     last_gae = zero.clone()
-                delta = rewards[env, t] + discount * next_value * next_non_terminal - values[env, t]
-                last_gae = delta + cut_trace[env, t] * next_non_terminal * last_gae
+                delta = row_rewards[t] + discount * next_value * next_non_terminal - row_values[t]
+                last_gae = delta + row_trace[t] * next_non_terminal * last_gae
                 env_adv[t] = last_gae
         else:
             last_gae = zero
