@@ -38,8 +38,9 @@ class Variants:
     """One choice per reviewed axis."""
 
     reset: str = "clone"
-    """How the per-env loop GAE resets the trace at a true terminal:
-    `clone` allocates `zero.clone()` (original), `mask` multiplies by a precomputed not-done."""
+    """How the per-env loop GAE resets the trace at a true terminal: `clone` allocates
+    `zero.clone()` (original), `mask` multiplies by a precomputed not-done. Only the `loop`
+    method has a reset to choose; with any other `gae` this axis changes nothing."""
     step_counts: str = "list"
     """Buffer bookkeeping of per-env step counts: Python `list` (original) or CPU int `tensor`."""
     gae: str = "loop"

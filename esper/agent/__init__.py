@@ -1,5 +1,5 @@
 """The agent: the factored action space, the recurrent actor-critic, its PPO update and
-the normaliser of its observations.
+the normalisers of its observations and rewards.
 
 - `heads`: the 8 action heads, their sizes, and which heads each op uses;
 - `policy`: `FactoredRecurrentActorCritic`, one LSTM trunk, 8 masked heads, a value head;
