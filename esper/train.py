@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from esper.checkpoint import load_checkpoint, save_checkpoint
-from esper.trainer import TrainConfig, VectorizedTrainer, resolve_device
+from esper.training.checkpoint import load_checkpoint, save_checkpoint
+from esper.training.trainer import TrainConfig, VectorizedTrainer, resolve_device
 from esper.variants import Variants
 
 

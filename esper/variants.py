@@ -11,11 +11,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from esper.gae import METHODS as GAE_METHODS
+from esper.gae import RESETS as GAE_RESETS
 
-#: axis name -> allowed values; the first value is the original system's choice.
-#: The GAE methods are those `esper.gae` can run on this machine (loop first).
+#: axis name -> allowed values; the first value is the original system's choice. This is
+#: the one list of every axis's values: the modules that act on an axis read theirs here.
+#: The two GAE axes are the GAE package's own names (it cannot import this module):
+#: its loop's resets, and the methods it can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {
-    "reset": ("clone", "mask"),
+    "reset": GAE_RESETS,
     "step_counts": ("list", "tensor"),
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
@@ -35,8 +38,9 @@ class Variants:
     """One choice per reviewed axis."""
 
     reset: str = "clone"
-    """How the per-env loop GAE resets the trace at a true terminal:
-    `clone` allocates `zero.clone()` (original), `mask` multiplies by a precomputed not-done."""
+    """How the per-env loop GAE resets the trace at a true terminal: `clone` allocates
+    `zero.clone()` (original), `mask` multiplies by a precomputed not-done. Only the `loop`
+    method has a reset to choose; with any other `gae` this axis changes nothing."""
     step_counts: str = "list"
     """Buffer bookkeeping of per-env step counts: Python `list` (original) or CPU int `tensor`."""
     gae: str = "loop"
@@ -45,28 +49,28 @@ class Variants:
     """Vectorized env phase: host `stream.synchronize()` per env (original) or CUDA `event`s."""
     env_pool: str = "recreate"
     """Envs of each new batch of episodes: `recreate`d (new host networks, optimizers and
-    streams, the original) or reset in place from a `pool` (`esper.env_pool`)."""
+    streams, the original) or reset in place from a `pool` (`esper.env.pool`)."""
     bootstrap: str = "tensor"
     """States of the bootstrap forward at an episode's end: a new `tensor` from each env's
-    feature list (original) or a pre-allocated buffer filled by `copy` (`esper.staging`)."""
+    feature list (original) or a pre-allocated buffer filled by `copy` (`esper.rollout.staging`)."""
     masks: str = "stack"
     """One step's action masks for the policy: `stack`ed per head every step (original) or
-    written into `preallocated` tensors (`esper.mask_batch`)."""
+    written into `preallocated` tensors (`esper.env.mask_batch`)."""
     transfer: str = "per_tensor"
     """`RolloutBuffer.get_batched_sequences` to another device: one `.to()` `per_tensor`
-    (original) or one `flat` (pinned on CUDA) copy split into views (`esper.transfer`)."""
+    (original) or one `flat` (pinned on CUDA) copy split into views (`esper.rollout.transfer`)."""
     scaler: str = "shared"
     """Under mixed precision (`EnvConfig.amp`), one GradScaler `shared` by the host and seed
-    optimizers (original) or one `per_optimizer` (`esper.env_optimizers`)."""
+    optimizers (original) or one `per_optimizer` (`esper.env.optimizers`)."""
     seed_clip: str = "none"
     """Seed optimizers stepped with no gradient clipping (`none`, original) or after
     `clip_grad_norm_` (`clip`, `EnvConfig.seed_clip_norm`)."""
     stream_guard: str = "is_cuda"
     """Per training batch, `record_stream` when the env has a stream and the inputs
-    `is_cuda` (original), or when it has a `stream` (`esper.stream_guard`)."""
+    `is_cuda` (original), or when it has a `stream` (`esper.env.stream_guard`)."""
     accumulators: str = "separate"
     """Per training batch, the loss and correct-count accumulators updated by two
-    `separate` `add_` (original) or one `stacked` `add_` (`esper.accumulators`)."""
+    `separate` `add_` (original) or one `stacked` `add_` (`esper.env.accumulators`)."""
 
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():

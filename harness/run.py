@@ -356,6 +356,8 @@ def finding_info(finding: registry.Finding, options: RunOptions) -> dict:
     it renders from the run's files alone)."""
     cases = finding.cases(options.quick)
     return {"title": finding.title, "claim": finding.claim, "ticket": finding.ticket,
+            "reviewed": finding.reviewed, "fix": finding.fix, "premise": finding.premise,
+            "ours": list(finding.ours),
             "notes": list(finding.notes), "variants": list(finding.variants),
             "baseline": finding.baseline, "peers": list(finding.peers),
             "answer": list(finding.answer), "claim_factor": finding.claim_factor,

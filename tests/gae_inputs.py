@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
+
+#: The GAE method whose first call per dtype (and the first that needs a backward)
+#: compiles with torch.compile: 10-18 s each on the 2-core CPU with a cold inductor cache,
+#: 1-3 s with a warm one. Its graph is one per process and dtype, so a session pays it
+#: once whatever runs it; the tests where it runs are marked `slow`, so that
+#: `pytest -m "not slow"` never compiles.
+COMPILED = "compiled"
+
+
+def method_params(methods) -> list:
+    """`methods` as pytest parameters, the compiled one marked `slow`."""
+    return [pytest.param(m, marks=pytest.mark.slow) if m == COMPILED else m for m in methods]
 
 
 @dataclass

@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import esper.trainer as trainer_module
-from esper.buffer import masks_to_device
-from esper.heads import HEAD_NAMES, HEAD_SIZES
-from esper.trainer import STREAM_POOL_SIZE, make_env_streams
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.env.mask_batch import masks_to_device
+import esper.training.trainer as trainer_module
+from esper.training.trainer import STREAM_POOL_SIZE, make_env_streams
 from harness import findings as registry
 from harness.findings import Case
 

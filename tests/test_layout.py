@@ -155,4 +155,58 @@ def test_no_flat_modules_left_behind():
     flat = sorted(p.name for p in (ROOT / "harness").glob("*.py")
                   if p.stem.startswith(("gate_", "report_", "gae_")))
     flat += sorted(p.name for p in (ROOT / "esper").glob("gae*.py"))
+    flat += sorted(p.name for p in (ROOT / "esper").glob("env*.py"))
     assert flat == []
+
+
+def test_esper_top_level_holds_only_its_rooms():
+    """esper's parts live in their rooms; at the top only what every room reads, and the command."""
+    top = sorted(p.name for p in (ROOT / "esper").glob("*.py"))
+    assert top == ["__init__.py", "checks.py", "host_view.py", "train.py", "variants.py"]
+    rooms = sorted(p.name for p in (ROOT / "esper").iterdir()
+                   if p.is_dir() and (p / "__init__.py").is_file())
+    assert rooms == ["agent", "env", "gae", "rollout", "training"]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (module -> the modules it imports), or []."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+def test_esper_has_no_import_cycle():
+    """Read from every import statement, lazy ones inside functions included (a module
+    named only in a string, as `esper.gae.methods` names its optional methods, is not an
+    import). A package's `__init__` re-exporting its modules is no cycle of theirs."""
+    modules = {_module_name(p): p for p in _sources(ROOT / "esper")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imported_names(path) if m in modules and m != name
+                       and not name.startswith(m + ".")}  # a module's own package
+    assert _cycle(graph) == []

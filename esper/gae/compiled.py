@@ -34,12 +34,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from esper.gae.api import (
-    StepCounts,
-    Tensor,
-    gae_recurrence_terms,
-    step_counts_tensor,
-)
+from esper.gae.inputs import StepCounts, Tensor, step_counts_tensor
+from esper.gae.recurrence import gae_recurrence_terms
 
 #: Scan depth of the shared graph: rows up to 2**SCAN_LEVELS steps use it.
 SCAN_LEVELS = 12
@@ -57,7 +53,7 @@ def _shifted(x: Tensor, offset: int, fill: float) -> Tensor:
 def fixed_depth_scan(delta: Tensor, coef: Tensor, levels: int) -> Tensor:
     """Solve `A_t = delta_t + coef_t * A_{t+1}` (A_T = 0) along dim 1, exact for T <= 2**levels.
 
-    The Hillis-Steele scan of `esper.gae.affine_suffix_scan`, always `levels` steps:
+    The Hillis-Steele scan of `esper.gae.scan.affine_suffix_scan`, always `levels` steps:
     past the end the shift brings the identity map (delta 0, coef 1), so extra
     levels change nothing. delta, coef: [E, T] -> A: [E, T].
     """
@@ -110,15 +106,13 @@ def gae_compiled(
     *,
     gamma: float,
     gae_lambda: float,
-    reset: str = "mask",
 ) -> tuple[Tensor, Tensor]:
     """GAE by the compiled fixed-depth scan; arguments and results as `esper.gae.compute_gae`.
 
     rewards, values, bootstrap_values: [num_envs, max_steps] float32/float64;
     dones, truncated: [num_envs, max_steps] bool; step_counts: list or 1-D integer tensor.
     Returns (advantages, returns) [num_envs, max_steps], the inputs' dtype and device.
-    The first call per dtype compiles (seconds). `reset` is accepted for a uniform
-    signature and has no effect. No host sync.
+    The first call per dtype compiles (seconds). No host sync.
     """
     num_envs, max_steps = rewards.shape
     if num_envs == 0 or max_steps == 0:

@@ -45,12 +45,12 @@ from numba import types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from esper.gae.api import StepCounts, Tensor, refuse_grad
+from esper.gae.inputs import StepCounts, Tensor, refuse_grad
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
 #: small batch. Measured with `python -m harness.review.gae_tools.crossovers` (one thread against two at
-#: each shape) on the idle 2-core CPU of esper.gae.auto's table, twice: one thread wins up
+#: each shape) on the idle 2-core CPU of esper.gae.crossovers' table, twice: one thread wins up
 #: to 4,096 elements (by ~10%), two from 6,400 up (1.1x at 6,400, 1.8x at 1024 x 1024).
 PARALLEL_MIN_ELEMENTS = 6_400
 
@@ -312,7 +312,6 @@ def gae_numba(
     *,
     gamma: float,
     gae_lambda: float,
-    reset: str = "mask",
     threads: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE by the numba kernel; arguments and results as `esper.gae.compute_gae`.
@@ -325,7 +324,7 @@ def gae_numba(
     tensors of the inputs' dtype. Runs on `min(torch.get_num_threads(), num_envs)`
     threads when the batch has at least `PARALLEL_MIN_ELEMENTS` elements, else on the
     calling thread; `threads` (1: the serial kernel) overrides that choice, to measure
-    it. `reset` is accepted for a uniform signature and has no effect.
+    it.
 
     The kernel reads the tensors' memory in place (a non-contiguous input is copied
     first); the only aten ops on the usual path are the two outputs' allocations.

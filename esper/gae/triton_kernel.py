@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from esper.gae.api import StepCounts, Tensor, refuse_grad, step_counts_tensor
+from esper.gae.inputs import StepCounts, Tensor, refuse_grad, step_counts_tensor
 
 #: Whether Triton's CPU interpreter runs the kernel (TRITON_INTERPRET=1 at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -122,7 +122,6 @@ def gae_triton(
     *,
     gamma: float,
     gae_lambda: float,
-    reset: str = "mask",
 ) -> tuple[Tensor, Tensor]:
     """GAE by the Triton kernel; arguments and results as `esper.gae.compute_gae`.
 
@@ -134,9 +133,8 @@ def gae_triton(
     dtype and device. Called directly, tensor step counts are not range-checked
     (`compute_gae` checks them, on the device); counts past max_steps read no memory out
     of the row's bounds but give undefined results. The kernel computes outside
-    autograd: an input that requires grad (in grad mode) raises `ValueError`. `reset` is
-    accepted for a uniform signature and has no effect. No host sync; gamma and lambda
-    reach the device as fill kernels, not host copies.
+    autograd: an input that requires grad (in grad mode) raises `ValueError`. No host
+    sync; gamma and lambda reach the device as fill kernels, not host copies.
     """
     if rewards.device.type != DEVICE_TYPE:
         raise ValueError(

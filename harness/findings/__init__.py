@@ -236,6 +236,17 @@ class Finding:
     (`harness.run --list` shows it; a long finding should say)."""
     ticket: str = ""
     """Where the claim comes from (a review ticket, an issue or pull-request link)."""
+    reviewed: str = ""
+    """The reviewed code the baseline reproduces: file, lines and commit, e.g.
+    "src/esper/simic/agent/rollout_buffer.py:347-416 @599f3895"."""
+    fix: str = ""
+    """The fix the proposed variant applies, as the review states it, with where it says so."""
+    premise: str = ""
+    """Where the review's premise does not hold at the reviewed commit: what the code there
+    really does, with the evidence (file and lines). Empty: the premise holds."""
+    ours: tuple[str, ...] = ()
+    """Variants of this project's own design, beyond the review's fix: reported as ours,
+    never as the review's (a list is accepted)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """What a reader should know about the setup (what is skipped and why); a list is accepted."""
     gated: bool = True
@@ -265,8 +276,9 @@ class Finding:
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 self._bad(name, "a non-empty str", value)
-        if not isinstance(self.ticket, str):
-            self._bad("ticket", "a str", self.ticket)
+        for name in ("ticket", "reviewed", "fix", "premise"):
+            if not isinstance(getattr(self, name), str):
+                self._bad(name, "a str", getattr(self, name))
         notes = self._names("notes", self.notes, allow_empty=True, unique=False)
         self._set("notes", notes)
         self._set("answer", self._names("answer", self.answer, allow_empty=True))
@@ -335,6 +347,12 @@ class Finding:
         if self.baseline in self.peers:
             self._bad("peers", "variants other than the baseline (a peer is a comparator)",
                       self.peers)
+        self._set("ours", self._names("ours", self.ours, allow_empty=True))
+        stray = [v for v in self.ours if v not in self.variants or v in self.peers
+                 or v == self.baseline]
+        if stray:
+            self._bad("ours", "variants other than the baseline and the peers (a design of "
+                      "this project's own)", stray)
         if self.proposed is not None and (self.proposed not in self.variants
                                           or self.proposed == self.baseline):
             self._bad("proposed", f"None or a variant other than the baseline "
@@ -436,10 +454,10 @@ def max_abs_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
 class PlantTarget:
     """A callable of the code under test that `harness.gate.quality` may wrap to plant a
     known regression (a slowdown, an extra allocation): `module.attribute[key]`, an entry
-    of a dict of functions (e.g. `esper.gae.api`, `METHODS`, `scan`)."""
+    of a dict of functions (e.g. `esper.gae.methods`, `METHODS`, `scan`)."""
 
     module: str
-    """The module that holds the dict, importable by name (e.g. `esper.gae.api`)."""
+    """The module that holds the dict, importable by name (e.g. `esper.gae.methods`)."""
     attribute: str
     """The dict's name in that module."""
     key: str

@@ -14,7 +14,7 @@ passes is a miss), then prints one markdown table of rates plus the numbers behi
      each run checks out HEAD afresh.
 
 The plant target is the findings modules' `harness.Defaults.plant` (for the built-in
-findings: the scan GAE, `esper.gae.api.METHODS['scan']`).
+findings: the scan GAE, `esper.gae.methods.METHODS['scan']`).
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
 `--busy N` keeps N CPU-bound processes running beside every measurement, as another

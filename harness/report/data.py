@@ -49,6 +49,14 @@ class FindingText:
     notes: tuple[str, ...]
     baseline: str
     claim_factor: float | None
+    reviewed: str = ""
+    """The reviewed code the baseline reproduces (file, lines, commit)."""
+    fix: str = ""
+    """The review's fix the proposed variant applies."""
+    premise: str = ""
+    """Where the review's premise does not hold, with the evidence."""
+    ours: tuple[str, ...] = ()
+    """Variants of this project's own design."""
 
 
 def recorded_info(metadata: dict | None, finding_id: str) -> dict | None:
@@ -69,7 +77,10 @@ def finding_text(finding_id: str, rows: pd.DataFrame, metadata: dict | None = No
                            "this finding's claim)", "", (), baseline, None)
     return FindingText(finding_id, info.get("title") or finding_id, info.get("claim") or "",
                        info.get("ticket") or "", tuple(info.get("notes") or ()),
-                       info.get("baseline") or baseline, info.get("claim_factor"))
+                       info.get("baseline") or baseline, info.get("claim_factor"),
+                       str(info.get("reviewed") or ""), str(info.get("fix") or ""),
+                       str(info.get("premise") or ""),
+                       tuple(str(v) for v in info.get("ours") or ()))
 
 
 def param_columns(rows: pd.DataFrame) -> list[str]:

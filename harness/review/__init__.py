@@ -25,7 +25,7 @@ from harness import Defaults, PlantTarget, set_defaults  # noqa: E402
 set_defaults(Defaults(
     invariants=Path(__file__).with_name("invariants.json"),
     ab_findings=("B4-CR-03",),
-    plant=PlantTarget("esper.gae.api", "METHODS", "scan"),
+    plant=PlantTarget("esper.gae.methods", "METHODS", "scan"),
     flamegraph=("-m", "esper.train", "--iterations", "3", "--envs", "4", "--steps", "10",
                 "--device", "cpu"),
     commands=(("train", "esper.train"),

@@ -24,7 +24,7 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "margin",
                   "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
                   "long", "duration_s",
-                  "ticket", "notes", "gated")
+                  "ticket", "reviewed", "fix", "premise", "ours", "notes", "gated")
 
 
 def test_the_public_names_are_frozen_and_are_the_registry_s_own():
@@ -89,6 +89,9 @@ def _declare(**changes) -> Finding:
     ({"budget_factor": float("inf")}, "budget_factor: expected a finite number > 0; got inf"),
     ({"duration_s": 30}, "duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
     ({"notes": "one note"}, "notes: expected a tuple of str; got 'one note'"),
+    ({"reviewed": 599}, "reviewed: expected a str; got 599"),
+    ({"ours": ("a",)}, "ours: expected variants other than the baseline and the peers"),
+    ({"ours": ("z",)}, "ours: expected variants other than the baseline and the peers (a design of this project's own); got ['z']"),
     ({"min_bytes": 64}, "min_bytes: expected None or a callable case -> bytes; got 64"),
     ({"id": "my claim"}, "Finding: id: expected a str of letters, digits, '.', '_' or '-' starting "
                          "with a letter or digit, e.g. 'MY-claim-1'; got 'my claim'"),

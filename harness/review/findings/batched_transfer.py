@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.buffer import RolloutBuffer
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.copies import copies_metric
@@ -109,7 +109,7 @@ register(Finding(
         "features, LSTM 128) to the device: 35 tensors (8 heads x actions, log-probs and "
         "masks among them), one .to() each (non-blocking on CUDA), or packed byte-wise into "
         "one host buffer allocated once (pinned on CUDA), one copy, views split on the "
-        "device (esper.transfer.FlatTransfer).",
+        "device (esper.rollout.transfer.FlatTransfer).",
         "On the CPU only the host's side is measurable: the batch goes to the meta device, "
         "whose copies move no bytes, so these rows time dispatch, allocation and (flat) "
         "packing, not the transfer; the check then compares keys, shapes, dtypes and "

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.bootstrap_states import MODES, BootstrapStates
-from esper.env import OBS_DIM
+from esper.env.bootstrap_states import MODES, BootstrapStates
+from esper.env.environment import OBS_DIM
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.copies import copies_metric
 from harness.review.findings.trainer_size import nearest_trainer_size
@@ -50,7 +50,7 @@ register(Finding(
     duration_s=(1.0, 3.0),
     notes=(
         "One timed call = the raw bootstrap states [num_envs, obs_dim] of one episode end "
-        "on the run's device, from each env's feature list (esper.bootstrap_states, as the "
+        "on the run's device, from each env's feature list (esper.env.bootstrap_states, as the "
         "trainer builds them): tensor = torch.tensor([features], device=...) per env, then "
         "one cat; copy = rows written into a host buffer allocated once (pinned on CUDA), "
         "moved in one copy into a device buffer allocated once.",

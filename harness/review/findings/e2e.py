@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.trainer import PHASES, TrainConfig, VectorizedTrainer
+from esper.training.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.trainer_size import nearest_trainer_size
@@ -50,7 +50,7 @@ def phase_seconds(variant: str, inputs: dict) -> dict[str, float]:
     clocks around its `record_function` ranges). On CUDA, where a sync-free GAE returns
     before its kernels run and their time lands in `update` at its first sync,
     `phase_<name>_device_s` and `gae_share_device` add each phase's device-timeline time
-    (CUDA events at the range's ends, `esper.device_spans`) beside it; on the CPU the
+    (CUDA events at the range's ends, `esper.rollout.device_spans`) beside it; on the CPU the
     two are one number and only the host fields exist. `update` is reported exclusive
     of the `gae` inside it. `env_streams` (CUDA only): distinct env streams.
     """
@@ -69,7 +69,7 @@ def phase_seconds(variant: str, inputs: dict) -> dict[str, float]:
 
 def stream_fields(env_streams: int, num_envs: int) -> dict:
     """`env_streams`, and a `warning` for the run when envs shared CUDA streams (torch's pool
-    holds 32 per priority, `esper.trainer.make_env_streams`): envs that share a stream
+    holds 32 per priority, `esper.training.trainer.make_env_streams`): envs that share a stream
     serialise, and the timings say so."""
     out = {"env_streams": env_streams}
     if env_streams < num_envs:

@@ -6,9 +6,10 @@ import weakref
 
 import torch
 
-from esper.env import EnvConfig, VectorizedMorphoEnv
-from esper.env_pool import EnvBatches
-from esper.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.env.config import EnvConfig
+from esper.env.pool import EnvBatches
+from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
 from harness.review.findings.trainer_size import nearest_trainer_size
@@ -136,7 +137,7 @@ register(Finding(
     extra_metrics=_fragmentation,
     duration_s=(3.0, 8.0),
     notes=(
-        "The environment as reviewed: esper.env_pool.EnvBatches hands out each batch's "
+        "The environment as reviewed: esper.env.pool.EnvBatches hands out each batch's "
         "envs, recreated (new host networks, optimizers, CUDA streams; the data, drawn "
         "once, are shared) or reset in place (env_pool=pool).",
         "'boundary' rows: one timed call = one batch boundary of num_envs envs; allocations "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.accumulators import MODES, EpochAccumulators
+from esper.env.accumulators import MODES, EpochAccumulators
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.trainer_size import nearest_trainer_size
 
@@ -53,7 +53,7 @@ register(Finding(
     tolerance=lambda case: 0.0,
     duration_s=(1.0, 1.0),
     notes=(
-        "One timed call = one batch's update of an env's accumulators (esper.accumulators, "
+        "One timed call = one batch's update of an env's accumulators (esper.env.accumulators, "
         "as launch_epoch does it): loss_accum.add_(loss) and correct_accum.add_(correct) vs "
         "sums.add_(torch.stack([loss, correct])) (the loss and the correct count are two "
         "0-d tensors, so one add needs a stack first).",

@@ -7,9 +7,10 @@ import dataclasses
 
 import torch
 
-from esper.env import EnvConfig, MorphoEnv
-from esper.env_optimizers import amp_dtype
-from esper.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.env.config import EnvConfig
+from esper.env.environment import MorphoEnv
+from esper.env.optimizers import amp_dtype
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.measure.stats import wilson_interval
@@ -134,7 +135,7 @@ register(Finding(
     duration_s=(3.0, 3.0),
     notes=(
         "The environment as reviewed: mixed precision (EnvConfig.amp) and separate SGD "
-        "optimizers for the host and each training seed (esper.env_optimizers); "
+        "optimizers for the host and each training seed (esper.env.optimizers); "
         f"on CUDA float16 autocast with GradScaler('cuda'), on this torch's CPU "
         f"GradScaler('cpu') with {CPU_AMP} autocast.",
         "One timed call = one epoch (train_batches steps of both optimizers) of an env "

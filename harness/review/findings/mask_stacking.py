@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.heads import HEAD_NAMES, HEAD_SIZES
-from esper.mask_batch import MODES, MaskBatcher
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.env.mask_batch import MODES, MaskBatcher
 from harness.findings import Case, Finding, register
 from harness.review.findings.copies import copies_metric
 from harness.review.findings.trainer_size import nearest_trainer_size
@@ -65,7 +65,7 @@ register(Finding(
     duration_s=(1.0, 3.0),
     notes=(
         "One timed call = one step's masks of num_envs envs, {head: [N, K] bool} on the "
-        "run's device, from each env's {head: [K]} (esper.mask_batch, as the trainer "
+        "run's device, from each env's {head: [K]} (esper.env.mask_batch, as the trainer "
         "builds them; one env step is one host epoch, the review's 'every epoch').",
         "stack = torch.stack per head (8 new tensors), then this trainer's one packed "
         "transfer (the reviewed code's .to(device) per head would be 8 transfers on CUDA); "

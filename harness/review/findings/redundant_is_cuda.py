@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.stream_guard import GUARDS
+from esper.env.stream_guard import GUARDS
 from harness.findings import Case, Finding, register
 from harness.review.findings.trainer_size import nearest_trainer_size
 
@@ -46,7 +46,7 @@ register(Finding(
     check=None,
     duration_s=(1.0, 1.0),
     notes=(
-        "One timed call = the guard of one batch (esper.stream_guard, as each env's "
+        "One timed call = the guard of one batch (esper.env.stream_guard, as each env's "
         "launch_epoch evaluates it): `stream is not None and inputs.is_cuda` vs `stream is "
         "not None`; nanoseconds per call (the record_stream calls it guards are the same "
         "in both and not timed).",

@@ -7,8 +7,9 @@ import math
 
 import torch
 
-from esper.env import MAX_LOSS_FEATURE, EnvConfig, MorphoEnv
-from esper.heads import HEAD_NAMES, OP_INDEX
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
+from esper.env.config import EnvConfig
+from esper.env.environment import MAX_LOSS_FEATURE, MorphoEnv
 from esper.variants import Variants
 from harness.findings import Case, Finding, register
 from harness.measure.stats import bootstrap_mean_ci, wilson_interval
@@ -132,7 +133,7 @@ register(Finding(
     duration_s=(6.0, 30.0),
     notes=(
         "The environment as reviewed: each training seed has its own SGD optimizer "
-        "(esper.env_optimizers); clip = clip_grad_norm_(seed parameters, 1.0) before its "
+        "(esper.env.optimizers); clip = clip_grad_norm_(seed parameters, 1.0) before its "
         "step, as the review suggests.",
         "One timed call = one epoch (4 steps) of an env whose seed (a 128-wide MLP) trains "
         "at 4x the host's learning rate: the time cost of clipping. Clipping changes the "

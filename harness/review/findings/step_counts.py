@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from esper.buffer import RolloutBuffer, masks_to_device
-from esper.heads import HEAD_NAMES, HEAD_SIZES
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.env.mask_batch import masks_to_device
+from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.trainer_size import nearest_trainer_size

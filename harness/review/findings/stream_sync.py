@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.trainer import TrainConfig, VectorizedTrainer
+from esper.training.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.e2e import stream_fields

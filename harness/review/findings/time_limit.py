@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.evaluate import train_and_evaluate
-from esper.trainer import TIME_LIMITS, TrainConfig, VectorizedTrainer
+from esper.training.evaluate import train_and_evaluate
+from esper.training.trainer import TIME_LIMITS, TrainConfig, VectorizedTrainer
 from harness.findings import Case, Finding, register
 from harness.measure.stats import bootstrap_mean_ci
 from harness.measure.timing import pinned_threads

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from esper.trainer import TrainConfig
+from esper.training.trainer import TrainConfig
 from harness.findings import Case
 
 #: the size the reviewed training loop runs at by default

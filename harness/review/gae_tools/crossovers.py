@@ -9,7 +9,7 @@ them, nor `loop`, orders of magnitude slower) on a grid of [num_envs, max_steps]
 Prints, in markdown:
 
 1. median microseconds per method and shape, and the fastest method per shape;
-2. the proposed `esper.gae.auto.CROSSOVERS` rows for the device (first match wins);
+2. the proposed `esper.gae.crossovers.CROSSOVERS` rows for the device (first match wins);
 3. on the CPU, numba's kernel on one thread vs two per shape, and the proposed
    `esper.gae.numba_kernel.PARALLEL_MIN_ELEMENTS`.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from esper import gae
-from esper.gae.auto import UNBOUNDED, Crossover
+from esper.gae.crossovers import UNBOUNDED, Crossover
 from harness import exits, options
 from harness.exits import UsageError
 from harness.findings import Case
@@ -138,7 +138,7 @@ def markdown_table(grid: Grid, methods: list[str]) -> str:
 
 
 def rows_source(rows: list[Crossover]) -> str:
-    """The rows as the Python source of `esper.gae.auto.CROSSOVERS` entries."""
+    """The rows as the Python source of `esper.gae.crossovers.CROSSOVERS` entries."""
     def bound(n: int) -> str:
         return "UNBOUNDED" if n == UNBOUNDED else str(n)
     return "\n".join(f"    Crossover({r.device_type!r}, {bound(r.max_envs)}, {bound(r.max_steps)}, "
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {line}")
     print(f"\nMedian us per call (gamma {GAMMA}, lambda {LAMBDA}, float32, random terminals):\n")
     print(markdown_table(grid, methods))
-    print("\nProposed CROSSOVERS rows (esper/gae/auto.py; first match wins):\n")
+    print("\nProposed CROSSOVERS rows (esper/gae/crossovers.py; first match wins):\n")
     print("```python\n" + rows_source(propose_rows(device.type, grid)) + "\n```")
     if device.type == "cpu" and "numba" in methods and (os.cpu_count() or 1) >= PARALLEL_THREADS:
         results = measure_numba_threads(shapes, budget)

@@ -350,7 +350,7 @@ def measure_shape(shape: Shape, methods: Sequence[str], rounds: int,
     samples = sample_rounds(calls, batches, rounds, clock, progress)
     pick = None
     if "auto" in methods:
-        from esper.gae.auto import cached_choice
+        from esper.gae.methods import cached_choice
 
         rewards = args[0]
         pick = cached_choice(rewards.shape, rewards.dtype, rewards.device.type, False)

@@ -187,7 +187,7 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     # the note names where the cell's host syncs come from now (the baseline has counts only)
     row = next(line for line in out.splitlines() if "| regression" in line)
     assert "host_syncs +3 | regression: host syncs " in row
-    assert " aten::is_nonzero at esper/gae/api.py:" in row and " in gae_loop()" in row
+    assert " aten::is_nonzero at esper/gae/loop.py:" in row and " in gae_loop()" in row
     assert out.rstrip().endswith("FAIL: 1 regression, 3 pass")
 
 
@@ -393,7 +393,7 @@ def test_ab_options_need_enough_sessions_for_the_interval():
 def test_worktree_checks_out_a_revision_and_removes_it():
     commit = gate_ab.resolve_revision(REPO, "HEAD")
     with gate_ab.worktree(REPO, commit) as tree:
-        assert (tree / "esper" / "gae" / "api.py").is_file()
+        assert (tree / "esper" / "gae" / "methods.py").is_file()
         listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list"],
                                 capture_output=True, text=True).stdout
         assert str(tree) in listed
@@ -408,7 +408,7 @@ def tree_failing_clone(tmp_path_factory) -> Path:
     """A copy of this tree whose per-env loop GAE raises when asked for clone resets."""
     tree = tmp_path_factory.mktemp("ab") / "tree"
     gate_quality._copy_tree(REPO, tree)
-    with open(tree / "esper" / "gae" / "api.py", "a") as handle:
+    with open(tree / "esper" / "gae" / "methods.py", "a") as handle:
         handle.write(
             "\n_loop = METHODS['loop']\n\n"
             "def _planted_failure(*args, reset, **kwargs):\n"

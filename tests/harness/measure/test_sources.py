@@ -1,6 +1,6 @@
 """Counters that name their source: ops, syncs and allocations split by the project's lines.
 
-A `.item()` is planted in a copy of a function under test (`esper.accumulators`'s
+A `.item()` is planted in a copy of a function under test (`esper.env.accumulators`'s
 `add_`); the attribution names the copy's file and the planted line, its totals equal
 `profile_call`'s counts of the same call, and the gate's message for a user's project
 names the line that a commit added.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import esper.accumulators
+import esper.env.accumulators
 from harness.measure.counters import profile_call
 from harness.measure.sources import (
     ProjectFiles, Site, SourceCount, Sources, attribute_call, diff_sources, explain,
@@ -32,7 +32,7 @@ def _copy_with(folder: Path, name: str, planted: bool) -> tuple[object, int]:
     """esper/accumulators.py copied to FOLDER/accumulators.py (imported as module NAME), a
     `.item()` planted as the first line of `add_`'s body when `planted`; the module and the
     planted line number."""
-    lines = inspect.getsource(esper.accumulators).splitlines(keepends=True)
+    lines = inspect.getsource(esper.env.accumulators).splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if "def add_(self, loss" in line)
     body = start + 2  # after the def line and its docstring
     if planted:

@@ -31,6 +31,8 @@ FINDINGS_MODULE = textwrap.dedent('''
         make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum"
                                      else (lambda: sum(x.tolist())),
         notes=("a note only the run recorded",),
+        reviewed="loops.py:10-12 @abc123", fix="the ticket's sum()",
+        premise="loops.py never loops at abc123",
     ))
 ''')
 
@@ -62,6 +64,8 @@ def test_a_run_whose_findings_module_is_deleted_renders_in_a_fresh_interpreter(t
     page = (out / "index.html").read_text()
     assert "A sum against a loop of adds" in page and "sum() is ~10x faster" in page
     assert "a note only the run recorded" in page
+    assert "loops.py:10-12 @abc123" in page and "the ticket&#39;s sum()" in page
+    assert "loops.py never loops at abc123" in page
 
 
 def test_a_run_of_the_previous_schema_is_migrated_on_read_and_renders(tmp_path):

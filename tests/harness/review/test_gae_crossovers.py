@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from esper.gae.auto import UNBOUNDED
+from esper.gae.crossovers import UNBOUNDED
 from harness.review.gae_tools.crossovers import Grid, main, propose_parallel_min, propose_rows, rows_source
 
 

@@ -1,4 +1,4 @@
-"""Phase times on CUDA are device time beside host time (`esper.device_spans`).
+"""Phase times on CUDA are device time beside host time (`esper.rollout.device_spans`).
 
 Host wall time around a sync-free GAE measures its launches; its kernels run later and
 their time lands in the update at its first sync. So on CUDA every phase is also timed by
@@ -17,10 +17,10 @@ import contextlib
 import pytest
 import torch
 
-from esper.device_spans import DeviceSpans
-from esper.env import EnvConfig
-from esper.ppo import PPOConfig
-from esper.trainer import PHASES, TrainConfig, VectorizedTrainer
+from esper.agent.ppo import PPOConfig
+from esper.env.config import EnvConfig
+from esper.rollout.device_spans import DeviceSpans
+from esper.training.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import Variants
 from harness.review.findings.e2e import phase_seconds
 

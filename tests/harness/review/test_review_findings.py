@@ -9,15 +9,16 @@ import dataclasses
 import pytest
 import torch
 
-from esper.accumulators import EpochAccumulators
-from esper.bootstrap_states import BootstrapStates
-from esper.env import EnvConfig, MorphoEnv
-from esper.env_optimizers import amp_dtype
-from esper.env_pool import EnvBatches
-from esper.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
-from esper.mask_batch import MaskBatcher
-from esper.stream_guard import GUARDS
-from esper.transfer import FlatTransfer, move_per_tensor
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
+from esper.env.accumulators import EpochAccumulators
+from esper.env.bootstrap_states import BootstrapStates
+from esper.env.config import EnvConfig
+from esper.env.environment import MorphoEnv
+from esper.env.mask_batch import MaskBatcher
+from esper.env.optimizers import amp_dtype
+from esper.env.pool import EnvBatches
+from esper.env.stream_guard import GUARDS
+from esper.rollout.transfer import FlatTransfer, move_per_tensor
 from esper.variants import AXES, Variants
 from harness import findings as registry
 from harness.findings import Case

@@ -1,0 +1,76 @@
+"""The argument checks esper's configs and constructors share.
+
+Each raises `ValueError("{field}: expected {what}; got {value!r}")`, naming the field,
+what was expected and what was received, and returns the value when it passes. A bool
+is never taken for a number (`True` is an `int` to Python, not a count or a rate to us).
+
+`is_int` and `is_integral` are the predicates behind them, for checks on a hot path
+that test first and only build a message on failure.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Sequence, TypeVar
+
+Choice = TypeVar("Choice")
+
+
+def is_int(value: object) -> bool:
+    """A Python `int` that is not a `bool`."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_integral(value: object) -> bool:
+    """An integer of any kind (a Python int, a NumPy integer) that is not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def check_int(field: str, value: object, minimum: int = 1, below: int | None = None) -> int:
+    """`value`, a Python int (not a bool) >= `minimum` and, given `below`, < `below`."""
+    if not is_int(value) or value < minimum or (below is not None and value >= below):
+        if below is not None:
+            expected = f"an int in [{minimum}, {below})"
+        elif minimum == 1:
+            expected = "a positive int"
+        else:
+            expected = f"an int >= {minimum}"
+        raise ValueError(f"{field}: expected {expected}; got {value!r}")
+    return value
+
+
+def check_number(field: str, value: object, *, minimum: float | None = None,
+                 maximum: float | None = None, positive: bool = False) -> float:
+    """`value`, a finite real number (not a bool) within the bounds given: `minimum` and
+    `maximum` inclusive, `positive` for > 0."""
+    ok = (isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+          and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+          and (not positive or value > 0))
+    if not ok:
+        if minimum is not None and maximum is not None:
+            bound = f" in [{minimum:g}, {maximum:g}]"
+        elif positive:
+            bound = " > 0"
+        elif minimum is not None:
+            bound = f" >= {minimum:g}"
+        elif maximum is not None:
+            bound = f" <= {maximum:g}"
+        else:
+            bound = ""
+        raise ValueError(f"{field}: expected a finite number{bound}; got {value!r}")
+    return value
+
+
+def check_bool(field: str, value: object) -> bool:
+    """`value`, a Python bool (not 0 or 1)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}: expected a bool; got {value!r}")
+    return value
+
+
+def check_choice(field: str, value: Choice, allowed: Sequence[Choice]) -> Choice:
+    """`value`, one of `allowed` (listed in the message when it is not)."""
+    if value not in allowed:
+        raise ValueError(f"{field}: expected one of {', '.join(map(str, allowed))}; got {value!r}")
+    return value

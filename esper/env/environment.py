@@ -1,0 +1,353 @@
+"""One environment, `MorphoEnv`: a host MLP on a synthetic task, growing seed modules.
+
+One env step is one host training epoch. The host (`esper.env.host_network`) is an MLP
+learning a fixed synthetic classification task (`esper.env.task`); it has `NUM_SLOTS`
+seed slots (`esper.env.seed_slot`), one after each hidden layer. The agent's factored
+action (see `esper.agent.heads`) germinates, blends, prunes and fossilizes seed modules
+(`esper.env.blueprints`) in those slots, which really changes the host's forward pass
+and the parameters SGD trains.
+
+What matters for measurement is kept from the original CIFAR-10 environment: every step
+enqueues real training work on the env's device without reading anything back
+(`MorphoEnv.launch_epoch`), and host-side bookkeeping happens only after the caller has
+synchronised and read the metrics (`MorphoEnv.observe`). How to synchronise (per-env
+CUDA streams with `stream.synchronize()`, or events) is the caller's choice.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import deque
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OPS
+from esper.checks import check_int
+from esper.env.accumulators import EpochAccumulators
+from esper.env.blueprints import BLUEPRINTS
+from esper.env.config import EnvConfig
+from esper.env.host_network import HostNetwork
+from esper.env.optimizers import EnvOptimizers, amp_dtype, make_scalers, new_scaler
+from esper.env.seed_slot import (
+    ALPHA_CURVES,
+    ALPHA_SPEEDS,
+    ALPHA_TARGETS,
+    NUM_SLOTS,
+    STYLE_LR_SCALES,
+    TEMPO_EPOCHS,
+    SeedSlot,
+    Stage,
+)
+from esper.env.stream_guard import GUARDS, record_on_stream
+from esper.env.task import DATA, HOST_INIT, SEED_INIT, make_task, random_stream
+from esper.variants import Variants
+
+#: The terminal reward (`EnvConfig.terminal_bonus`), esper-lite's at 2df957ed: per
+#: percentage point of validation accuracy (rewards.py:198 `terminal_acc_weight`) ...
+TERMINAL_ACC_WEIGHT: float = 0.05
+#: ... plus this per contributing fossilized seed (rewards.py:201 `fossilize_terminal_scale`),
+FOSSILIZE_TERMINAL_SCALE: float = 3.0
+#: a seed whose host gained at least this many accuracy points from its first epoch to its
+#: fossilization (leyline/__init__.py:141 DEFAULT_MIN_FOSSILIZE_CONTRIBUTION, checked at
+#: vectorized.py:1833-1842).
+MIN_FOSSILIZE_CONTRIBUTION: float = 1.0
+#: epochs of (train_loss, val_loss, val_acc) history in the observation.
+HISTORY: int = 5
+#: cap on the loss features of observations, in units of the chance loss ln(num_classes):
+#: a diverged host's loss is huge, inf or NaN, and a single such value would wreck the
+#: agent's running observation statistics for good.
+MAX_LOSS_FEATURE: float = 10.0
+#: observation length: loss/accuracy history, per-slot features, epoch and size fractions.
+OBS_DIM: int = 3 * HISTORY + NUM_SLOTS * (len(Stage) + 3) + 2
+
+
+
+def _parse_index(head: str, value: object) -> int:
+    """An action entry as a Python int, or ValueError naming the head."""
+    try:
+        return operator.index(value)
+    except TypeError as err:
+        raise ValueError(
+            f"action[{head!r}]: expected an int in [0, {HEAD_SIZES[head]}); got {value!r}"
+        ) from err
+
+
+class MorphoEnv:
+    """One environment: a host MLP on a synthetic task, with `NUM_SLOTS` seed slots.
+
+    Per step the caller runs `apply_action` -> `launch_epoch` -> (synchronise, read the
+    metrics) -> `observe`. Data are drawn once at construction from a CPU generator seeded
+    by (config.seed, env_index) and copied to `device`, so the task is identical on every
+    device; `reset()` re-initialises the host and the seed generator, never the data.
+    `task`, when given, is the data of an earlier env of the same (config, env_index):
+    an env recreated for a new batch (`esper.env.pool`) shares it instead of drawing it
+    again. `variants` picks the reviewed choices that act in an env (`scaler`,
+    `seed_clip`, `stream_guard`, `accumulators`); `stream` is the CUDA stream the caller
+    runs `launch_epoch` on, or None.
+    """
+
+    def __init__(self, config: EnvConfig, env_index: int = 0,
+                 device: torch.device | str = "cpu", variants: Variants | None = None,
+                 task: tuple[torch.Tensor, ...] | None = None) -> None:
+        check_int("env_index", env_index, minimum=0, below=config.num_envs)
+        self.config = config
+        self.env_index = env_index
+        self.device = torch.device(device)
+        self.variants = variants if variants is not None else Variants.original()
+        self.obs_dim = OBS_DIM
+        self.stream = None
+        if task is None:
+            task = tuple(t.to(self.device)
+                         for t in make_task(config, random_stream(config, env_index, DATA)))
+        self.task = task
+        """`(train_x, train_y, val_x, val_y)` on the device (see `make_task`)."""
+        self._train_x, self._train_y, self._val_x, self._val_y = task
+        self._record_guard = GUARDS[self.variants.stream_guard]
+        self._accumulators = EpochAccumulators(self.device, self.variants.accumulators)
+        self._amp_dtype = amp_dtype(self.device) if config.amp else None
+        self.seed_grad_norms: list | None = None
+        """Set to a list to record each seed step's gradient norm (see `EnvOptimizers`)."""
+        with torch.device("meta"):  # weights are drawn in reset() from the env's generator
+            self._host = HostNetwork(config)
+        self._host.to_empty(device=self.device)
+        self.host_parameters = sum(p.numel() for p in self._host.parameters())
+        self.reset()
+
+    # ----- episode state -------------------------------------------------------------
+
+    def reset(self) -> torch.Tensor:
+        """Re-initialise host weights and seed generator, empty all slots.
+
+        Returns the observation `[obs_dim]` float32 on CPU (no history yet).
+        """
+        self._host.reset_parameters_from(random_stream(self.config, self.env_index, HOST_INIT))
+        self._seed_gen = random_stream(self.config, self.env_index, SEED_INIT)
+        self.slots: list[SeedSlot] = [SeedSlot() for _ in range(NUM_SLOTS)]
+        self._history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
+        self._last_val_acc = 1.0 / self.config.num_classes  # chance: baseline of the first reward
+        self.epoch = 0
+        self.contributing_fossilized = 0
+        """Seeds fossilized this episode that contributed (see `MIN_FOSSILIZE_CONTRIBUTION`)."""
+        self.scalers: dict | None = (make_scalers(self.device, self.variants.scaler, ())
+                                     if self.config.amp else None)
+        """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`)."""
+        self._rebuild_optimizer()
+        return self._observation()
+
+    @property
+    def host_network(self) -> nn.Module:
+        """The host MLP (its parameters are what the host optimizer steps)."""
+        return self._host
+
+    @property
+    def num_parameters(self) -> int:
+        """Host plus all seed parameters (fossilized seeds included)."""
+        return self.host_parameters + sum(slot.num_parameters for slot in self.slots)
+
+    @property
+    def added_parameter_fraction(self) -> float:
+        """Seed parameters divided by host parameters."""
+        return (self.num_parameters - self.host_parameters) / self.host_parameters
+
+    def _rebuild_optimizer(self) -> None:
+        # Plain SGD keeps no state, so rebuilding after a structural change loses nothing.
+        seeds = [(f"slot{i}", list(slot.module.parameters()), self.config.lr * slot.lr_scale)
+                 for i, slot in enumerate(self.slots)
+                 if slot.stage in (Stage.TRAINING, Stage.BLENDING)]
+        if self.scalers is not None and self.variants.scaler == "per_optimizer":
+            # a seed's scaler lives as long as the seed trains; a new seed gets a new one
+            names = {"host"} | {name for name, _, _ in seeds}
+            for name in list(self.scalers):
+                if name not in names:
+                    del self.scalers[name]
+            for name in sorted(names - set(self.scalers)):
+                self.scalers[name] = new_scaler(self.device)
+        clip = self.config.seed_clip_norm if self.variants.seed_clip == "clip" else None
+        self._optimizers = EnvOptimizers(self._host.parameters(), seeds, self.config.lr,
+                                         self.scalers, clip, self.seed_grad_norms)
+
+    # ----- actions -------------------------------------------------------------------
+
+    def action_masks(self) -> dict[str, torch.Tensor]:
+        """Valid choices per head: `{head: bool [K]}` on CPU, at least one True per head.
+
+        Masks are per head, so a combination of individually valid entries can still be
+        invalid for the chosen op (e.g. GERMINATE with an occupied slot); `apply_action`
+        treats such a combination as WAIT. The slot mask holds slots some op may target;
+        when only WAIT is valid the slot head is unused and left unconstrained.
+        """
+        masks = {head: torch.ones(size, dtype=torch.bool) for head, size in HEAD_SIZES.items()}
+        slot_ops = [slot.valid_ops() for slot in self.slots]
+        valid_ops = {"WAIT"}.union(*slot_ops)
+        masks["op"] = torch.tensor([op in valid_ops for op in OPS], dtype=torch.bool)
+        if len(valid_ops) > 1:
+            masks["slot"] = torch.tensor([bool(ops) for ops in slot_ops], dtype=torch.bool)
+        return masks
+
+    def _validate_action(self, actions: dict[str, int]) -> dict[str, int]:
+        unknown = set(actions) - set(HEAD_NAMES)
+        if unknown:
+            raise ValueError(
+                f"actions: expected the heads {', '.join(HEAD_NAMES)}; got unknown {sorted(unknown)}"
+            )
+        masks = self.action_masks()
+        parsed = {}
+        for head in HEAD_NAMES:
+            if head not in actions:
+                raise ValueError(f"actions: expected a choice for head {head!r}; got none")
+            index = _parse_index(head, actions[head])
+            valid = masks[head].nonzero().flatten().tolist()
+            if index not in valid:
+                shown = f"{index} ({OPS[index]})" if head == "op" and 0 <= index < len(OPS) else index
+                raise ValueError(
+                    f"action[{head!r}]: expected one of the valid choices {valid}; got {shown}"
+                )
+            parsed[head] = index
+        return parsed
+
+    def apply_action(self, actions: dict[str, int]) -> bool:
+        """Apply one factored action `{head: index}` to the host (host-side only).
+
+        Raises ValueError for a missing/unknown head or a choice its mask forbids.
+        Returns True when the host changed; False for WAIT or for an op that is not
+        valid for the chosen slot (a no-op, see `action_masks`).
+        """
+        a = self._validate_action(actions)
+        op, slot = OPS[a["op"]], self.slots[a["slot"]]
+        if op == "WAIT" or op not in slot.valid_ops():
+            return False
+        if op == "GERMINATE":
+            self._germinate(slot, a)
+        elif op == "SET_ALPHA":
+            slot.lr_scale = STYLE_LR_SCALES[a["style"]]
+            slot.start_ramp(ALPHA_TARGETS[a["alpha_target"]], ALPHA_SPEEDS[a["alpha_speed"]],
+                            ALPHA_CURVES[a["alpha_curve"]])
+        elif op == "PRUNE":
+            # Removal is immediate; alpha_speed/alpha_curve are part of the policy's PRUNE
+            # action but a fade-out is not modelled.
+            self.slots[a["slot"]] = SeedSlot()
+        elif op == "FOSSILIZE":
+            # contributing: its host gained a point of accuracy since the seed's first epoch
+            gain = (None if slot.initial_val_acc is None
+                    else 100.0 * (self._last_val_acc - slot.initial_val_acc))
+            if gain is not None and gain >= MIN_FOSSILIZE_CONTRIBUTION:
+                self.contributing_fossilized += 1
+            slot.stage, slot.epochs_in_stage = Stage.FOSSILIZED, 0
+            slot.module.requires_grad_(False)
+        else:  # ADVANCE: TRAINING -> BLENDING
+            slot.stage, slot.epochs_in_stage = Stage.BLENDING, 0
+        self._rebuild_optimizer()
+        return True
+
+    def _germinate(self, slot: SeedSlot, a: dict[str, int]) -> None:
+        blueprint = BLUEPRINTS[a["blueprint"]]
+        slot.module = blueprint.build(self.config.host_hidden, self.device, self._seed_gen)
+        slot.blueprint, slot.stage, slot.epochs_in_stage = blueprint, Stage.TRAINING, 0
+        slot.lr_scale = STYLE_LR_SCALES[a["style"]]
+        slot.tempo = TEMPO_EPOCHS[a["tempo"]]
+        slot.alpha = ALPHA_TARGETS[a["alpha_target"]]
+        slot.start_ramp(slot.alpha, 0, "linear")
+
+    # ----- device work ---------------------------------------------------------------
+
+    def launch_epoch(self) -> torch.Tensor:
+        """Enqueue one epoch: `train_batches` SGD steps, then one validation forward.
+
+        Returns `[train_loss, val_loss, val_acc]` float32 `[3]` on the env's device; the
+        losses are mean cross-entropy in nats, val_acc a fraction. Nothing is read back to
+        the host, so on CUDA this returns before the work finishes.
+        """
+        # Must stay callable inside `torch.cuda.stream(s)`: every op lands on the current
+        # stream and nothing here synchronises (no .item(), .cpu(), or branching on values).
+        # The caller makes `s` wait for the default stream, where data and seeds are created.
+        self._accumulators.zero_()
+        self._optimizers.grad_norms = self.seed_grad_norms
+        amp = self._amp_dtype is not None
+        for b in range(self.config.train_batches):
+            inputs, targets = self._train_x[b], self._train_y[b]
+            record_on_stream(self._record_guard, self.stream, inputs, targets)
+            with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=amp):
+                logits = self._host(inputs, self.slots)  # [B, C]
+                loss = F.cross_entropy(logits, targets)  # float32 under autocast too
+            self._optimizers.zero_grad()
+            self._optimizers.backward_and_step(loss)
+            correct = (logits.detach().argmax(dim=-1) == targets).sum(dtype=torch.float32)
+            self._accumulators.add_(loss.detach(), correct)
+        with torch.no_grad():
+            logits = self._host(self._val_x, self.slots)  # [V, C]
+            val_loss = F.cross_entropy(logits, self._val_y)
+            val_acc = (logits.argmax(dim=-1) == self._val_y).float().mean()
+            train_loss = self._accumulators.sums()[0] / self.config.train_batches
+            return torch.stack([train_loss, val_loss, val_acc])
+
+    # ----- host bookkeeping ----------------------------------------------------------
+
+    def observe(self, metrics: Sequence[float] | torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Record one finished epoch and return `(obs [obs_dim] f32 CPU, reward)`.
+
+        `metrics` is `[train_loss, val_loss, val_acc]` already on the host (a list or a
+        CPU tensor). reward = val_acc - previous val_acc (chance before the first epoch)
+        - param_rent * added_parameter_fraction; at the episode's last epoch (`max_steps`)
+        plus, with `EnvConfig.terminal_bonus`, esper-lite's terminal reward:
+        `TERMINAL_ACC_WEIGHT * 100 * val_acc + FOSSILIZE_TERMINAL_SCALE * (seeds
+        fossilized this episode that contributed)`.
+        """
+        if isinstance(metrics, torch.Tensor):
+            if metrics.device.type != "cpu":
+                raise ValueError(
+                    f"metrics: expected a CPU tensor (read it after synchronising); "
+                    f"got device {metrics.device}"
+                )
+            metrics = metrics.tolist()
+        if len(metrics) != 3:
+            raise ValueError(
+                f"metrics: expected 3 values [train_loss, val_loss, val_acc]; got {len(metrics)}"
+            )
+        train_loss, val_loss, val_acc = (float(m) for m in metrics)
+        self._history.append((train_loss, val_loss, val_acc))
+        for slot in self.slots:
+            slot.end_epoch()
+            if slot.stage is not Stage.EMPTY and slot.initial_val_acc is None:
+                slot.initial_val_acc = val_acc  # the seed's first epoch
+        self.epoch += 1
+        reward = (val_acc - self._last_val_acc
+                  - self.config.param_rent * self.added_parameter_fraction)
+        if self.config.terminal_bonus and self.epoch == self.config.max_steps:
+            reward += (TERMINAL_ACC_WEIGHT * 100.0 * val_acc
+                       + FOSSILIZE_TERMINAL_SCALE * self.contributing_fossilized)
+        self._last_val_acc = val_acc
+        return self._observation(), reward
+
+    def _observation(self) -> torch.Tensor:
+        """`observation_features()` as a `[OBS_DIM]` f32 CPU tensor."""
+        return torch.tensor(self.observation_features(), dtype=torch.float32)
+
+    def observation(self) -> torch.Tensor:
+        """The current observation `[OBS_DIM]` f32 CPU (what `reset`/`observe` returned)."""
+        return self._observation()
+
+    def observation_features(self) -> list[float]:
+        """The current observation as `OBS_DIM` Python floats: history (oldest first,
+        zero-padded, losses / ln C capped at MAX_LOSS_FEATURE), then per slot stage
+        one-hot, alpha, params / host params, epochs in stage / max_steps, then
+        epoch / max_steps and added parameter fraction."""
+        chance_loss = math.log(self.config.num_classes)
+        rows = [(0.0, 0.0, 0.0)] * (HISTORY - len(self._history)) + list(self._history)
+        features = [v for tl, vl, va in rows
+                    for v in (_loss_feature(tl, chance_loss), _loss_feature(vl, chance_loss), va)]
+        for slot in self.slots:
+            features += [float(slot.stage == stage) for stage in Stage]
+            features += [slot.alpha, slot.num_parameters / self.host_parameters,
+                         slot.epochs_in_stage / self.config.max_steps]
+        features += [self.epoch / self.config.max_steps, self.added_parameter_fraction]
+        return features
+
+
+def _loss_feature(loss: float, chance_loss: float) -> float:
+    """`loss / chance_loss`, capped at MAX_LOSS_FEATURE; NaN (a diverged host) is the cap."""
+    scaled = loss / chance_loss
+    return scaled if scaled <= MAX_LOSS_FEATURE else MAX_LOSS_FEATURE  # NaN fails `<=`

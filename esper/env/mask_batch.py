@@ -1,0 +1,79 @@
+"""One step's action masks of every env as `{head: [N, K] bool}` on the device (review H5).
+
+The reviewed system stacks the envs' masks per head on every step (epoch):
+`{key: torch.stack([m[key] for m in all_masks]).to(device) for key in ...}`, new tensors
+each time. `Variants.masks` picks that (`stack`) or tensors allocated once and written in
+place (`preallocated`). Either way the step's masks reach the device in one transfer.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.checks import check_choice
+from esper.rollout.staging import StagedCopy
+from esper.variants import AXES
+
+Tensor = torch.Tensor
+#: `Variants.masks`' values, the original's first
+MODES = AXES["masks"]
+
+
+class MaskBatcher:
+    """Batches the per-env masks `{head: [K] bool}` of `num_envs` envs for `device`.
+
+    `stack`: one `torch.stack` per head (8 new host tensors per step), then the packed
+    transfer of `masks_to_device`. `preallocated`: every env's masks written
+    by one `torch.cat(..., out=)` into a host buffer `[N, sum K]` allocated once (pinned on
+    CUDA), moved in one copy into a device buffer allocated once, and split into `[N, K]`
+    views. Those views are overwritten by the next call: consumers use them within the
+    step (the policy's forward, the buffer's `add`), in stream order.
+    """
+
+    def __init__(self, num_envs: int, device: torch.device | str, mode: str = "stack") -> None:
+        check_choice("MaskBatcher: mode", mode, MODES)
+        self.num_envs, self.device, self.mode = num_envs, torch.device(device), mode
+        self._staged: StagedCopy | None = None
+        if mode == "preallocated":
+            self._staged = StagedCopy((num_envs, sum(HEAD_SIZES.values())), torch.bool, self.device)
+            self._host_flat = self._staged.host.view(-1)  # [N, sum K] -> [N * sum K], env-major
+            self._views = _split_heads(self._staged.to_device())
+
+    def __call__(self, per_env: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
+        """`per_env[i]` = env i's `{head: [K] bool}` on the host -> `{head: [N, K] bool}`."""
+        if len(per_env) != self.num_envs:
+            raise ValueError(f"MaskBatcher: expected the masks of {self.num_envs} envs; "
+                             f"got {len(per_env)}")
+        if self._staged is None:
+            stacked = {head: torch.stack([m[head] for m in per_env]) for head in HEAD_NAMES}
+            return masks_to_device(stacked, self.device)
+        self._staged.writable_host()
+        # env-major, heads side by side: exactly the row-major layout of [N, sum K]
+        torch.cat([m[head] for m in per_env for head in HEAD_NAMES], out=self._host_flat)
+        self._staged.to_device()
+        return dict(self._views)
+
+
+def masks_to_device(masks: Mapping[str, Tensor], device: torch.device | str) -> dict[str, Tensor]:
+    """One step's action masks `{head: [N, K] bool}` on `device`, in a single transfer.
+
+    Copying each head (or, in `add`, each env's row of each head) from the host would be
+    8 (or 8 x N) copies per step, each blocking on CUDA. The heads are packed side by side
+    into one [N, sum K] tensor, copied once without blocking (no host sync), and split
+    back into [N, K] views. Masks already on `device` are returned as they are.
+    """
+    device = torch.device(device)
+    if all(mask.device == device for mask in masks.values()):
+        return dict(masks)
+    heads = list(masks)
+    packed = torch.cat([masks[head] for head in heads], dim=1)  # {head: [N, K]} -> [N, sum K]
+    moved = packed.to(device, non_blocking=True)  # a pageable source is staged before return
+    return dict(zip(heads, moved.split([masks[head].shape[1] for head in heads], dim=1)))
+
+
+def _split_heads(packed: Tensor) -> dict[str, Tensor]:
+    """`[N, sum K]` -> `{head: [N, K]}` views, heads in `HEAD_NAMES` order."""
+    return dict(zip(HEAD_NAMES, packed.split([HEAD_SIZES[h] for h in HEAD_NAMES], dim=1)))

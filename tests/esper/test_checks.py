@@ -1,0 +1,65 @@
+"""esper's shared argument checks, and the one list of every axis's values."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from esper.checks import check_bool, check_choice, check_int, check_number, is_integral
+from esper.env import accumulators, bootstrap_states, mask_batch, stream_guard
+from esper.variants import AXES
+
+
+@pytest.mark.parametrize("value, minimum, below, message", [
+    (True, 1, None, "n: expected a positive int; got True"),
+    (0, 1, None, "n: expected a positive int; got 0"),
+    (1.0, 1, None, "n: expected a positive int; got 1.0"),
+    (-1, 0, None, "n: expected an int >= 0; got -1"),
+    (3, 0, 3, "n: expected an int in [0, 3); got 3"),
+    (np.int64(2), 1, None, "n: expected a positive int; got np.int64(2)"),
+])
+def test_check_int_names_field_expected_and_received(value, minimum, below, message):
+    with pytest.raises(ValueError) as err:
+        check_int("n", value, minimum, below)
+    assert str(err.value) == message
+
+
+def test_check_int_returns_what_passes():
+    assert check_int("n", 2) == 2 and check_int("n", 0, minimum=0, below=1) == 0
+
+
+@pytest.mark.parametrize("value, bounds, expected", [
+    (True, {}, "a finite number"),
+    (float("nan"), {"minimum": 0.0}, "a finite number >= 0"),
+    (float("inf"), {"positive": True}, "a finite number > 0"),
+    (0, {"positive": True}, "a finite number > 0"),
+    (1.5, {"minimum": 0.0, "maximum": 1.0}, "a finite number in [0, 1]"),
+    ("0.5", {}, "a finite number"),
+])
+def test_check_number_rejects_bools_non_finite_and_out_of_bounds(value, bounds, expected):
+    with pytest.raises(ValueError, match="^" + re.escape(f"x: expected {expected}; got ")):
+        check_number("x", value, **bounds)
+    assert check_number("x", np.float32(0.5), minimum=0.0) == 0.5
+
+
+def test_check_bool_and_check_choice():
+    with pytest.raises(ValueError, match="^flag: expected a bool; got 1$"):
+        check_bool("flag", 1)
+    with pytest.raises(ValueError, match="^mode: expected one of a, b; got 'c'$"):
+        check_choice("mode", "c", ("a", "b"))
+    assert check_choice("mode", "b", ("a", "b")) == "b"
+
+
+def test_is_integral_takes_numpy_ints_but_no_bool():
+    assert is_integral(3) and is_integral(np.int32(3))
+    assert not is_integral(True) and not is_integral(np.bool_(True)) and not is_integral(3.0)
+
+
+def test_the_modules_of_an_axis_read_its_values_from_axes():
+    """Written once, in `esper.variants.AXES`: the original's value first."""
+    assert accumulators.MODES is AXES["accumulators"]
+    assert bootstrap_states.MODES is AXES["bootstrap"]
+    assert mask_batch.MODES is AXES["masks"]
+    assert tuple(stream_guard.GUARDS) == AXES["stream_guard"]

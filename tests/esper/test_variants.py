@@ -1,0 +1,80 @@
+"""Variants: presets, parsing and the errors that list the valid choices."""
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+from esper.variants import Variants
+
+
+def test_variants_parse_and_errors():
+    v = Variants.parse("gae=scan,reset=mask")
+    assert v == dataclasses.replace(Variants.original(), gae="scan", reset="mask")
+    assert Variants.parse(Variants.optimized().spec()) == Variants.optimized()
+    assert Variants.parse("optimized,gae=batched").gae == "batched"
+    with pytest.raises(ValueError, match="valid axes: reset, step_counts, gae, sync"):
+        Variants.parse("gea=scan")
+    with pytest.raises(ValueError, match="loop, batched, scan"):
+        Variants.parse("gae=fast")
+    with pytest.raises(ValueError, match="axis=value"):
+        Variants.parse("scan")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Variants().gae = "scan"  # type: ignore[misc]
+
+
+@pytest.mark.integration  # launches a Python process
+def test_optional_gae_methods_parse_without_importing_gae_first():
+    """`gae=auto` is registered by esper.gae; Variants imports it when it meets an unknown
+    method, so a fresh process can parse it straight away."""
+    code = ("from esper.variants import Variants; "
+            "print(Variants.parse('gae=auto').gae)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "auto"
+
+
+@pytest.mark.parametrize("spec", ["gae=scan,original", "original,gae=scan", " gae = scan , original "])
+def test_presets_apply_first_then_overrides_whatever_the_order(spec):
+    """`gae=scan,original` used to drop gae=scan: the preset replaced what came before."""
+    assert Variants.parse(spec) == dataclasses.replace(Variants.original(), gae="scan")
+
+
+def test_an_override_after_or_before_optimized_wins():
+    want = dataclasses.replace(Variants.optimized(), reset="clone")
+    assert Variants.parse("reset=clone,optimized") == want
+    assert Variants.parse("optimized,reset=clone") == want
+
+
+def test_a_preset_replaces_the_base_and_overrides_apply_on_top():
+    base = Variants.optimized()
+    assert Variants.parse("gae=batched", base=base) == dataclasses.replace(base, gae="batched")
+    assert Variants.parse("original,sync=event", base=base) == dataclasses.replace(
+        Variants.original(), sync="event")
+
+
+def test_repeating_a_preset_or_an_axis_with_the_same_value_is_allowed():
+    assert Variants.parse("optimized,optimized") == Variants.optimized()
+    assert Variants.parse("gae=scan,gae=scan").gae == "scan"
+
+
+def test_two_presets_in_one_spec_are_an_error_naming_both():
+    with pytest.raises(ValueError, match="'original'.*'optimized'"):
+        Variants.parse("original,gae=scan,optimized")
+
+
+def test_one_axis_given_two_values_is_an_error_naming_both():
+    with pytest.raises(ValueError, match="gae.*'scan'.*'batched'"):
+        Variants.parse("gae=scan,reset=mask,gae=batched")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("gae=", "Variants.gae: expected one of"),
+    ("=scan", "unknown axis ''"),
+    ("gae=scan=x", "Variants.gae: expected one of"),
+])
+def test_malformed_pairs_name_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Variants.parse(spec)
