@@ -192,7 +192,8 @@ class MorphoEnv:
         there as esper-lite's `compute_action_masks(device=...)` builds them (2df957ed
         tamiyo/policy/action_masks.py:122-172): `torch.zeros`/`torch.ones` on the device
         per head, then one element write per allowed entry of the op and slot heads (on
-        CUDA one fill kernel each, no host sync).
+        CUDA a small kernel or two each: the value is made on the device and copied into
+        the element; no host-to-device copy, no host sync).
         """
         slot_ops = [slot.valid_ops() for slot in self.slots]
         valid_ops = {"WAIT"}.union(*slot_ops)
@@ -204,7 +205,9 @@ class MorphoEnv:
             if slot_valid is not None:
                 masks["slot"] = torch.tensor(slot_valid, dtype=torch.bool)
             return masks
-        written = {"op": op_valid, "slot": slot_valid}
+        # the slot head by writes even when it is unconstrained, as the original's always is
+        written = {"op": op_valid,
+                   "slot": slot_valid if slot_valid is not None else [True] * NUM_SLOTS}
         masks = {}
         for head, size in HEAD_SIZES.items():
             allowed = written.get(head)
