@@ -65,7 +65,7 @@ register(Finding(
     make_call=_make_call,
     check=pair_difference,
     tolerance=lambda case: 0.0,
-    duration_s=(0.5, 1.5),
+    duration_s=(3.0, 6.0),
     notes=(
         "One timed call = one env's validation forward (MorphoEnv.launch_val: the host "
         "and one seed over val_size examples, cross-entropy and accuracy) under the "

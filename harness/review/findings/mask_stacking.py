@@ -90,7 +90,7 @@ register(Finding(
     check=masks_difference,
     tolerance=lambda case: 0.0,
     extra_metrics=copies_metric(_make_call),
-    duration_s=(1.0, 3.0),
+    duration_s=(1.5, 3.5),
     notes=(
         "One timed call = one step's masks of num_envs envs, {head: [N, K] bool} on the "
         "run's device, from each env's state (esper.env.mask_batch, as the trainer builds "
