@@ -53,11 +53,12 @@ class Span(NamedTuple):
 
 class Kernel(NamedTuple):
     """Device work (a kernel, a copy, a memset): when it ran and when the host launched it,
-    in ns on the profiler's clock (Kineto puts the device's on the host's)."""
+    in ns on the profiler's clock (Kineto puts the device's on the host's), and its stream."""
 
     start_ns: int
     end_ns: int
     launched_ns: int
+    stream: int = 0
 
 
 def boundary_windows(ranges: Iterable[Span], kernels: Iterable[Kernel],
@@ -67,6 +68,11 @@ def boundary_windows(ranges: Iterable[Span], kernels: Iterable[Kernel],
     - `train_val_gap_s`: from the end of the step's last training kernel (any stream) to
       the start of its first validation kernel: the device's idle gap at the epoch
       boundary (negative when validation started before training ended elsewhere);
+    - `stream_train_val_gap_s`: per stream that trained, from its last training kernel's
+      end to the start of its first validation kernel (on that stream, as `stream`
+      validates; else on any, as `event` validates on the default stream), averaged
+      over the streams: how long each env's stream sits between its training and
+      validation;
     - `val_before_train_read_s`: device time of validation kernels before the host
       finished reading the training results (the end of the `train_read` range): the
       overlap H3 asks for; 0 when the host reads before it launches validation.
@@ -86,9 +92,17 @@ def boundary_windows(ranges: Iterable[Span], kernels: Iterable[Kernel],
         validated = [k for k in kernels if val.start_ns <= k.launched_ns <= val.end_ns]
         if not trained or not validated:
             continue
-        gap = min(k.start_ns for k in validated) - max(k.end_ns for k in trained)
+        first_val = min(k.start_ns for k in validated)
+        gap = first_val - max(k.end_ns for k in trained)
+        stream_gaps = []
+        for stream in sorted({k.stream for k in trained}):
+            trained_end = max(k.end_ns for k in trained if k.stream == stream)
+            own = [k.start_ns for k in validated if k.stream == stream]
+            stream_gaps.append((min(own) if own else first_val) - trained_end)
         before_read = sum(max(0, min(k.end_ns, read.end_ns) - k.start_ns) for k in validated)
-        windows.append({"train_val_gap_s": gap * 1e-9, "val_before_train_read_s": before_read * 1e-9})
+        windows.append({"train_val_gap_s": gap * 1e-9,
+                        "stream_train_val_gap_s": sum(stream_gaps) / len(stream_gaps) * 1e-9,
+                        "val_before_train_read_s": before_read * 1e-9})
     return windows
 
 
@@ -108,7 +122,8 @@ def _trace_spans(prof) -> tuple[list[Span], list[Kernel]]:
                 host_start[event.correlation_id()] = event.start_ns()
         elif event.linked_correlation_id() > 0 and event.name() not in names:
             device.append(event)  # not the device-side copy of an annotation range
-    kernels = [Kernel(e.start_ns(), e.end_ns(), host_start[e.linked_correlation_id()])
+    kernels = [Kernel(e.start_ns(), e.end_ns(), host_start[e.linked_correlation_id()],
+                      e.device_resource_id())
                for e in device if e.linked_correlation_id() in host_start]
     return ranges, kernels
 
@@ -172,9 +187,13 @@ register(Finding(
         f"host_blocked_s_per_step: the host's wait in synchronize and reads, averaged over "
         f"{STEPS_FOR_BLOCKED_TIME} steps. From the profiler trace of {PROFILED_STEPS} "
         "steps: train_val_gap_s, from the end of the last training kernel to the start "
-        "of the first validation kernel (the streams' idle gap that H3 is about), and "
+        "of the first validation kernel (the idle gap that H3 is about); "
+        "stream_train_val_gap_s, the same per env stream (to its own first validation "
+        "kernel for stream, to the first on the default stream for event), averaged; and "
         "val_before_train_read_s, validation's device time before the host finished "
         "reading the training results (0 for stream: it reads, then launches).",
+        "host_syncs (CUDA, one step): 2N stream synchronizes and 4N blocking reads for "
+        "stream, 1 read for event.",
         "With event, validation of all envs runs on one stream (the default), in "
         "sequence; with stream, on the env streams side by side: the fix trades that "
         "parallelism for the gap.",

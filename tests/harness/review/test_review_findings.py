@@ -152,23 +152,30 @@ def test_h4_h5_declare_the_review_s_fix_and_ours():
 # ----- H3: the epoch boundary ------------------------------------------------------------
 
 def test_h3_window_of_a_synthetic_trace():
-    """Two steps (ns): training kernels end at 100 and 1100; `stream` reads, then
-    validates from 160 (a 60 ns gap, nothing before the read ended at 150); `event`'s
-    validation starts at 1105 and the read ends after it (all 40 ns before it)."""
+    """Two steps (ns) on streams 1 and 2, the default stream 7. Step 1 (`stream`): training
+    ends at 100 (stream 1) and 90 (stream 2); the host reads until 150, then validates
+    on the env streams from 160 and 170: gaps 60 overall, (60 + 80) / 2 per stream, none
+    before the read. Step 2 (`event`-like): training ends at 1100 and 1080, validation on
+    the default stream from 1105 while the read ends at 2000: gaps 5, (5 + 25) / 2, and
+    all 40 + 20 ns of validation before the read."""
     from harness.review.findings.stream_sync import Kernel, Span, boundary_windows
 
     ranges = [Span("env_train", 0, 50), Span("env_train_read", 90, 150),
               Span("env_val", 150, 155), Span("env_train", 1000, 1050),
               Span("env_val", 1050, 1060), Span("env_train_read", 1060, 2000)]
-    kernels = [Kernel(10, 60, 5), Kernel(60, 100, 40),  # step 1 training
-               Kernel(160, 200, 152), Kernel(200, 220, 154),  # step 1 validation
-               Kernel(1010, 1100, 1020),  # step 2 training
-               Kernel(1105, 1145, 1055),  # step 2 validation
-               Kernel(120, 125, 100)]  # a read's copy: in no range, not counted
+    kernels = [Kernel(10, 60, 5, 1), Kernel(60, 100, 40, 1), Kernel(20, 90, 30, 2),
+               Kernel(160, 200, 152, 1), Kernel(170, 220, 154, 2),  # step 1 validation
+               Kernel(1010, 1100, 1020, 1), Kernel(1010, 1080, 1021, 2),
+               Kernel(1105, 1145, 1055, 7), Kernel(1145, 1165, 1056, 7),  # step 2 validation
+               Kernel(120, 125, 100, 7)]  # a read's copy: in no range, not counted
     windows = boundary_windows(ranges, kernels, "env_train_read")
-    assert windows == [pytest.approx({"train_val_gap_s": 60e-9, "val_before_train_read_s": 0.0}),
-                       pytest.approx({"train_val_gap_s": 5e-9, "val_before_train_read_s": 40e-9})]
-    assert boundary_windows(ranges[:3], kernels[:2], "env_train_read") == []  # no val kernels
+    assert windows == [
+        pytest.approx({"train_val_gap_s": 60e-9, "stream_train_val_gap_s": 70e-9,
+                       "val_before_train_read_s": 0.0}),
+        pytest.approx({"train_val_gap_s": 5e-9, "stream_train_val_gap_s": 15e-9,
+                       "val_before_train_read_s": 60e-9}),
+    ]
+    assert boundary_windows(ranges[:3], kernels[:3], "env_train_read") == []  # no val kernels
 
 
 def test_h3_reads_its_ranges_from_a_profile():
