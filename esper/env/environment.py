@@ -69,7 +69,8 @@ OBS_DIM: int = 3 * HISTORY + NUM_SLOTS * (len(Stage) + 3) + 2
 #: `Variants.validation` -> the grad mode of the validation forward. esper-lite runs it
 #: under `torch.inference_mode()` (2df957ed simic/training/vectorized.py:1070-1072), which
 #: the review (L1) calls "more efficient than no_grad()".
-VALIDATION_MODES = dict(zip(AXES["validation"], (torch.inference_mode, torch.no_grad), strict=True))
+VALIDATION_MODES = dict(zip(AXES["validation"], (torch.inference_mode, torch.no_grad),
+                            strict=True))
 
 
 def _parse_index(head: str, value: object) -> int:

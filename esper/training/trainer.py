@@ -306,7 +306,9 @@ class VectorizedTrainer:
         (vectorized.py:1162-1231); each env's `(train_loss, correct)` 0-d device tensors."""
         envs = self.envs.envs
         for stream in self.streams:
-            stream.wait_stream(default)  # the accumulators were zeroed on the default stream there
+            # once before the batches, as the original (1162-1166), whose accumulators are
+            # zeroed on the default stream (ours: on the env stream, in batch 0)
+            stream.wait_stream(default)
         for b in range(self.config.env_config.train_batches):
             for env, stream in zip(envs, self.streams):
                 stream.wait_stream(default)  # per env per batch, as the original (1188-1189)
