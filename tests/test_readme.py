@@ -47,6 +47,7 @@ def test_every_relative_link_resolves(page):
     assert missing == []
 
 
+@pytest.mark.integration  # a fresh interpreter imports every command and the plug-in
 def test_generated_blocks_are_current():
     """`python docs/generate.py --check`: every measured table and --help block matches
     what the code and the committed results give (exit 1 names each stale block)."""

@@ -336,7 +336,7 @@ def test_an_interrupted_run_is_rendered_with_a_banner_and_its_partial_findings(q
     page = parse(out / "index.html")
     gae, reset = page.summary[1:]
     assert gae[2] == "16 envs x 25 steps (dones=episode) 2 of 4 cases"
-    assert gae[3].startswith("scan ")
+    assert gae[3].startswith("batched ")  # the ticket's fix
     assert reset[3] == "not compared: only clone has a row at 4 envs x 25 steps (dones=random0.05)"
     for src, _, _ in page.images:
         assert (out / src).stat().st_size > 0
@@ -473,7 +473,7 @@ def test_markdown_of_a_comparison(quick, tmp_path, capsys):
     finding, where, verdict, changed, counters = row.strip("| ").split(" | ")
     assert where == "4 envs x 25 steps (dones=episode)"
     # a run against itself: 1 exactly, and no decisive change (the run-to-run noise)
-    assert re.fullmatch(r"scan: new / old 1 \[[\d.]+-[\d.]+\], (same|inconclusive)", verdict), verdict
+    assert re.fullmatch(r"batched: new / old 1 \[[\d.]+-[\d.]+\], (same|inconclusive)", verdict), verdict
     assert changed.startswith("no change of ") and counters == "unchanged"
     page = parse(out / "index.html")
     assert page.summary[1][1:] == [where, verdict, changed, counters]
