@@ -47,7 +47,10 @@ class Variants:
     gae: str = "loop"
     """Advantage computation method, a key of `esper.gae.METHODS`."""
     sync: str = "stream"
-    """Vectorized env phase: host `stream.synchronize()` per env (original) or CUDA `event`s."""
+    """The epoch boundary of the vectorized env phase on CUDA (`VectorizedTrainer.env_phase`):
+    per env a host `stream.synchronize()` and reads after training, validation on the env
+    streams, the same again after it (original); or an `event` per env stream that the
+    default stream waits on, validation there, one read (the review's H3 fix)."""
     env_pool: str = "recreate"
     """Envs of each new batch of episodes: `recreate`d (new host networks, optimizers and
     streams, the original) or reset in place from a `pool` (`esper.env.pool`)."""
