@@ -9,7 +9,8 @@ Seed lifecycle of one slot::
 
 A seed adds `alpha * seed(h)` to the hidden features `h` of its slot. In TRAINING the
 seed reads `h.detach()`, so it learns without pushing gradients into the host's lower
-layers; in BLENDING gradients flow both ways; a FOSSILIZED seed is frozen for good.
+layers; in BLENDING gradients flow both ways; a FOSSILIZED seed's blend weight is fixed
+for good, while its weights train on, as the original's do (`esper.env.optimizers`).
 Every seed's output is zero-initialised, so germination does not perturb the host.
 """
 
