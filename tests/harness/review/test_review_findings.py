@@ -319,6 +319,33 @@ def test_clipping_changes_nothing_below_the_limit_and_caps_the_norm_above_it():
     assert not torch.equal(changed, none)
 
 
+def test_c3_answer_counts_episodes_with_wilson_intervals_over_episodes():
+    """Small real episodes at 30x the original's seed lr, where seeds do explode: the
+    counts are of episodes (not steps), each rate's interval a Wilson interval over them."""
+    from harness.measure.stats import t_mean_ci
+    from harness.review.findings import seed_grad_clip as c3
+
+    inputs = c3._build(Case.of(seed_lr=0.3, episodes=8), CPU, 0)
+    inputs["config"] = dataclasses.replace(OVERFLOWING, amp=False)
+    out = {v: c3._stability(v, inputs) for v in c3.VARIANTS}
+    for variant in c3.VARIANTS:
+        episodes = inputs["results"][variant]
+        assert out[variant]["episodes"] == 8 == len(episodes)
+        for e, env_seed in zip(episodes, range(c3.FIRST_EPISODE_SEED, c3.FIRST_EPISODE_SEED + 8)):
+            assert len(e["norms"]) == live_seed_steps(OVERFLOWING, env_seed)  # one per seed step
+        exploded = sum(any(not n <= c3.EXPLOSION_NORM for n in e["norms"]) for e in episodes)
+        assert out[variant]["exploded_episodes"] == exploded
+        assert (out[variant]["exploded_episodes_rate_low"],
+                out[variant]["exploded_episodes_rate_high"]) == wilson_interval(exploded, 8)
+        diverged = sum(e["diverged"] for e in episodes)
+        assert out[variant]["diverged_episodes_rate_high"] == wilson_interval(diverged, 8)[1]
+    assert out["none"]["exploded_episodes"] >= 2  # the case is real
+    diffs = [c["final_val_acc"] - n["final_val_acc"]
+             for c, n in zip(inputs["results"]["clip"], inputs["results"]["none"])]
+    assert (out["clip"]["final_val_acc_diff"], out["clip"]["final_val_acc_diff_low"],
+            out["clip"]["final_val_acc_diff_high"]) == t_mean_ci(diffs)
+
+
 # ----- H2, L2: the small claims -----------------------------------------------------------
 
 def test_stream_guards_decide_alike_wherever_an_env_has_a_stream():
