@@ -410,6 +410,46 @@ def test_tl_check_compares_the_first_rollout_and_catches_another_seed():
     assert check_cell(f, case, make_call=other_seed)["terminal"]["status"] == "mismatch"
 
 
+def test_tl_cannot_decide_when_the_trained_policies_do_not_beat_always_wait():
+    """Real runs: policies trained one iteration on 2-step episodes do not beat
+    always-WAIT on the held-out seeds, and the answer says it cannot decide."""
+    from harness.measure.stats import t_mean_ci
+    from harness.review.findings import time_limit as tl
+
+    case = Case.of(num_envs=2, max_steps=2, iterations=1, train_seeds=5, eval_seeds=4)
+    inputs = tl._build(case, CPU, 0)
+    rows = {v: tl._learning(v, inputs) for v in ("truncated", "terminal")}
+    wait = rows["terminal"]["always_wait_return"]
+    for variant, row in rows.items():
+        returns = [row[f"return_seed{i}"] for i in range(5)]
+        assert row["train_seeds"] == 5  # the interval is over training seeds
+        assert (row["return_vs_wait"], row["return_vs_wait_low"], row["return_vs_wait_high"]) \
+            == t_mean_ci([r - wait for r in returns])
+        assert not row["return_vs_wait_low"] > 0 and row["beats_always_wait"] == 0.0
+    assert rows["terminal"]["decision"].startswith(tl.CANNOT_DECIDE + ": ")
+    assert "not beat always-WAIT" in rows["terminal"]["decision"]
+    assert rows["terminal"]["warning"].endswith(rows["terminal"]["decision"])
+    assert "decision" not in rows["truncated"]
+
+
+def test_tl_decision_words_follow_the_intervals():
+    from harness.review.findings.time_limit import CANNOT_DECIDE, decision
+
+    both = {"truncated": (2.0, 1.0, 3.0), "terminal": (2.5, 1.5, 3.5)}
+    assert decision(both, (0.5, 0.1, 0.9)) == "terminal's held-out return is higher"
+    assert decision(both, (-0.5, -0.9, -0.1)) == "truncated's held-out return is higher"
+    assert decision(both, (0.5, -0.1, 1.1)).startswith(CANNOT_DECIDE)
+    one_fails = {**both, "terminal": (0.5, -0.5, 1.5)}
+    assert decision(one_fails, (5.0, 4.0, 6.0)) == (
+        f"{CANNOT_DECIDE}: terminal does not beat always-WAIT (the interval of return - "
+        "always-WAIT's is not above 0)")
+
+
+def test_tl_runs_at_least_ten_training_seeds_per_arm_at_every_size():
+    f = finding("TL-bootstrap")
+    assert all(c["train_seeds"] >= 10 for quick in (True, False) for c in f.cases(quick))
+
+
 # ----- every finding through harness.run -------------------------------------------------
 
 NEW_FINDINGS = ("AUDIT-1.3-batched-transfer", "H1-env-pooling", "H2-redundant-is-cuda",
@@ -435,6 +475,7 @@ def test_quick_run_of_every_new_finding(tmp_path):
     assert "final_val_acc_diff" in rows.columns
     assert rows.loc[("TL-bootstrap", "terminal"), "heldout_return_diff_low"] <= \
         rows.loc[("TL-bootstrap", "terminal"), "heldout_return_diff"]
+    assert isinstance(rows.loc[("TL-bootstrap", "terminal"), "decision"], str)
     assert rows.loc[("H4-bootstrap-tensor", "copy"), "allocations"] == 0
     assert rows.loc[("H5-mask-stacking", "preallocated"), "allocations"] == 0
     assert rows.loc[("AUDIT-1.3-batched-transfer", "flat"), "host_to_device_copies"] == 1
