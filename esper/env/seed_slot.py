@@ -35,7 +35,8 @@ ALPHA_TARGETS: tuple[float, ...] = (0.3, 0.7, 1.0)
 ALPHA_SPEEDS: tuple[int, ...] = (1, 2, 4, 8)
 #: alpha_curve head index -> shape of the ramp, a map from progress in [0, 1] to [0, 1].
 ALPHA_CURVES: tuple[str, ...] = ("linear", "cosine", "step")
-#: style head index -> multiplier of the seed's learning rate relative to the host's.
+#: style head index -> multiplier of the seed's learning rate `EnvConfig.seed_lr` (this
+#: project's: the original's style picks a blend and alpha algorithm, its seeds one lr).
 STYLE_LR_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 #: tempo head index -> TRAINING epochs a seed needs before ADVANCE is allowed.
 TEMPO_EPOCHS: tuple[int, ...] = (1, 2, 4)

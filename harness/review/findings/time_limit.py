@@ -24,7 +24,7 @@ TRAIN_SEEDS = 10
 #: per-seed run shrunk (iterations, held-out episodes) so that 10 seeds per arm fit.
 SETTINGS = {
     True: dict(num_envs=2, max_steps=5, iterations=1, train_seeds=TRAIN_SEEDS, eval_seeds=4),
-    False: dict(num_envs=4, max_steps=25, iterations=30, train_seeds=TRAIN_SEEDS, eval_seeds=8),
+    False: dict(num_envs=4, max_steps=25, iterations=40, train_seeds=TRAIN_SEEDS, eval_seeds=8),
 }
 #: the first held-out env seed of the evaluation (training seeds are small integers)
 FIRST_EVAL_SEED = 100
