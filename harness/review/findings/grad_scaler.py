@@ -203,7 +203,7 @@ register(Finding(
     extra_metrics=_stability,
     answer=("host_overflow_rate", "seed_overflow_rate", "host_skipped_steps_diff",
             "final_scale_log2_diff"),
-    duration_s=(10.0, 90.0),
+    duration_s=(12.0, 90.0),
     notes=(
         "The environment as reviewed: mixed precision (EnvConfig.amp) and the original's "
         "optimizers (esper.env.optimizers): the host's SGD (lr 0.01, momentum 0.9, weight "

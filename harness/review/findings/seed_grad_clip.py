@@ -156,7 +156,7 @@ register(Finding(
     extra_metrics=_stability,
     answer=("exploded_episodes_rate", "diverged_episodes_rate", "final_val_acc_diff"),
     long=True,
-    duration_s=(8.0, 150.0),
+    duration_s=(8.0, 100.0),
     notes=(
         "The environment as reviewed, with the original's optimizers "
         "(esper.env.optimizers): each live seed has its own SGD (lr 0.01 x the style's "
