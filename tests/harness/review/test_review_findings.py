@@ -395,6 +395,16 @@ def test_wilson_interval_and_bootstrap_mean():
     assert mean == 2.5 and 1.0 <= low < 2.5 < high <= 4.0
 
 
+def test_t_interval_of_a_mean_over_a_few_independent_outcomes():
+    from harness.measure.stats import t_mean_ci
+
+    # s = 1.2910, t(0.975, 3 df) = 3.1824: half width 3.1824 * 1.2910 / 2 = 2.0543
+    assert t_mean_ci([1.0, 2.0, 3.0, 4.0]) == pytest.approx((2.5, 0.4457, 4.5543), abs=1e-4)
+    assert t_mean_ci([0.0, 0.0, 0.0]) == (0.0, 0.0, 0.0)  # all equal: a point
+    with pytest.raises(ValueError, match="at least 2 finite numbers"):
+        t_mean_ci([1.0])
+
+
 # ----- TL-bootstrap: its check ---------------------------------------------------------
 
 def test_tl_check_compares_the_first_rollout_and_catches_another_seed():
