@@ -27,8 +27,22 @@ class EnvConfig:
     """Samples per training minibatch."""
     val_size: int = 512
     """Validation samples, evaluated in one forward at the end of each epoch."""
-    lr: float = 0.1
-    """SGD learning rate of the host; seeds use `lr * STYLE_LR_SCALES[style]`."""
+    lr: float = 0.01
+    """SGD learning rate of the host. Original: `0.01`, src/esper/leyline/__init__.py:218
+    @2df957ed (DEFAULT_HOST_LR, `task_spec.host_lr`, the host's SGD at
+    src/esper/simic/training/vectorized.py:844-846)."""
+    seed_lr: float = 0.01
+    """SGD learning rate of each seed, times `STYLE_LR_SCALES[style]` of the style head's
+    choice (this project's: the original's seeds all train at `seed_lr`). Original:
+    `0.01`, src/esper/leyline/__init__.py:222 @2df957ed (DEFAULT_SEED_LR,
+    `task_spec.seed_lr`, each seed's SGD at src/esper/simic/training/vectorized.py:979-981)."""
+    momentum: float = 0.9
+    """SGD momentum of the host and of every seed; each optimizer, and so its momentum,
+    lives as long as what it trains (`esper.env.optimizers`). Original: `0.9`,
+    src/esper/simic/training/vectorized.py:845 @2df957ed (the host's; the seeds' at 980)."""
+    weight_decay: float = 5e-4
+    """L2 weight decay of the host's SGD (the seeds have none, as there). Original:
+    `5e-4`, src/esper/simic/training/vectorized.py:845 @2df957ed."""
     param_rent: float = 0.01
     """Reward penalty per epoch per unit of (seed parameters / host parameters)."""
     seed: int = 0
@@ -36,7 +50,9 @@ class EnvConfig:
     amp: bool = False
     """Mixed precision for the host's training batches, as the reviewed system's `use_amp`:
     autocast (`esper.env.optimizers.amp_dtype`: float16 on CUDA) with GradScaler(s) arranged
-    by `Variants.scaler`. Off by default, as there."""
+    by `Variants.scaler`. Off by default, as there. The original runs it on CUDA only
+    (src/esper/simic/training/vectorized.py:725,853,987-990 @2df957ed); on the CPU this is
+    a stand-in the original never runs (CPU autocast and `GradScaler('cpu')`)."""
     seed_clip_norm: float = 1.0
     """Gradient-norm limit of each seed's parameters when `Variants.seed_clip` is `clip`
     (the review's suggested max_norm=1.0)."""
@@ -58,6 +74,9 @@ class EnvConfig:
             check_int(f"EnvConfig.{name}", getattr(self, name), minimum)
         check_bool("EnvConfig.amp", self.amp)
         check_number("EnvConfig.lr", self.lr, positive=True)
+        check_number("EnvConfig.seed_lr", self.seed_lr, positive=True)
+        check_number("EnvConfig.momentum", self.momentum, minimum=0, maximum=1)
+        check_number("EnvConfig.weight_decay", self.weight_decay, minimum=0)
         check_number("EnvConfig.param_rent", self.param_rent, minimum=0)
         check_number("EnvConfig.seed_clip_norm", self.seed_clip_norm, positive=True)
         check_bool("EnvConfig.terminal_bonus", self.terminal_bonus)

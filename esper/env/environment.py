@@ -34,7 +34,7 @@ from esper.env.accumulators import EpochAccumulators
 from esper.env.blueprints import BLUEPRINTS
 from esper.env.config import EnvConfig
 from esper.env.host_network import HostNetwork
-from esper.env.optimizers import EnvOptimizers, amp_dtype, make_scalers, new_scaler
+from esper.env.optimizers import EnvOptimizers, amp_dtype
 from esper.env.seed_slot import (
     ALPHA_CURVES,
     ALPHA_SPEEDS,
@@ -118,8 +118,7 @@ class MorphoEnv:
         self._accumulators = EpochAccumulators(self.device, self.variants.accumulators)
         self._val_mode = VALIDATION_MODES[self.variants.validation]
         self._amp_dtype = amp_dtype(self.device) if config.amp else None
-        self.seed_grad_norms: list | None = None
-        """Set to a list to record each seed step's gradient norm (see `EnvOptimizers`)."""
+        self._optimizers: EnvOptimizers | None = None
         with torch.device("meta"):  # weights are drawn in reset() from the env's generator
             self._host = HostNetwork(config)
         self._host.to_empty(device=self.device)
@@ -141,10 +140,7 @@ class MorphoEnv:
         self.epoch = 0
         self.contributing_fossilized = 0
         """Seeds fossilized this episode that contributed (see `MIN_FOSSILIZE_CONTRIBUTION`)."""
-        self.scalers: dict | None = (make_scalers(self.device, self.variants.scaler, ())
-                                     if self.config.amp else None)
-        """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`)."""
-        self._rebuild_optimizer()
+        self._new_optimizers()
         return self._observation()
 
     @property
@@ -162,22 +158,64 @@ class MorphoEnv:
         """Seed parameters divided by host parameters."""
         return (self.num_parameters - self.host_parameters) / self.host_parameters
 
-    def _rebuild_optimizer(self) -> None:
-        # Plain SGD keeps no state, so rebuilding after a structural change loses nothing.
-        seeds = [(f"slot{i}", list(slot.module.parameters()), self.config.lr * slot.lr_scale)
-                 for i, slot in enumerate(self.slots)
-                 if slot.stage in (Stage.TRAINING, Stage.BLENDING)]
-        if self.scalers is not None and self.variants.scaler == "per_optimizer":
-            # a seed's scaler lives as long as the seed trains; a new seed gets a new one
-            names = {"host"} | {name for name, _, _ in seeds}
-            for name in list(self.scalers):
-                if name not in names:
-                    del self.scalers[name]
-            for name in sorted(names - set(self.scalers)):
-                self.scalers[name] = new_scaler(self.device)
-        clip = self.config.seed_clip_norm if self.variants.seed_clip == "clip" else None
-        self._optimizers = EnvOptimizers(self._host.parameters(), seeds, self.config.lr,
-                                         self.scalers, clip, self.seed_grad_norms)
+    # ----- optimizers (esper.env.optimizers) ------------------------------------------
+
+    def _new_optimizers(self) -> None:
+        """The episode's optimizers: the host's SGD and new GradScalers, made at each
+        reset as the original makes them with each env (vectorized.py:844-853
+        @2df957ed); measurement lists set on the env carry over."""
+        c = self.config
+        previous = self._optimizers
+        self._optimizers = EnvOptimizers(
+            self._host.parameters(), c.lr, c.momentum, c.weight_decay,
+            scaler=self.variants.scaler if c.amp else None, device=self.device,
+            seed_clip_norm=c.seed_clip_norm if self.variants.seed_clip == "clip" else None)
+        if previous is not None:
+            self._optimizers.grad_norms = previous.grad_norms
+            self._optimizers.overflows = previous.overflows
+
+    def _seed_optimizers_follow_slots(self) -> None:
+        """Every live seed (TRAINING, BLENDING or FOSSILIZED) has an SGD of its own, made
+        when it first needs one and kept with its momentum (vectorized.py:960-981
+        @2df957ed); an emptied slot's is dropped (2023). Its learning rate follows the
+        style head's last choice (`STYLE_LR_SCALES`, this project's)."""
+        for i, slot in enumerate(self.slots):
+            name = f"slot{i}"
+            if slot.module is None:
+                self._optimizers.drop_seed(name)
+            elif name not in self._optimizers.seeds:
+                self._optimizers.add_seed(name, slot.module.parameters(),
+                                          self.config.seed_lr * slot.lr_scale,
+                                          self.config.momentum)
+            else:
+                self._optimizers.set_seed_lr(name, self.config.seed_lr * slot.lr_scale)
+
+    @property
+    def scalers(self) -> dict | None:
+        """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`);
+        None without mixed precision."""
+        return self._optimizers.scalers
+
+    @property
+    def seed_grad_norms(self) -> list | None:
+        """Set to a list to record each seed step's gradient norm before clipping,
+        `(slot name, 0-d device tensor)` per step (`EnvOptimizers.grad_norms`)."""
+        return self._optimizers.grad_norms
+
+    @seed_grad_norms.setter
+    def seed_grad_norms(self, value: list | None) -> None:
+        self._optimizers.grad_norms = value
+
+    @property
+    def step_overflows(self) -> list | None:
+        """Set to a list to record, under mixed precision, whether each scaled optimizer
+        step found an inf/NaN (and was skipped): `(name, 0-d 0/1 float device tensor)`
+        per step, `host` and `slot<i>` (`EnvOptimizers.overflows`)."""
+        return self._optimizers.overflows
+
+    @step_overflows.setter
+    def step_overflows(self, value: list | None) -> None:
+        self._optimizers.overflows = value
 
     # ----- actions -------------------------------------------------------------------
 
@@ -262,7 +300,7 @@ class MorphoEnv:
                             ALPHA_CURVES[a["alpha_curve"]])
         elif op == "PRUNE":
             # Removal is immediate; alpha_speed/alpha_curve are part of the policy's PRUNE
-            # action but a fade-out is not modelled.
+            # action but a fade-out is not modelled. Its optimizer goes with it (below).
             self.slots[a["slot"]] = SeedSlot()
         elif op == "FOSSILIZE":
             # contributing: its host gained a point of accuracy since the seed's first epoch
@@ -270,14 +308,16 @@ class MorphoEnv:
                     else 100.0 * (self._last_val_acc - slot.initial_val_acc))
             if gain is not None and gain >= MIN_FOSSILIZE_CONTRIBUTION:
                 self.contributing_fossilized += 1
+            # its blend weight is fixed for good; its weights train on with its
+            # optimizer, as the original's (vectorized.py:966 @2df957ed)
             slot.stage, slot.epochs_in_stage = Stage.FOSSILIZED, 0
-            slot.module.requires_grad_(False)
         else:  # ADVANCE: TRAINING -> BLENDING
             slot.stage, slot.epochs_in_stage = Stage.BLENDING, 0
-        self._rebuild_optimizer()
+        self._seed_optimizers_follow_slots()
         return True
 
     def _germinate(self, slot: SeedSlot, a: dict[str, int]) -> None:
+        self._optimizers.drop_seed(f"slot{a['slot']}")  # a new seed, a new optimizer (1828)
         blueprint = BLUEPRINTS[a["blueprint"]]
         slot.module = blueprint.build(self.config.host_hidden, self.device, self._seed_gen)
         slot.blueprint, slot.stage, slot.epochs_in_stage = blueprint, Stage.TRAINING, 0
@@ -300,7 +340,6 @@ class MorphoEnv:
         check_int("launch_train_batch: b", b, minimum=0, below=self.config.train_batches)
         if b == 0:
             self._accumulators.zero_()
-            self._optimizers.grad_norms = self.seed_grad_norms
         inputs, targets = self._train_x[b], self._train_y[b]
         record_on_stream(self._record_guard, self.stream, inputs, targets)
         amp = self._amp_dtype is not None

@@ -1,8 +1,16 @@
-"""The optimizers of one environment: SGD for the host and one SGD per training seed.
+"""The optimizers of one environment: SGD for the host and one SGD per live seed.
 
-As in the reviewed system, the host and each seed slot that trains (TRAINING or
-BLENDING) have their own optimizer, stepped host first, then seeds. Two reviewed
-choices act here:
+As in the reviewed system (src/esper/simic/training/vectorized.py @2df957ed): the host's
+SGD (lr, momentum, weight decay: 844-846) is made with the env and lives the whole
+episode; each slot with a live seed gets an SGD of its own (the seed lr, momentum, no
+weight decay: 970-981) and keeps it, momentum included, through every stage it trains in
+(TRAINING, BLENDING and FOSSILIZED: "Seeds can continue training through
+BLENDING/PROBATIONARY/FOSSILIZED", 960-969), until the slot is emptied or regrown (the
+optimizer is dropped when a seed is pruned or germinated: 1828, 1849, 2023). Each batch
+zeroes every gradient, runs one backward, steps the host, then each seed in slot order
+(983-985, 1031-1039).
+
+Two reviewed choices act here:
 
 - C1, `Variants.scaler`, under mixed precision (`EnvConfig.amp`): one GradScaler
   `shared` by all optimizers (the original: `scaler.step` for each, then one
@@ -16,16 +24,22 @@ choices act here:
   or after `clip_grad_norm_(seed parameters, EnvConfig.seed_clip_norm)` (`clip`); under
   mixed precision the gradients are unscaled first.
 
-Plain SGD keeps no state, so rebuilding the optimizers after a structural change (a
-seed germinated, pruned, fossilized) loses nothing; the scalers live on across rebuilds
-within an episode and are replaced at `reset`.
+A latent bug of the original is not copied: under mixed precision it calls
+`scaler.step` on every live seed's optimizer, and PyTorch raises "No inf checks were
+recorded for this optimizer" for one none of whose parameters got a gradient. Here such
+an optimizer is stepped without the scaler (a no-op without gradients), the guard the
+original added later (vectorized.py:1456-1465 @599f3895). Every live seed of this
+environment is in the forward pass, so none is without gradients; the guard keeps a
+future one from crashing.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
+
+from esper.variants import AXES
 
 Tensor = torch.Tensor
 HOST = "host"
@@ -34,7 +48,7 @@ HOST = "host"
 def amp_dtype(device: torch.device) -> torch.dtype:
     """The autocast dtype of mixed precision on `device`: float16 on CUDA (the reviewed
     system's), and on the CPU float16 where this torch's CPU autocast runs it, else
-    bfloat16."""
+    bfloat16. The original has no mixed precision on the CPU."""
     if device.type == "cuda" or _cpu_autocast_runs_float16():
         return torch.float16
     return torch.bfloat16
@@ -53,30 +67,72 @@ def _cpu_autocast_runs_float16() -> bool:
 
 
 class EnvOptimizers:
-    """SGD for the host parameters and for each training seed, with the env's AMP scalers.
+    """SGD for the host parameters and for each live seed, with the env's AMP scalers.
 
     Args:
         host_params: the host network's parameters.
-        seeds: `(name, parameters, lr)` per training seed slot (e.g. `("slot1", ...)`).
-        lr: the host's learning rate.
-        scalers: name -> GradScaler when mixed precision is on (`make_scalers`), else None.
+        lr, momentum, weight_decay: the host's SGD (`EnvConfig.lr`, `.momentum`,
+            `.weight_decay`).
+        scaler: mixed precision's GradScaler arrangement (a `Variants.scaler` value), or
+            None without mixed precision.
+        device: where the GradScalers work (its type: `cuda` or `cpu`).
         seed_clip_norm: max gradient norm of each seed's parameters, or None (no clip).
-        grad_norms: when a list, each seed step appends `(name, norm)`, the seed's gradient
-            norm before any clipping as a 0-d device tensor (measurement; costs a norm).
+
+    Seeds are added with `add_seed` and dropped with `drop_seed`; an optimizer lives
+    until it is dropped, so its momentum does.
     """
 
-    def __init__(self, host_params: Sequence[Tensor], seeds: Sequence[tuple[str, list, float]],
-                 lr: float, scalers: dict | None = None, seed_clip_norm: float | None = None,
-                 grad_norms: list | None = None) -> None:
-        self.optimizers: dict[str, torch.optim.SGD] = {
-            HOST: torch.optim.SGD(list(host_params), lr=lr)}
+    def __init__(self, host_params: Iterable[Tensor], lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0, scaler: str | None = None,
+                 device: torch.device | str = "cpu", seed_clip_norm: float | None = None
+                 ) -> None:
+        if scaler is not None and scaler not in AXES["scaler"]:
+            raise ValueError(f"scaler: expected None or one of {AXES['scaler']}; got {scaler!r}")
+        self.host = torch.optim.SGD(list(host_params), lr=lr, momentum=momentum,
+                                    weight_decay=weight_decay)
+        self.seeds: dict[str, torch.optim.SGD] = {}
+        """Seed optimizers by name (`slot<i>`), in slot order."""
         self._seed_params: dict[str, list[Tensor]] = {}
-        for name, params, seed_lr in seeds:
-            self.optimizers[name] = torch.optim.SGD(params, lr=seed_lr)
-            self._seed_params[name] = list(params)
-        self.scalers = scalers
+        self._arrangement = scaler
+        self._device = torch.device(device)
+        self.scalers: dict[str, torch.amp.GradScaler] | None = (
+            None if scaler is None else make_scalers(self._device, scaler, ()))
+        """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`)."""
         self.seed_clip_norm = seed_clip_norm
-        self.grad_norms = grad_norms
+        self.grad_norms: list | None = None
+        """When a list, each seed step appends `(name, norm)`: the seed's gradient norm
+        before any clipping, a 0-d device tensor (measurement; costs a norm)."""
+        self.overflows: list | None = None
+        """When a list, under mixed precision each scaled step appends `(name, found)`:
+        1.0 when its scaler found an inf/NaN in that optimizer's gradients and skipped
+        the step, else 0.0, a 0-d float device tensor (measurement; read without a sync)."""
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.SGD]:
+        """Every optimizer by name, in stepping order: `host`, then the seeds."""
+        return {HOST: self.host, **self.seeds}
+
+    def add_seed(self, name: str, params: Iterable[Tensor], lr: float, momentum: float) -> None:
+        """A new SGD (no state) for seed `name`, replacing any it had; under
+        `per_optimizer` a new GradScaler with it."""
+        params = list(params)
+        self.seeds[name] = torch.optim.SGD(params, lr=lr, momentum=momentum)
+        self.seeds = dict(sorted(self.seeds.items()))  # slot order, as the original's slots_to_step
+        self._seed_params[name] = params
+        if self._arrangement == "per_optimizer":
+            self.scalers[name] = new_scaler(self._device)
+
+    def drop_seed(self, name: str) -> None:
+        """Forget seed `name`'s optimizer (and its own scaler); nothing if it has none."""
+        self.seeds.pop(name, None)
+        self._seed_params.pop(name, None)
+        if self._arrangement == "per_optimizer":
+            self.scalers.pop(name, None)
+
+    def set_seed_lr(self, name: str, lr: float) -> None:
+        """Change seed `name`'s learning rate, keeping its momentum."""
+        for group in self.seeds[name].param_groups:
+            group["lr"] = lr
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers.values():
@@ -86,26 +142,38 @@ class EnvOptimizers:
         """Backward `loss` (scaled under mixed precision), then step host, then seeds."""
         if self.scalers is None:
             loss.backward()
-            for name, optimizer in self.optimizers.items():
-                if name != HOST:
-                    self._clip(name)
+            self.host.step()
+            for name, optimizer in self.seeds.items():
+                self._clip(name)
                 optimizer.step()
             return
         host_scaler = self._scaler(HOST)
         host_scaler.scale(loss).backward()
-        stepped = {}
-        for name, optimizer in self.optimizers.items():
+        self._scaled_step(HOST, self.host, host_scaler)
+        stepped = {id(host_scaler): host_scaler}
+        for name, optimizer in self.seeds.items():
+            if not any(p.grad is not None for p in self._seed_params[name]):
+                optimizer.step()  # without gradients a no-op; scaler.step would raise
+                continue
             scaler = self._scaler(name)
-            if name != HOST:
-                if scaler is not host_scaler:
-                    self._rescale(name, scaler, host_scaler)
-                if self.seed_clip_norm is not None or self.grad_norms is not None:
-                    scaler.unscale_(optimizer)
-                    self._clip(name)
-            scaler.step(optimizer)  # skips this optimizer's step if its grads are not finite
+            if scaler is not host_scaler:
+                self._rescale(name, scaler, host_scaler)
+            if self.seed_clip_norm is not None or self.grad_norms is not None:
+                scaler.unscale_(optimizer)
+                self._clip(name)
+            self._scaled_step(name, optimizer, scaler)
             stepped[id(scaler)] = scaler
         for scaler in stepped.values():  # shared: one update for all; else one each
             scaler.update()
+
+    def _scaled_step(self, name: str, optimizer: torch.optim.SGD,
+                     scaler: torch.amp.GradScaler) -> None:
+        scaler.step(optimizer)  # skips this optimizer's step if its grads are not finite
+        if self.overflows is not None:
+            # What `step` itself reads to decide the skip: PyTorch has no public
+            # per-optimizer flag. The dict holds one 0/1 tensor per device.
+            found = scaler._found_inf_per_device(optimizer).values()
+            self.overflows.append((name, torch.stack(list(found)).sum()))
 
     def _scaler(self, name: str) -> torch.amp.GradScaler:
         return self.scalers.get(name, self.scalers.get("shared"))

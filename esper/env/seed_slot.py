@@ -9,7 +9,8 @@ Seed lifecycle of one slot::
 
 A seed adds `alpha * seed(h)` to the hidden features `h` of its slot. In TRAINING the
 seed reads `h.detach()`, so it learns without pushing gradients into the host's lower
-layers; in BLENDING gradients flow both ways; a FOSSILIZED seed is frozen for good.
+layers; in BLENDING gradients flow both ways; a FOSSILIZED seed's blend weight is fixed
+for good, while its weights train on, as the original's do (`esper.env.optimizers`).
 Every seed's output is zero-initialised, so germination does not perturb the host.
 """
 
@@ -34,7 +35,8 @@ ALPHA_TARGETS: tuple[float, ...] = (0.3, 0.7, 1.0)
 ALPHA_SPEEDS: tuple[int, ...] = (1, 2, 4, 8)
 #: alpha_curve head index -> shape of the ramp, a map from progress in [0, 1] to [0, 1].
 ALPHA_CURVES: tuple[str, ...] = ("linear", "cosine", "step")
-#: style head index -> multiplier of the seed's learning rate relative to the host's.
+#: style head index -> multiplier of the seed's learning rate `EnvConfig.seed_lr` (this
+#: project's: the original's style picks a blend and alpha algorithm, its seeds one lr).
 STYLE_LR_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 #: tempo head index -> TRAINING epochs a seed needs before ADVANCE is allowed.
 TEMPO_EPOCHS: tuple[int, ...] = (1, 2, 4)

@@ -197,7 +197,9 @@ class Finding:
     """Row fields that answer the claim where a time ratio does not (a stability or
     learning claim), each an estimate with its 95% interval in `<field>_low` and
     `<field>_high` (from `extra_metrics`): the report's summary and verdicts lead with them,
-    the time ratio (the cost) after. Empty: the time ratio is the answer."""
+    the time ratio (the cost) after. A row may also say the answer in words in a str field
+    `decision` (e.g. "cannot decide: ..."), which the report puts first. Empty: the time
+    ratio is the answer."""
     profile_max_s: float | None = None
     """Calls slower than this (median seconds) get no profiling pass, so no counters: the
     profiler slows a call by the number of ops it records (about 20x for a Python loop of

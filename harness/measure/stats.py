@@ -1,5 +1,6 @@
 """Statistics over samples: median, IQR, bootstrap intervals of paired differences and
-means, Wilson intervals of rates, and the `Verdict` a result row carries.
+means, Student-t intervals of means, Wilson intervals of rates, and the `Verdict` a result
+row carries.
 
 Samples are per-call durations in seconds: non-empty, finite and positive. A row's
 ratio and its word come from `harness.measure.estimate` and `harness.measure.decision`.
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 __all__ = [
     "RatioCI",
@@ -23,6 +25,7 @@ __all__ = [
     "median",
     "paired_difference_ci",
     "paired_ratio_ci",
+    "t_mean_ci",
     "wilson_interval",
 ]
 
@@ -188,6 +191,23 @@ def bootstrap_mean_ci(values: Sequence[float], *, n_boot: int = 4000, confidence
     means = data[rng.integers(0, data.size, size=(n_boot, data.size))].mean(axis=1)
     low, high = _percentiles(means, confidence)
     return float(data.mean()), low, high
+
+
+def t_mean_ci(values: Sequence[float], *, confidence: float = 0.95
+              ) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of `values` with a Student-t interval, `mean -+
+    t(n - 1) * s / sqrt(n)` (s the sample standard deviation). For a few independent
+    outcomes (one per seed), where a percentile bootstrap of so few values is too narrow;
+    for a paired comparison pass the per-pair differences. Values that are all equal give
+    the point interval (mean, mean, mean): say what bounds the rate then (e.g. a Wilson
+    interval of how many units saw the event at all)."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.ndim != 1 or data.size < 2 or not np.isfinite(data).all():
+        raise ValueError(f"t_mean_ci: expected at least 2 finite numbers; got {values!r}")
+    mean = float(data.mean())
+    half = (float(scipy_stats.t.ppf(0.5 + confidence / 2.0, data.size - 1))
+            * float(data.std(ddof=1)) / math.sqrt(data.size))
+    return mean, mean - half, mean + half
 
 
 class Verdict(str, enum.Enum):

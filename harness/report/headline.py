@@ -140,10 +140,14 @@ class Headline:
     """The practical margin of the words."""
     ci_level: float | None = None
     """The level of the interval (above 0.95 where sampling looked more than once)."""
+    decision: str = ""
+    """The answer in words, where the headline row carries them in a `decision` field
+    (e.g. TL-bootstrap's 'cannot decide: ...'); '' where it does not."""
 
     def answer_text(self) -> str:
-        """'changed other scale rate: per_optimizer 0 [0, 0.49] vs shared 1 [0.51, 1]'; ''."""
-        parts = []
+        """'changed other scale rate: per_optimizer 0 [0, 0.49] vs shared 1 [0.51, 1]'; ''.
+        A `decision` comes first."""
+        parts = [self.decision] if self.decision else []
         for name in dict.fromkeys(a.name for a in self.answers):
             mine = [a for a in self.answers if a.name == name and a.variant == self.variant]
             base = [a for a in self.answers if a.name == name and a.variant == self.baseline]
@@ -385,4 +389,6 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
         fields["reason"] = f"the run has no {variant} row at {where}"
     fields["answers"] = tuple(found for name in answer for r in (row, at.get(baseline, {}))
                               if r for found in [estimate(r, name)] if found is not None)
+    if answer and isinstance(row.get("decision"), str):
+        fields["decision"] = row["decision"]
     return Headline(**common, **fields)

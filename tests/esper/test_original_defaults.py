@@ -94,7 +94,7 @@ def test_the_env_options_that_reproduce_the_original_cite_it():
     """The synthetic environment has no original to match field by field; the options
     that bring the original's behaviour into it do, and default to it."""
     docs = field_docs(EnvConfig)
-    for name in ("terminal_bonus",):
+    for name in ("terminal_bonus", "lr", "seed_lr", "momentum", "weight_decay"):
         cited = CITED.search(docs[name])
         assert cited and cited["commit"] in COMMITS, (name, docs[name])
         assert ast.literal_eval(cited["value"]) == getattr(EnvConfig(), name)

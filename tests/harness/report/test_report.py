@@ -433,6 +433,29 @@ def test_a_stability_finding_is_answered_by_its_estimates_then_its_cost(tmp_path
     assert answer in run_markdown(run, "report/index.html")
 
 
+def test_a_learning_finding_s_worded_decision_leads_its_answer(tmp_path):
+    """TL-bootstrap's rows say 'cannot decide' in words (`decision`) where its estimates
+    alone would read as a difference: the report puts the words first."""
+    base = {"finding": "TL-bootstrap", "case": "num_envs=4,max_steps=25", "p_num_envs": 4,
+            "p_max_steps": 25, "status": "ok", "n": 5, "iqr_s": 0.01}
+    vs_wait = "return_vs_wait"
+    decision = "cannot decide: truncated does not beat always-WAIT"
+    summary = pd.DataFrame([
+        {**base, "variant": "truncated", "baseline": True, "verdict": "baseline",
+         "median_s": 0.5, vs_wait: 0.1, f"{vs_wait}_low": -0.2, f"{vs_wait}_high": 0.4},
+        {**base, "variant": "terminal", "baseline": False, "verdict": "same", "median_s": 0.5,
+         "ratio": 1.0, "ci_low": 0.98, "ci_high": 1.02, "speedup": 1.0, vs_wait: 0.9,
+         f"{vs_wait}_low": 0.5, f"{vs_wait}_high": 1.3, "decision": decision},
+    ])
+    info = {"TL-bootstrap": {"title": "The time limit", "claim": "truncation...",
+                             "baseline": "truncated", "answer": [vs_wait]}}
+    run = Run(folder=tmp_path / "run", metadata={"run_id": "hand-made", "status": "complete",
+                                                  "finding_info": info},
+              summary=summary, rows=pd.DataFrame())
+    text = render_run(run, tmp_path / "report").read_text()
+    assert f"{decision}; return vs wait: terminal 0.9 [0.5, 1.3] vs truncated 0.1" in text
+
+
 def test_paired_e2e_shows_each_phase_saving_with_its_interval_and_device_time(tmp_path):
     """A paired E2E run: per phase the time saved per iteration (baseline - optimized,
     from the rows' `<phase>_diff` fields) with its interval, next to Amdahl's prediction
