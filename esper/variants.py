@@ -30,6 +30,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "seed_clip": ("none", "clip"),
     "stream_guard": ("is_cuda", "stream"),
     "accumulators": ("separate", "stacked"),
+    "add_checks": ("none", "checked"),
 }
 
 
@@ -71,6 +72,11 @@ class Variants:
     accumulators: str = "separate"
     """Per training batch, the loss and correct-count accumulators updated by two
     `separate` `add_` (original) or one `stacked` `add_` (`esper.env.accumulators`)."""
+    add_checks: str = "none"
+    """`RolloutBuffer.add` writes its arguments unchecked (`none`, the original: a wrong
+    value is stored, a [1] mask broadcasts) or checks every one first and raises a
+    `ValueError` naming it (`checked`, the rollout-buffer audit's fix; a buffer made
+    without `variants` checks). AUDIT-5.1-add-checks measures what the checks cost."""
 
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
@@ -92,12 +98,14 @@ class Variants:
         says"). It keeps `transfer=per_tensor` (the flat copy's host side measured slower
         on the CPU; its transfer needs a GPU to measure), `seed_clip=none` (clipping
         changes training: a stability choice, not a speed one, see C3-seed-grad-clip) and
-        `accumulators=separate` (one stacked add measured slower). It computes what
-        `original()` computes (under mixed precision, as long as no gradient overflows)."""
+        `accumulators=separate` (one stacked add measured slower). It takes
+        `add_checks=checked`, which measured slower: a safety choice (bad input raises
+        where the original stored it), not a speed one. It computes what `original()`
+        computes (under mixed precision, as long as no gradient overflows)."""
         return cls(reset="mask", step_counts="tensor", gae="scan", sync="event",
                    env_pool="pool", bootstrap="copy", masks="preallocated",
                    transfer="per_tensor", scaler="per_optimizer", seed_clip="none",
-                   stream_guard="stream", accumulators="separate")
+                   stream_guard="stream", accumulators="separate", add_checks="checked")
 
     @classmethod
     def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":

@@ -30,6 +30,8 @@ Scalar = float | int | Tensor
 
 Flag = bool | int | Tensor
 _HEAD_SET = frozenset(HEAD_NAMES)
+#: the variants of a buffer made without any: the original's code paths, with `add`'s checks
+CHECKED = Variants(add_checks="checked")
 
 
 def _add_error(where: str, field: str, expected: object, got: object) -> ValueError:
@@ -102,11 +104,24 @@ def _flag(where: str, field: str, value: object) -> bool | None:
     raise _add_error(where, field, "a bool (True/False, 0/1 or a one-element bool tensor)", got)
 
 
+def _non_finite(tensor: Tensor) -> str | None:
+    """Where a floating CPU tensor holds a NaN or an infinity ("nan at [3]"), or None.
+
+    Read in place through NumPy (`esper.host_view`): no aten op, a few microseconds for
+    a state of a few hundred floats."""
+    values = np.ctypeslib.as_array(host_view(tensor))
+    finite = np.isfinite(values)
+    if finite.all():
+        return None
+    index = int(np.argmin(finite))  # the first False
+    return f"{values[index]} at [{', '.join(map(str, np.unravel_index(index, tensor.shape)))}]"
+
+
 def device_checks(
     where: str,
     actions: Mapping[str, tuple[int | Tensor, Tensor]],
     log_probs: Mapping[str, Tensor],
-    scalars: Mapping[str, Tensor],
+    finite: Mapping[str, Tensor],
 ) -> None:
     """Device-side asserts (`torch._assert_async`) for `add`'s arguments that live off
     the CPU, where reading them would sync the host.
@@ -114,7 +129,8 @@ def device_checks(
     `actions`: head -> (action, mask [K] bool): the action is in [0, K) and allowed by
     the mask (an int action was range-checked on the host; a tensor one is looked up
     with `index_select`, which does not read it on the host). `log_probs`: head ->
-    tensor, finite and <= 0. `scalars`: name -> tensor, finite.
+    tensor, finite and <= 0. `finite`: name -> tensor (a scalar, the state, a hidden
+    state) whose every element is finite.
 
     One assert per kind of check and device, over all of its fields at once (a handful
     of small kernels per `add` rather than one per head); its message starts
@@ -138,8 +154,8 @@ def device_checks(
     log_prob_ok = [(torch.isfinite(lp) & (lp <= 0)).all() for lp in log_probs.values()]
     _assert_all(log_prob_ok, f"{prefix}log_probs[{', '.join(map(repr, log_probs))}]: "
                              "expected finite numbers <= 0")
-    finite = [torch.isfinite(number).all() for number in scalars.values()]
-    _assert_all(finite, f"{prefix}{', '.join(scalars)}: expected finite numbers")
+    all_finite = [torch.isfinite(tensor).all() for tensor in finite.values()]
+    _assert_all(all_finite, f"{prefix}{', '.join(finite)}: expected finite numbers")
 
 
 def _assert_all(conditions: list[Tensor], message: str) -> None:
@@ -182,8 +198,13 @@ class RolloutBuffer:
             check_int(f"RolloutBuffer: {name}", value)
         self.num_envs, self.max_steps, self.state_dim = num_envs, max_steps, state_dim
         self.lstm_hidden_dim, self.num_lstm_layers = lstm_hidden_dim, num_lstm_layers
+        if variants is not None and not isinstance(variants, Variants):
+            raise TypeError(f"RolloutBuffer: variants: expected a Variants or None (e.g. "
+                            f"Variants.parse('optimized')); got {variants!r} "
+                            f"({type(variants).__name__})")
         self.device = torch.device(device)
-        self.variants = variants if variants is not None else Variants.original()
+        self.variants = variants if variants is not None else CHECKED
+        self._checked = self.variants.add_checks == "checked"
 
         shape = (num_envs, max_steps)
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -254,28 +275,44 @@ class RolloutBuffer:
         gone on to earn); otherwise it defaults to 0, used only if the row's last step
         ends up neither done nor truncated.
 
-        Every argument is checked first (`validate_step` says what), so a failed add
-        raises `ValueError` naming the field, the expected and the received value, the env
-        and the step, and leaves the buffer unchanged. Values are read without a host
-        sync: CPU tensors in place, tensors on other devices by device-side asserts,
-        which report a bad value at a later synchronising call, after the step was
-        written (on CUDA the failed assert also poisons the context).
+        With `variants.add_checks == "checked"` every argument is checked first
+        (`validate_step` says what), so a failed add raises `ValueError` naming the field,
+        the expected and the received value, the env and the step, and leaves the buffer
+        unchanged. Values are read without a host sync: CPU tensors in place, tensors on
+        other devices by device-side asserts, which report a bad value at a later
+        synchronising call, after the step was written (on CUDA the failed assert also
+        poisons the context).
+
+        With `"none"` (the original) only a full row is refused (`ValueError`, where the
+        original raised `RuntimeError`); anything else is written as given: a NaN is
+        stored, a [1] mask broadcasts over its head's K actions, a mask of another wrong
+        length or a hidden state of the wrong shape fails in the copy (`RuntimeError`)
+        after the fields before it were written, and an `env_id` past the end raises
+        `IndexError` (a negative one writes into the row it counts back to).
         """
-        step = self.validate_step(env_id, state, actions, log_probs, value, reward, done,
-                                  masks, hidden_h, hidden_c, truncated, bootstrap_value)
+        if self._checked:
+            step = self.validate_step(env_id, state, actions, log_probs, value, reward, done,
+                                      masks, hidden_h, hidden_c, truncated, bootstrap_value)
+        else:
+            step = self.step_count(env_id)
+            if step >= self.max_steps:
+                raise self._full(env_id, step)
+        # the original's writes, in its order (599f3895 rollout_buffer.py:308-343)
         self.states[env_id, step] = state.detach()
         for head in HEAD_NAMES:
             self.actions[head][env_id, step] = _cell(actions[head], detach=False)
+        for head in HEAD_NAMES:
             self.log_probs[head][env_id, step] = _cell(log_probs[head])
-            self.masks[head][env_id, step] = masks[head].detach()
         self.values[env_id, step] = _cell(value)
         self.rewards[env_id, step] = _cell(reward)
         self.dones[env_id, step] = _cell(done, detach=False)
         self.truncated[env_id, step] = _cell(truncated, detach=False)
         self.bootstrap_values[env_id, step] = (
             0.0 if bootstrap_value is None else _cell(bootstrap_value))
-        self.hidden_h[env_id, step] = hidden_h.detach()[:, 0]  # [L, 1, H] -> [L, H]
-        self.hidden_c[env_id, step] = hidden_c.detach()[:, 0]
+        for head in HEAD_NAMES:
+            self.masks[head][env_id, step] = masks[head].detach().bool()
+        self.hidden_h[env_id, step] = hidden_h.detach().squeeze(1)  # [L, 1, H] -> [L, H]
+        self.hidden_c[env_id, step] = hidden_c.detach().squeeze(1)
         self._counts_view[env_id] += 1
 
     def validate_step(self, env_id: int, state: Tensor, actions: Mapping[str, int | Tensor],
@@ -293,7 +330,7 @@ class RolloutBuffer:
         one-element integer tensor in [0, K) that its mask allows; each log-prob a finite
         number <= 0; value, reward and bootstrap_value finite numbers (bootstrap_value
         given when truncated is True); done and truncated bools; hidden_h and hidden_c
-        [L, 1, H] tensors.
+        [L, 1, H] tensors; state, hidden_h and hidden_c free of NaN and infinity.
 
         Python numbers are checked in Python and CPU tensors read in place
         (`esper.host_view`): no aten op, no host sync. Tensors on other devices (CUDA)
@@ -305,9 +342,7 @@ class RolloutBuffer:
         step = self.step_count(env_id)
         where = f"env {env_id} step {step}: "
         if step >= self.max_steps:
-            raise _add_error(where, "env_id", f"an env with fewer than max_steps="
-                             f"{self.max_steps} steps (buffer full: reset() starts a new "
-                             "rollout)", f"env {env_id}, which holds {step}")
+            raise self._full(env_id, step)
         if not isinstance(state, Tensor) or state.shape != (self.state_dim,):
             raise _add_error(where, "state.shape", (self.state_dim,), _shape_of(state))
         for name, mapping in (("actions", actions), ("log_probs", log_probs), ("masks", masks)):
@@ -316,7 +351,7 @@ class RolloutBuffer:
                                  type(mapping).__name__)
             if mapping.keys() != _HEAD_SET:
                 raise _add_error(where, f"{name} keys", sorted(HEAD_NAMES), sorted(mapping, key=str))
-        on_device: dict[str, dict] = {"actions": {}, "log_probs": {}, "scalars": {}}
+        on_device: dict[str, dict] = {"actions": {}, "log_probs": {}, "finite": {}}
         for head, size in HEAD_SIZES.items():
             mask = masks[head]
             if not isinstance(mask, Tensor) or mask.shape != (size,):
@@ -346,16 +381,31 @@ class RolloutBuffer:
         for name, number in scalars:
             checked = _number(where, name, number, "a finite number")
             if checked is None:
-                on_device["scalars"][name] = number
+                on_device["finite"][name] = number
             elif not math.isfinite(checked):
                 raise _add_error(where, name, "a finite number", checked)
         want_hidden = (self.num_lstm_layers, 1, self.lstm_hidden_dim)
         for name, hidden in (("hidden_h", hidden_h), ("hidden_c", hidden_c)):
             if not isinstance(hidden, Tensor) or hidden.shape != want_hidden:
                 raise _add_error(where, f"{name}.shape", want_hidden, _shape_of(hidden))
-        if on_device["actions"] or on_device["log_probs"] or on_device["scalars"]:
+        # a NaN here would reach the update's LSTM and make its losses NaN
+        for name, tensor in (("state", state), ("hidden_h", hidden_h), ("hidden_c", hidden_c)):
+            if not tensor.is_floating_point():
+                continue
+            if not tensor.is_cpu:
+                on_device["finite"][name] = tensor
+                continue
+            bad = _non_finite(tensor)
+            if bad is not None:
+                raise _add_error(where, name, "finite numbers", bad)
+        if on_device["actions"] or on_device["log_probs"] or on_device["finite"]:
             device_checks(where, **on_device)
         return step
+
+    def _full(self, env_id: int, step: int) -> ValueError:
+        return _add_error(f"env {env_id} step {step}: ", "env_id", f"an env with fewer than "
+                          f"max_steps={self.max_steps} steps (buffer full: reset() starts a "
+                          "new rollout)", f"env {env_id}, which holds {step}")
 
     # ------------------------------------------------------------------ reading
 
