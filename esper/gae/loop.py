@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.gae.inputs import StepCounts, Tensor, step_counts_tensor, valid_mask
+from esper.gae.inputs import StepCounts, Tensor, refuse_meta, step_counts_tensor, valid_mask
 from esper.gae.recurrence import masked_outputs
 
 #: How `gae_loop` resets the trace at a true terminal; the first is the original's.
@@ -48,6 +48,7 @@ def gae_loop(
     """
     if reset not in RESETS:
         raise ValueError(f"gae_loop: reset: expected one of {', '.join(RESETS)}; got {reset!r}")
+    refuse_meta("gae_loop", rewards, step_counts)
     num_envs, max_steps = rewards.shape
     dtype, device = rewards.dtype, rewards.device
     zero = torch.zeros((), dtype=dtype, device=device)
