@@ -19,7 +19,7 @@ from esper.gae import RESETS as GAE_RESETS
 #: its loop's resets, and the methods it can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {
     "reset": GAE_RESETS,
-    "step_counts": ("list", "tensor"),
+    "step_counts": ("list", "tensor", "cached"),
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
     "env_pool": ("recreate", "pool"),
@@ -43,7 +43,9 @@ class Variants:
     `zero.clone()` (original), `mask` multiplies by a precomputed not-done. Only the `loop`
     method has a reset to choose; with any other `gae` this axis changes nothing."""
     step_counts: str = "list"
-    """Buffer bookkeeping of per-env step counts: Python `list` (original) or CPU int `tensor`."""
+    """Buffer bookkeeping of per-env step counts: Python `list` (original), CPU int
+    `tensor` (B4-PT-05's fix), or a list with a `cached` count tensor rebuilt when it
+    changed (the ticket's second option; `RolloutBuffer.step_counts_tensor`)."""
     gae: str = "loop"
     """Advantage computation method, a key of `esper.gae.METHODS`."""
     sync: str = "stream"

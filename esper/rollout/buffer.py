@@ -175,9 +175,12 @@ class RolloutBuffer:
         masks[head] [n, m, K] bool; values, rewards, bootstrap_values, advantages,
         returns [n, m] f32; dones, truncated [n, m] bool; hidden_h, hidden_c [n, m, L, H] f32.
 
-    `variants.step_counts` picks the bookkeeping: a Python list (the original) or a CPU
-    int64 tensor, updated through a NumPy view of the same memory so that `add` reads no
-    tensor element, and turned into `valid_mask` without a list-to-tensor conversion.
+    `variants.step_counts` picks the bookkeeping (B4-PT-05): a Python list (the
+    original: turned into a tensor once per update, by `get_batched_sequences`; GAE's
+    loop and `normalize_advantages` read it as ints), a CPU int64 tensor updated through
+    a NumPy view of the same memory so that `add` reads no tensor element (the ticket's
+    first fix; no list-to-tensor conversion), or a list beside a `cached` count tensor
+    rebuilt only when `step_counts_dirty` says the list changed (the ticket's second).
     `variants.gae` and `variants.reset` pick the GAE method.
     """
 
@@ -236,6 +239,11 @@ class RolloutBuffer:
         else:
             self.step_counts = [0] * num_envs
             self._counts_view = self.step_counts
+        self._caches_counts = self.variants.step_counts == "cached"
+        self.step_counts_dirty = True
+        """With `step_counts="cached"`: whether the counts changed (`add`, `reset`) since
+        `step_counts_tensor` last built its tensor, which it then rebuilds."""
+        self._counts_cache: Tensor | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -245,6 +253,7 @@ class RolloutBuffer:
             self.step_counts.zero_()
         else:
             self.step_counts[:] = [0] * self.num_envs
+        self.step_counts_dirty = True
 
     def step_count(self, env_id: int) -> int:
         """Steps stored so far for `env_id`."""
@@ -314,6 +323,8 @@ class RolloutBuffer:
         self.hidden_h[env_id, step] = hidden_h.detach().squeeze(1)  # [L, 1, H] -> [L, H]
         self.hidden_c[env_id, step] = hidden_c.detach().squeeze(1)
         self._counts_view[env_id] += 1
+        if self._caches_counts:
+            self.step_counts_dirty = True
 
     def validate_step(self, env_id: int, state: Tensor, actions: Mapping[str, int | Tensor],
                       log_probs: Mapping[str, Scalar], value: Scalar, reward: Scalar,
@@ -409,14 +420,34 @@ class RolloutBuffer:
 
     # ------------------------------------------------------------------ reading
 
-    def valid_mask(self, device: torch.device | str | None = None) -> Tensor:
-        """[num_envs, max_steps] bool on `device` (default: the buffer's): t < step_counts[e]."""
+    def step_counts_tensor(self, device: torch.device | str | None = None) -> Tensor:
+        """The step counts, an integer tensor [num_envs] on `device` (default: the
+        buffer's), made as the bookkeeping makes it (`variants.step_counts`):
+
+        - `list`: `torch.tensor(list, device)` on every call, the original's conversion
+          (599f3895 rollout_buffer.py:458; on CUDA a blocking host-to-device copy);
+        - `tensor`: the CPU int64 tensor `.to(device, non_blocking=True)` (no op on the CPU);
+        - `cached`: the ticket's `get_step_counts_tensor`, an int32 tensor built as the
+          list's is and kept until `step_counts_dirty` (or another device) asks for a new
+          one. The ticket's sketch kept one tensor whatever device was asked; this one is
+          rebuilt for another device.
+        """
         device = self.device if device is None else torch.device(device)
         if isinstance(self.step_counts, Tensor):
-            counts = self.step_counts.to(device, non_blocking=True)
-        else:
-            counts = torch.tensor(self.step_counts, device=device)  # the original's conversion
-        return gae.valid_mask(counts, self.max_steps)
+            return self.step_counts.to(device, non_blocking=True)
+        if not self._caches_counts:
+            return torch.tensor(self.step_counts, device=device)
+        cache = self._counts_cache
+        if self.step_counts_dirty or cache is None or cache.device != device:
+            cache = self._counts_cache = torch.tensor(self.step_counts, device=device,
+                                                      dtype=torch.int32)
+            self.step_counts_dirty = False
+        return cache
+
+    def valid_mask(self, device: torch.device | str | None = None) -> Tensor:
+        """[num_envs, max_steps] bool on `device` (default: the buffer's): t < step_counts[e],
+        from `step_counts_tensor(device)`."""
+        return gae.valid_mask(self.step_counts_tensor(device), self.max_steps)
 
     def compute_advantages_and_returns(self, gamma: float, gae_lambda: float) -> None:
         """Fill `advantages` and `returns` with `variants.gae` / `variants.reset`.
@@ -444,10 +475,19 @@ class RolloutBuffer:
         return self._gae_spans.seconds().get("gae")
 
     def normalize_advantages(self) -> None:
-        """Normalise advantages over valid entries only: (A - mean) / (population std + 1e-8).
+        """Normalise advantages over valid entries only: (A - mean) / (population std + 1e-8);
+        padding is 0 after it.
 
-        Masked sums rather than boolean indexing, which would sync the host on CUDA.
+        With counts in a list (`list`, `cached`), as the original (599f3895
+        rollout_buffer.py:418-443): each row's valid slice by its Python count, `cat`,
+        `mean`, `std(correction=0)`, one write per row (into zeros: the padding). No
+        count tensor is made: a list-bookkept update turns its counts into a tensor once,
+        in `get_batched_sequences`, as the original's did. With a count tensor: masked
+        sums, not boolean indexing, which would sync the host on CUDA.
         """
+        if not isinstance(self.step_counts, Tensor):
+            self._normalize_by_rows()
+            return
         valid = self.valid_mask()
         count = valid.sum().clamp(min=1)
         adv = torch.where(valid, self.advantages, torch.zeros_like(self.advantages))
@@ -455,6 +495,20 @@ class RolloutBuffer:
         var = torch.where(valid, (adv - mean) ** 2, torch.zeros_like(adv)).sum() / count
         normalized = (adv - mean) / (var.sqrt() + 1e-8)
         self.advantages = torch.where(valid, normalized, torch.zeros_like(adv))
+
+    def _normalize_by_rows(self) -> None:
+        """`normalize_advantages` over the list's counts: the original's slices."""
+        counts = self.step_counts
+        rows = [self.advantages[env, :n] for env, n in enumerate(counts) if n > 0]
+        normalized = torch.zeros_like(self.advantages)
+        if rows:
+            every = torch.cat(rows)  # [sum of counts]
+            mean = every.mean()
+            std = every.std(correction=0)  # population std: defined for one element
+            for env, n in enumerate(counts):
+                if n > 0:
+                    normalized[env, :n] = (self.advantages[env, :n] - mean) / (std + 1e-8)
+        self.advantages = normalized
 
     def get_batched_sequences(self, device: torch.device | str | None = None) -> dict:
         """Every field on `device` (non-blocking copies on CUDA) for full-sequence BPTT.
