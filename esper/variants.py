@@ -40,7 +40,8 @@ class Variants:
 
     reset: str = "clone"
     """How the per-env loop GAE resets the trace at a true terminal: `clone` allocates
-    `zero.clone()` (original), `mask` multiplies by a precomputed not-done. Only the `loop`
+    `zero.clone()` (original), `mask` multiplies by a precomputed not-done, `assign` takes
+    `zero` itself where `clone` clones (B4-DRL-03's allocation alone). Only the `loop`
     method has a reset to choose; with any other `gae` this axis changes nothing."""
     step_counts: str = "list"
     """Buffer bookkeeping of per-env step counts: Python `list` (original), CPU int
