@@ -179,7 +179,7 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
                                    "change | verdict |")
     assert out.rstrip().endswith("PASS: 6 pass")
     saved = json.loads((tmp_path / "rows.json").read_text())
-    assert saved["schema_version"] == 1 and len(saved["rows"]) == 4
+    assert saved["schema_version"] == 1 and len(saved["rows"]) == 6
 
     _edit_first(baseline, "clone", "host_syncs", -3)
     assert gate.main(["--counters", *args]) == 1
@@ -188,7 +188,7 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     row = next(line for line in out.splitlines() if "| regression" in line)
     assert "host_syncs +3 | regression: host syncs " in row
     assert " aten::is_nonzero at esper/gae/loop.py:" in row and " in gae_loop()" in row
-    assert out.rstrip().endswith("FAIL: 1 regression, 3 pass")
+    assert out.rstrip().endswith("FAIL: 1 regression, 5 pass")
 
 
 @pytest.mark.parametrize("argv, message", [
