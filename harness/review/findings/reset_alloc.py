@@ -69,7 +69,7 @@ register(Finding(
         "not-done factor.",
         "Where the measured gain comes from: per step of an episode, clone and assign make "
         "3 host reads (each a host sync on CUDA), mask 2; per call clone allocates one "
-        "clone per env (4 at 4 x 25) plus one per true terminal, assign and mask none. "
+        "clone per env (4 at 4 x 25) plus one per true terminal, assign and mask not one. "
         "'episode' rows end truncated as the reviewed trainer's do (no true terminal: "
         "409 never clones); 'random0.05' rows have true terminals with p=0.05. So clone "
         "-> assign is what the ticket's mechanism (allocations) is worth, assign -> mask "
