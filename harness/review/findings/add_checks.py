@@ -99,8 +99,8 @@ register(Finding(
         "(adds_per_call); the time per add() is the call's time over adds_per_call. The "
         "two rows differ only by the checks (the same writes follow: the original's, in "
         "its order); their difference is the checks' own cost per rollout.",
-        "Action masks come from the host as the envs give them and reach the device in one "
-        "transfer per step, as in the trainer: on CUDA that copy is part of the timed call. "
+        "Action masks come from the host and reach the device in one transfer per step (as "
+        "the trainer's masks=packed moves them): on CUDA that copy is part of the timed call. "
         "On CUDA `checked` reads no tensor on the host: its checks of device tensors are "
         "device-side asserts (a few small kernels per add).",
         "Both rows must store identical rollouts (the none row is the reference).",

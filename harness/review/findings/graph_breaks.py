@@ -135,7 +135,7 @@ ENV = EnvConfig(num_envs=1, train_batches=1)
 
 
 def germinated_env() -> MorphoEnv:
-    """One env of the trainer's default config, one training batch per step, with a
+    """One env of the trainer's default config (one training batch per epoch), with a
     germinated seed (the host forward then walks a live slot, as the quoted loop's does)."""
     env = MorphoEnv(ENV, 0)
     action = {h: 0 for h in HEAD_NAMES}
@@ -162,7 +162,8 @@ def _call(variant: str, num_envs: int) -> Callable[[], object]:
         inputs, targets = torch.randn(8, WIDTH, generator=g), torch.randint(0, WIDTH, (8,), generator=g)
         return lambda: step(model, inputs, targets, SLOTS)
     if variant == "env_step":
-        return germinated_env().launch_epoch
+        env = germinated_env()
+        return lambda: env.launch_train_batch(0)
     policy, obs, masks, hidden = policy_inputs(num_envs)
     return lambda: policy.act(obs, masks, hidden)
 
@@ -268,9 +269,10 @@ register(Finding(
         "gate result), with one germinated seed so the branch runs. The original's "
         "advance_stage (kasmina/slot.py:947-1036) also evaluates its gates and emits "
         "telemetry; their breaks are not counted here.",
-        "env_step (ours): MorphoEnv.launch_epoch with one training batch (forward over the "
-        "seed slots, backward, the host and seed SGD steps, then the validation forward), "
-        "a germinated seed in one slot. policy_act (ours): the trainer's per-step "
+        "env_step (ours): MorphoEnv.launch_train_batch, the trainer's per-batch env step "
+        "and process_train_batch's counterpart (forward over the seed slots, backward, the "
+        "host and seed SGD steps), a germinated seed in one slot. policy_act (ours): the "
+        "trainer's per-step "
         "policy.act for 4 envs (LSTM, 8 masked heads, mask checks).",
         "explain resets dynamo's caches before and after: a compiled GAE method run later "
         "in the same process compiles again. It takes seconds: a long finding, run only "

@@ -52,8 +52,8 @@ def rollout_steps(num_envs: int, max_steps: int, device: torch.device, seed: int
 
 
 def fill(buffer: RolloutBuffer, steps: list) -> None:
-    """One rollout into `buffer`, as the trainer adds it: per step, the step's masks reach
-    the device in one transfer (on CUDA), then one add() per env."""
+    """One rollout into `buffer`, as the trainer adds it with `masks=packed`: per step, the
+    step's masks reach the device in one transfer (on CUDA), then one add() per env."""
     buffer.reset()
     for host_masks, adds, cpu_rows in steps:
         if cpu_rows is None:
