@@ -19,7 +19,7 @@ from esper.gae import RESETS as GAE_RESETS
 #: its loop's resets, and the methods it can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {
     "reset": GAE_RESETS,
-    "step_counts": ("list", "tensor"),
+    "step_counts": ("list", "tensor", "cached"),
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
     "env_pool": ("recreate", "pool"),
@@ -31,6 +31,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "stream_guard": ("is_cuda", "stream"),
     "accumulators": ("separate", "stacked"),
     "validation": ("inference_mode", "no_grad"),
+    "add_checks": ("none", "checked"),
 }
 
 
@@ -40,10 +41,13 @@ class Variants:
 
     reset: str = "clone"
     """How the per-env loop GAE resets the trace at a true terminal: `clone` allocates
-    `zero.clone()` (original), `mask` multiplies by a precomputed not-done. Only the `loop`
+    `zero.clone()` (original), `mask` multiplies by a precomputed not-done, `assign` takes
+    `zero` itself where `clone` clones (B4-DRL-03's allocation alone). Only the `loop`
     method has a reset to choose; with any other `gae` this axis changes nothing."""
     step_counts: str = "list"
-    """Buffer bookkeeping of per-env step counts: Python `list` (original) or CPU int `tensor`."""
+    """Buffer bookkeeping of per-env step counts: Python `list` (original), CPU int
+    `tensor` (B4-PT-05's fix), or a list with a `cached` count tensor rebuilt when it
+    changed (the ticket's second option; `RolloutBuffer.step_counts_tensor`)."""
     gae: str = "loop"
     """Advantage computation method, a key of `esper.gae.METHODS`."""
     sync: str = "stream"
@@ -83,6 +87,11 @@ class Variants:
     validation: str = "inference_mode"
     """The host's validation forward in each epoch (`MorphoEnv.launch_val`) under
     `torch.inference_mode()` (original, the review's L1) or `torch.no_grad()`."""
+    add_checks: str = "none"
+    """`RolloutBuffer.add` writes its arguments unchecked (`none`, the original: a wrong
+    value is stored, a [1] mask broadcasts) or checks every one first and raises a
+    `ValueError` naming it (`checked`, the rollout-buffer audit's fix; a buffer made
+    without `variants` checks). AUDIT-5.1-add-checks measures what the checks cost."""
 
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
@@ -107,13 +116,15 @@ class Variants:
         `accumulators=separate` (one stacked add measured slower). For `bootstrap` and
         `masks` it takes this project's `packed` designs, which go further than the
         review's fixes (one transfer and one forward or read per step, not one per env),
-        and `validation=inference_mode`, the original's choice (L1). It computes what
-        `original()` computes (under mixed precision, as long as no gradient overflows)."""
+        and `validation=inference_mode`, the original's choice (L1). It takes
+        `add_checks=checked`, which measured slower: a safety choice (bad input raises
+        where the original stored it), not a speed one. It computes what `original()`
+        computes (under mixed precision, as long as no gradient overflows)."""
         return cls(reset="mask", step_counts="tensor", gae="scan", sync="event",
                    env_pool="pool", bootstrap="packed", masks="packed",
                    transfer="per_tensor", scaler="per_optimizer", seed_clip="none",
                    stream_guard="stream", accumulators="separate",
-                   validation="inference_mode")
+                   validation="inference_mode", add_checks="checked")
 
     @classmethod
     def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":

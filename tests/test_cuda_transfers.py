@@ -67,11 +67,11 @@ def test_masks_already_on_the_device_are_not_copied():
     assert all(moved[h] is masks[h] for h in HEAD_NAMES)
 
 
-@pytest.mark.parametrize("variant", ["list", "tensor"])
-def test_b4_pt_05_times_the_mask_transfer_of_every_step(variant):
-    """On a device, the finding's call moves each step's masks from the host once, as
-    the trainer does; before, it built them on the device and measured no transfer."""
-    finding = registry.select(["B4-PT-05"])[0]
+@pytest.mark.parametrize("variant", ["none", "checked"])
+def test_audit_5_1_times_the_mask_transfer_of_every_step(variant):
+    """On a device, the finding's rollout moves each step's masks from the host once, as
+    the trainer does (B4-PT-05 timed this rollout before it timed the update's read)."""
+    finding = registry.select(["AUDIT-5.1-add-checks"])[0]
     case = Case.of(num_envs=2, max_steps=3)
     call = finding.make_call(variant, finding.build(case, META, seed=0))
     with HostToDevice() as log:

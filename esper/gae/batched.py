@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.gae.inputs import StepCounts, Tensor
+from esper.gae.inputs import StepCounts, Tensor, refuse_meta
 from esper.gae.recurrence import gae_recurrence_terms, masked_outputs
 
 
@@ -21,6 +21,7 @@ def gae_batched(
 ) -> tuple[Tensor, Tensor]:
     """One Python loop over time, vectorized across envs; ragged rows handled by masks.
     No host sync."""
+    refuse_meta("gae_batched", rewards, step_counts)
     delta, coef, valid = gae_recurrence_terms(
         rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
     )

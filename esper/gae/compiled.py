@@ -34,7 +34,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from esper.gae.inputs import StepCounts, Tensor, step_counts_tensor
+from esper.gae.inputs import StepCounts, Tensor, refuse_meta, step_counts_tensor
 from esper.gae.recurrence import gae_recurrence_terms
 
 #: Scan depth of the shared graph: rows up to 2**SCAN_LEVELS steps use it.
@@ -114,6 +114,7 @@ def gae_compiled(
     Returns (advantages, returns) [num_envs, max_steps], the inputs' dtype and device.
     The first call per dtype compiles (seconds). No host sync.
     """
+    refuse_meta("gae_compiled", rewards, step_counts)
     num_envs, max_steps = rewards.shape
     if num_envs == 0 or max_steps == 0:
         return torch.zeros_like(rewards), torch.zeros_like(rewards)

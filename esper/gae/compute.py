@@ -35,7 +35,7 @@ def compute_gae(
             Keep step counts on the device to keep GAE free of host syncs.
         gamma: discount; gae_lambda: trace decay; both numbers in [0, 1].
         method: a key of `METHODS`.
-        reset: one of `RESETS` (`clone`, `mask`): how the `loop` method resets the trace
+        reset: one of `RESETS` (`clone`, `mask`, `assign`): how the `loop` method resets the trace
             at a true terminal. It is passed to `loop` only, the one method with a reset
             to choose; every other method computes the same cut without allocating or
             branching, so with them `reset` changes nothing (and is not an error: the

@@ -42,6 +42,23 @@ def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
+def meta_error(where: str, field: str) -> ValueError:
+    """The one error for a meta tensor given to `compute_gae` or to any method."""
+    return ValueError(f"{where}: {field}.device: expected a device that holds values (cpu or "
+                      "cuda); got meta (a meta tensor has a shape but no values to compute)")
+
+
+def refuse_meta(where: str, rewards: Tensor, step_counts: StepCounts) -> None:
+    """`meta_error` when `rewards` or a tensor `step_counts` is a meta tensor: what each
+    method checks on entry (two attribute reads), `where` naming it (`gae_scan`). The
+    methods take inputs on one device (`compute_gae` checks that and names any meta
+    input), so rewards stand for the other tensors."""
+    if rewards.is_meta:
+        raise meta_error(where, "rewards")
+    if isinstance(step_counts, Tensor) and step_counts.is_meta:
+        raise meta_error(where, "step_counts")
+
+
 def check_gae_inputs(
     rewards: Tensor,
     values: Tensor,
@@ -63,15 +80,16 @@ def check_gae_inputs(
     What is checked where:
 
     - tensors: type, shape, dtype (`FLOAT_DTYPES` for the floats, all alike; bool flags)
-      and device, from their metadata. Float *values* are not read: a NaN or inf at a
+      and device (one device for all five, not `meta`: a meta tensor holds no values),
+      from their metadata. Float *values* are not read: a NaN or inf at a
       valid step spreads through its row's earlier steps, even across an episode end
       (`RolloutBuffer.add` rejects them at the source); padding past a row's count may
       hold anything.
     - step counts given as a sequence (list, tuple, range): a Python int per env
       (`bool` and other types rejected) in [0, max_steps]. Any other non-tensor
       (a generator, a set, a NumPy array) is rejected.
-    - step counts given as a tensor: 1-D [num_envs] of a `COUNT_DTYPES` dtype; every
-      count in [0, max_steps]. A CPU tensor is read in place (`_counts_in_range`, or
+    - step counts given as a tensor: 1-D [num_envs] of a `COUNT_DTYPES` dtype, not on
+      `meta`; every count in [0, max_steps]. A CPU tensor is read in place (`_counts_in_range`, or
       `esper.host_view` for other dtypes and layouts: no aten op, no sync). Any other
       device gets a device-side assert (`device_count_check`): no host sync, so a bad
       count is reported at a later synchronising call as a device-side assertion
@@ -92,7 +110,8 @@ def check_gae_inputs(
             and shape == values.shape == bootstrap_values.shape == dones.shape == truncated.shape
             and ((rewards.is_cpu and values.is_cpu and bootstrap_values.is_cpu
                   and dones.is_cpu and truncated.is_cpu)
-                 or _same_device(rewards, values, dones, truncated, bootstrap_values))
+                 or (_same_device(rewards, values, dones, truncated, bootstrap_values)
+                     and not rewards.is_meta))
         )
     except AttributeError:  # not a tensor
         tensors_ok = False
@@ -119,10 +138,14 @@ def _same_device(rewards: Tensor, *others: Tensor) -> bool:
 
 def _raise_tensor_error(rewards, values, dones, truncated, bootstrap_values) -> None:
     """Find and raise the error `check_gae_inputs`'s one-expression test saw."""
-    for name, tensor in (("rewards", rewards), ("values", values), ("dones", dones),
-                         ("truncated", truncated), ("bootstrap_values", bootstrap_values)):
+    named = (("rewards", rewards), ("values", values), ("dones", dones),
+             ("truncated", truncated), ("bootstrap_values", bootstrap_values))
+    for name, tensor in named:
         if not isinstance(tensor, Tensor):
             raise _shape_error(name, "a torch.Tensor", type(tensor).__name__)
+    for name, tensor in named:
+        if tensor.is_meta:
+            raise meta_error("compute_gae", name)
     if rewards.dim() != 2:
         raise _shape_error("rewards", "a 2-D [num_envs, max_steps] tensor", tuple(rewards.shape))
     if rewards.dtype not in FLOAT_DTYPES:
@@ -201,6 +224,8 @@ def _check_step_counts(step_counts: StepCounts, num_envs: int, max_steps: int) -
             raise _shape_error("step_counts.dtype", f"an integer dtype ({_dtype_names(COUNT_DTYPES)})",
                                step_counts.dtype)
         if not step_counts.is_cpu:
+            if step_counts.is_meta:
+                raise meta_error("compute_gae", "step_counts")
             device_count_check(step_counts, max_steps)
             return
         counts = host_view(step_counts)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from esper.gae.inputs import StepCounts, Tensor, step_counts_tensor, valid_mask
+from esper.gae.inputs import StepCounts, Tensor, refuse_meta, step_counts_tensor, valid_mask
 from esper.gae.recurrence import masked_outputs
 
 #: How `gae_loop` resets the trace at a true terminal; the first is the original's.
-RESETS: tuple[str, ...] = ("clone", "mask")
+RESETS: tuple[str, ...] = ("clone", "mask", "assign")
 
 
 def gae_loop(
@@ -45,16 +45,22 @@ def gae_loop(
       original's, re-typed there.
     - `mask` (the review's option 3): the trace multiplied by a not-done factor
       precomputed per call; 2 host reads per step and no allocation for the reset.
+    - `assign` (this project's, to isolate B4-DRL-03's allocation): `clone` with
+      `last_gae = zero` where it clones, the branches and host reads left as they are.
+      No op writes into `last_gae` in place, so sharing `zero` is safe.
     """
     if reset not in RESETS:
         raise ValueError(f"gae_loop: reset: expected one of {', '.join(RESETS)}; got {reset!r}")
+    refuse_meta("gae_loop", rewards, step_counts)
     num_envs, max_steps = rewards.shape
     dtype, device = rewards.dtype, rewards.device
     zero = torch.zeros((), dtype=dtype, device=device)
     # 0-d tensors, as the original's gamma_t and gamma_lambda_t: `trace * last_gae` wraps
     # no Python scalar (an allocation per step)
     trace = torch.full((), gamma * gae_lambda, dtype=dtype, device=device)
-    if reset == "clone":
+    clone_like = reset != "mask"  # the original's branches: `clone` and `assign`
+    allocate = reset == "clone"
+    if clone_like:
         discount = torch.full((), gamma, dtype=dtype, device=device)
         # [E, T - 1]: the next value of an interior step, its own bootstrap value where it
         # is truncated; [E, T]: the trace factor, 0 where a truncation cuts it
@@ -67,11 +73,11 @@ def gae_loop(
         steps = int(step_counts[env])  # host sync when step_counts is a device tensor
         env_adv = torch.zeros(max_steps, dtype=dtype, device=device)
         done, trunc = dones[env], truncated[env]
-        if reset == "clone":
+        if clone_like:
             # one view per row, each step an element of it, as the original's row slices
             row_rewards, row_values, row_boot = rewards[env], values[env], bootstrap_values[env]
             row_next, row_trace = next_values[env], cut_trace[env]
-            last_gae = zero.clone()  # as rollout_buffer.py:388, once per env
+            last_gae = zero.clone() if allocate else zero  # as rollout_buffer.py:388, per env
             for t in reversed(range(steps)):
                 if t == steps - 1:
                     if trunc[t]:  # host sync
@@ -84,7 +90,7 @@ def gae_loop(
                     # host sync: 2 when done[t] is False (`and` hands float() the tensor)
                     next_non_terminal = 1.0 - float(done[t] and not trunc[t])
                 if done[t] and not trunc[t]:  # host sync (x2 at a terminal)
-                    last_gae = zero.clone()
+                    last_gae = zero.clone() if allocate else zero
                 delta = row_rewards[t] + discount * next_value * next_non_terminal - row_values[t]
                 last_gae = delta + row_trace[t] * next_non_terminal * last_gae
                 env_adv[t] = last_gae

@@ -28,7 +28,7 @@ import torch
 
 from esper.gae.batched import gae_batched
 from esper.gae.crossovers import CROSSOVERS
-from esper.gae.inputs import GaeFn, StepCounts, Tensor
+from esper.gae.inputs import GaeFn, StepCounts, Tensor, refuse_meta
 from esper.gae.loop import gae_loop
 from esper.gae.scan import gae_scan
 
@@ -120,6 +120,7 @@ def gae_auto(
     that keeps the graph runs). Arguments and results as every method's (rewards etc.
     [num_envs, max_steps]; outputs the same shape, dtype and device). No host sync beyond
     the chosen method's (none for any fast one)."""
+    refuse_meta("gae_auto", rewards, step_counts)
     differentiable = torch.is_grad_enabled() and (
         rewards.requires_grad or values.requires_grad or bootstrap_values.requires_grad)
     device_type = "cpu" if rewards.is_cpu else rewards.device.type  # no device built on the CPU

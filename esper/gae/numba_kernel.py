@@ -45,7 +45,7 @@ from numba import types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from esper.gae.inputs import StepCounts, Tensor, refuse_grad
+from esper.gae.inputs import StepCounts, Tensor, meta_error, refuse_grad, refuse_meta
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
@@ -290,6 +290,8 @@ def _counts_tensor(step_counts: StepCounts) -> Tensor:
     used as it is."""
     if isinstance(step_counts, Tensor):
         if not step_counts.is_cpu:
+            if step_counts.is_meta:
+                raise meta_error("gae_numba", "step_counts")
             raise ValueError(
                 f"gae_numba: step_counts.device: expected cpu; got {step_counts.device}"
             )
@@ -330,6 +332,7 @@ def gae_numba(
     first); the only aten ops on the usual path are the two outputs' allocations.
     """
     if not rewards.is_cpu:
+        refuse_meta("gae_numba", rewards, step_counts)
         raise ValueError(
             f"gae_numba: rewards.device: expected cpu (numba runs on the host; use "
             f"'scan' or 'triton' on {rewards.device.type}); got {rewards.device}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.gae.inputs import StepCounts, Tensor
+from esper.gae.inputs import StepCounts, Tensor, refuse_meta
 from esper.gae.recurrence import gae_recurrence_terms, masked_outputs
 
 
@@ -44,6 +44,7 @@ def gae_scan(
     gae_lambda: float,
 ) -> tuple[Tensor, Tensor]:
     """A parallel (associative) scan over time: O(log T) sequential steps. No host sync."""
+    refuse_meta("gae_scan", rewards, step_counts)
     delta, coef, valid = gae_recurrence_terms(
         rewards, values, dones, truncated, bootstrap_values, step_counts, gamma, gae_lambda
     )

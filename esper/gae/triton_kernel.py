@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from esper.gae.inputs import StepCounts, Tensor, refuse_grad, step_counts_tensor
+from esper.gae.inputs import StepCounts, Tensor, refuse_grad, refuse_meta, step_counts_tensor
 
 #: Whether Triton's CPU interpreter runs the kernel (TRITON_INTERPRET=1 at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -136,6 +136,7 @@ def gae_triton(
     autograd: an input that requires grad (in grad mode) raises `ValueError`. No host
     sync; gamma and lambda reach the device as fill kernels, not host copies.
     """
+    refuse_meta("gae_triton", rewards, step_counts)
     if rewards.device.type != DEVICE_TYPE:
         raise ValueError(
             f"gae_triton: rewards.device: expected {DEVICE_TYPE} "

@@ -30,6 +30,8 @@ Scalar = float | int | Tensor
 
 Flag = bool | int | Tensor
 _HEAD_SET = frozenset(HEAD_NAMES)
+#: the variants of a buffer made without any: the original's code paths, with `add`'s checks
+CHECKED = Variants(add_checks="checked")
 
 
 def _add_error(where: str, field: str, expected: object, got: object) -> ValueError:
@@ -102,11 +104,24 @@ def _flag(where: str, field: str, value: object) -> bool | None:
     raise _add_error(where, field, "a bool (True/False, 0/1 or a one-element bool tensor)", got)
 
 
+def _non_finite(tensor: Tensor) -> str | None:
+    """Where a floating CPU tensor holds a NaN or an infinity ("nan at [3]"), or None.
+
+    Read in place through NumPy (`esper.host_view`): no aten op, a few microseconds for
+    a state of a few hundred floats."""
+    values = np.ctypeslib.as_array(host_view(tensor))
+    finite = np.isfinite(values)
+    if finite.all():
+        return None
+    index = int(np.argmin(finite))  # the first False
+    return f"{values[index]} at [{', '.join(map(str, np.unravel_index(index, tensor.shape)))}]"
+
+
 def device_checks(
     where: str,
     actions: Mapping[str, tuple[int | Tensor, Tensor]],
     log_probs: Mapping[str, Tensor],
-    scalars: Mapping[str, Tensor],
+    finite: Mapping[str, Tensor],
 ) -> None:
     """Device-side asserts (`torch._assert_async`) for `add`'s arguments that live off
     the CPU, where reading them would sync the host.
@@ -114,7 +129,8 @@ def device_checks(
     `actions`: head -> (action, mask [K] bool): the action is in [0, K) and allowed by
     the mask (an int action was range-checked on the host; a tensor one is looked up
     with `index_select`, which does not read it on the host). `log_probs`: head ->
-    tensor, finite and <= 0. `scalars`: name -> tensor, finite.
+    tensor, finite and <= 0. `finite`: name -> tensor (a scalar, the state, a hidden
+    state) whose every element is finite.
 
     One assert per kind of check and device, over all of its fields at once (a handful
     of small kernels per `add` rather than one per head); its message starts
@@ -138,8 +154,8 @@ def device_checks(
     log_prob_ok = [(torch.isfinite(lp) & (lp <= 0)).all() for lp in log_probs.values()]
     _assert_all(log_prob_ok, f"{prefix}log_probs[{', '.join(map(repr, log_probs))}]: "
                              "expected finite numbers <= 0")
-    finite = [torch.isfinite(number).all() for number in scalars.values()]
-    _assert_all(finite, f"{prefix}{', '.join(scalars)}: expected finite numbers")
+    all_finite = [torch.isfinite(tensor).all() for tensor in finite.values()]
+    _assert_all(all_finite, f"{prefix}{', '.join(finite)}: expected finite numbers")
 
 
 def _assert_all(conditions: list[Tensor], message: str) -> None:
@@ -159,9 +175,12 @@ class RolloutBuffer:
         masks[head] [n, m, K] bool; values, rewards, bootstrap_values, advantages,
         returns [n, m] f32; dones, truncated [n, m] bool; hidden_h, hidden_c [n, m, L, H] f32.
 
-    `variants.step_counts` picks the bookkeeping: a Python list (the original) or a CPU
-    int64 tensor, updated through a NumPy view of the same memory so that `add` reads no
-    tensor element, and turned into `valid_mask` without a list-to-tensor conversion.
+    `variants.step_counts` picks the bookkeeping (B4-PT-05): a Python list (the
+    original: turned into a tensor once per update, by `get_batched_sequences`; GAE's
+    loop and `normalize_advantages` read it as ints), a CPU int64 tensor updated through
+    a NumPy view of the same memory so that `add` reads no tensor element (the ticket's
+    first fix; no list-to-tensor conversion), or a list beside a `cached` count tensor
+    rebuilt only when `step_counts_dirty` says the list changed (the ticket's second).
     `variants.gae` and `variants.reset` pick the GAE method.
     """
 
@@ -182,8 +201,13 @@ class RolloutBuffer:
             check_int(f"RolloutBuffer: {name}", value)
         self.num_envs, self.max_steps, self.state_dim = num_envs, max_steps, state_dim
         self.lstm_hidden_dim, self.num_lstm_layers = lstm_hidden_dim, num_lstm_layers
+        if variants is not None and not isinstance(variants, Variants):
+            raise TypeError(f"RolloutBuffer: variants: expected a Variants or None (e.g. "
+                            f"Variants.parse('optimized')); got {variants!r} "
+                            f"({type(variants).__name__})")
         self.device = torch.device(device)
-        self.variants = variants if variants is not None else Variants.original()
+        self.variants = variants if variants is not None else CHECKED
+        self._checked = self.variants.add_checks == "checked"
 
         shape = (num_envs, max_steps)
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -215,6 +239,11 @@ class RolloutBuffer:
         else:
             self.step_counts = [0] * num_envs
             self._counts_view = self.step_counts
+        self._caches_counts = self.variants.step_counts == "cached"
+        self.step_counts_dirty = True
+        """With `step_counts="cached"`: whether the counts changed (`add`, `reset`) since
+        `step_counts_tensor` last built its tensor, which it then rebuilds."""
+        self._counts_cache: Tensor | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -224,6 +253,7 @@ class RolloutBuffer:
             self.step_counts.zero_()
         else:
             self.step_counts[:] = [0] * self.num_envs
+        self.step_counts_dirty = True
 
     def step_count(self, env_id: int) -> int:
         """Steps stored so far for `env_id`."""
@@ -254,29 +284,47 @@ class RolloutBuffer:
         gone on to earn); otherwise it defaults to 0, used only if the row's last step
         ends up neither done nor truncated.
 
-        Every argument is checked first (`validate_step` says what), so a failed add
-        raises `ValueError` naming the field, the expected and the received value, the env
-        and the step, and leaves the buffer unchanged. Values are read without a host
-        sync: CPU tensors in place, tensors on other devices by device-side asserts,
-        which report a bad value at a later synchronising call, after the step was
-        written (on CUDA the failed assert also poisons the context).
+        With `variants.add_checks == "checked"` every argument is checked first
+        (`validate_step` says what), so a failed add raises `ValueError` naming the field,
+        the expected and the received value, the env and the step, and leaves the buffer
+        unchanged. Values are read without a host sync: CPU tensors in place, tensors on
+        other devices by device-side asserts, which report a bad value at a later
+        synchronising call, after the step was written (on CUDA the failed assert also
+        poisons the context).
+
+        With `"none"` (the original) only a full row is refused (`ValueError`, where the
+        original raised `RuntimeError`); anything else is written as given: a NaN is
+        stored, a [1] mask broadcasts over its head's K actions, a mask of another wrong
+        length or a hidden state of the wrong shape fails in the copy (`RuntimeError`)
+        after the fields before it were written, and an `env_id` past the end raises
+        `IndexError` (a negative one writes into the row it counts back to).
         """
-        step = self.validate_step(env_id, state, actions, log_probs, value, reward, done,
-                                  masks, hidden_h, hidden_c, truncated, bootstrap_value)
+        if self._checked:
+            step = self.validate_step(env_id, state, actions, log_probs, value, reward, done,
+                                      masks, hidden_h, hidden_c, truncated, bootstrap_value)
+        else:
+            step = self.step_count(env_id)
+            if step >= self.max_steps:
+                raise self._full(env_id, step)
+        # the original's writes, in its order (599f3895 rollout_buffer.py:308-343)
         self.states[env_id, step] = state.detach()
         for head in HEAD_NAMES:
             self.actions[head][env_id, step] = _cell(actions[head], detach=False)
+        for head in HEAD_NAMES:
             self.log_probs[head][env_id, step] = _cell(log_probs[head])
-            self.masks[head][env_id, step] = masks[head].detach()
         self.values[env_id, step] = _cell(value)
         self.rewards[env_id, step] = _cell(reward)
         self.dones[env_id, step] = _cell(done, detach=False)
         self.truncated[env_id, step] = _cell(truncated, detach=False)
         self.bootstrap_values[env_id, step] = (
             0.0 if bootstrap_value is None else _cell(bootstrap_value))
-        self.hidden_h[env_id, step] = hidden_h.detach()[:, 0]  # [L, 1, H] -> [L, H]
-        self.hidden_c[env_id, step] = hidden_c.detach()[:, 0]
+        for head in HEAD_NAMES:
+            self.masks[head][env_id, step] = masks[head].detach().bool()
+        self.hidden_h[env_id, step] = hidden_h.detach().squeeze(1)  # [L, 1, H] -> [L, H]
+        self.hidden_c[env_id, step] = hidden_c.detach().squeeze(1)
         self._counts_view[env_id] += 1
+        if self._caches_counts:
+            self.step_counts_dirty = True
 
     def validate_step(self, env_id: int, state: Tensor, actions: Mapping[str, int | Tensor],
                       log_probs: Mapping[str, Scalar], value: Scalar, reward: Scalar,
@@ -293,7 +341,7 @@ class RolloutBuffer:
         one-element integer tensor in [0, K) that its mask allows; each log-prob a finite
         number <= 0; value, reward and bootstrap_value finite numbers (bootstrap_value
         given when truncated is True); done and truncated bools; hidden_h and hidden_c
-        [L, 1, H] tensors.
+        [L, 1, H] tensors; state, hidden_h and hidden_c free of NaN and infinity.
 
         Python numbers are checked in Python and CPU tensors read in place
         (`esper.host_view`): no aten op, no host sync. Tensors on other devices (CUDA)
@@ -305,9 +353,7 @@ class RolloutBuffer:
         step = self.step_count(env_id)
         where = f"env {env_id} step {step}: "
         if step >= self.max_steps:
-            raise _add_error(where, "env_id", f"an env with fewer than max_steps="
-                             f"{self.max_steps} steps (buffer full: reset() starts a new "
-                             "rollout)", f"env {env_id}, which holds {step}")
+            raise self._full(env_id, step)
         if not isinstance(state, Tensor) or state.shape != (self.state_dim,):
             raise _add_error(where, "state.shape", (self.state_dim,), _shape_of(state))
         for name, mapping in (("actions", actions), ("log_probs", log_probs), ("masks", masks)):
@@ -316,7 +362,7 @@ class RolloutBuffer:
                                  type(mapping).__name__)
             if mapping.keys() != _HEAD_SET:
                 raise _add_error(where, f"{name} keys", sorted(HEAD_NAMES), sorted(mapping, key=str))
-        on_device: dict[str, dict] = {"actions": {}, "log_probs": {}, "scalars": {}}
+        on_device: dict[str, dict] = {"actions": {}, "log_probs": {}, "finite": {}}
         for head, size in HEAD_SIZES.items():
             mask = masks[head]
             if not isinstance(mask, Tensor) or mask.shape != (size,):
@@ -346,27 +392,62 @@ class RolloutBuffer:
         for name, number in scalars:
             checked = _number(where, name, number, "a finite number")
             if checked is None:
-                on_device["scalars"][name] = number
+                on_device["finite"][name] = number
             elif not math.isfinite(checked):
                 raise _add_error(where, name, "a finite number", checked)
         want_hidden = (self.num_lstm_layers, 1, self.lstm_hidden_dim)
         for name, hidden in (("hidden_h", hidden_h), ("hidden_c", hidden_c)):
             if not isinstance(hidden, Tensor) or hidden.shape != want_hidden:
                 raise _add_error(where, f"{name}.shape", want_hidden, _shape_of(hidden))
-        if on_device["actions"] or on_device["log_probs"] or on_device["scalars"]:
+        # a NaN here would reach the update's LSTM and make its losses NaN
+        for name, tensor in (("state", state), ("hidden_h", hidden_h), ("hidden_c", hidden_c)):
+            if not tensor.is_floating_point():
+                continue
+            if not tensor.is_cpu:
+                on_device["finite"][name] = tensor
+                continue
+            bad = _non_finite(tensor)
+            if bad is not None:
+                raise _add_error(where, name, "finite numbers", bad)
+        if on_device["actions"] or on_device["log_probs"] or on_device["finite"]:
             device_checks(where, **on_device)
         return step
 
+    def _full(self, env_id: int, step: int) -> ValueError:
+        return _add_error(f"env {env_id} step {step}: ", "env_id", f"an env with fewer than "
+                          f"max_steps={self.max_steps} steps (buffer full: reset() starts a "
+                          "new rollout)", f"env {env_id}, which holds {step}")
+
     # ------------------------------------------------------------------ reading
 
-    def valid_mask(self, device: torch.device | str | None = None) -> Tensor:
-        """[num_envs, max_steps] bool on `device` (default: the buffer's): t < step_counts[e]."""
+    def step_counts_tensor(self, device: torch.device | str | None = None) -> Tensor:
+        """The step counts, an integer tensor [num_envs] on `device` (default: the
+        buffer's), made as the bookkeeping makes it (`variants.step_counts`):
+
+        - `list`: `torch.tensor(list, device)` on every call, the original's conversion
+          (599f3895 rollout_buffer.py:458; on CUDA a blocking host-to-device copy);
+        - `tensor`: the CPU int64 tensor `.to(device, non_blocking=True)` (no op on the CPU);
+        - `cached`: the ticket's `get_step_counts_tensor`, an int32 tensor built as the
+          list's is and kept until `step_counts_dirty` (or another device) asks for a new
+          one. The ticket's sketch kept one tensor whatever device was asked; this one is
+          rebuilt for another device.
+        """
         device = self.device if device is None else torch.device(device)
         if isinstance(self.step_counts, Tensor):
-            counts = self.step_counts.to(device, non_blocking=True)
-        else:
-            counts = torch.tensor(self.step_counts, device=device)  # the original's conversion
-        return gae.valid_mask(counts, self.max_steps)
+            return self.step_counts.to(device, non_blocking=True)
+        if not self._caches_counts:
+            return torch.tensor(self.step_counts, device=device)
+        cache = self._counts_cache
+        if self.step_counts_dirty or cache is None or cache.device != device:
+            cache = self._counts_cache = torch.tensor(self.step_counts, device=device,
+                                                      dtype=torch.int32)
+            self.step_counts_dirty = False
+        return cache
+
+    def valid_mask(self, device: torch.device | str | None = None) -> Tensor:
+        """[num_envs, max_steps] bool on `device` (default: the buffer's): t < step_counts[e],
+        from `step_counts_tensor(device)`."""
+        return gae.valid_mask(self.step_counts_tensor(device), self.max_steps)
 
     def compute_advantages_and_returns(self, gamma: float, gae_lambda: float) -> None:
         """Fill `advantages` and `returns` with `variants.gae` / `variants.reset`.
@@ -394,10 +475,19 @@ class RolloutBuffer:
         return self._gae_spans.seconds().get("gae")
 
     def normalize_advantages(self) -> None:
-        """Normalise advantages over valid entries only: (A - mean) / (population std + 1e-8).
+        """Normalise advantages over valid entries only: (A - mean) / (population std + 1e-8);
+        padding is 0 after it.
 
-        Masked sums rather than boolean indexing, which would sync the host on CUDA.
+        With counts in a list (`list`, `cached`), as the original (599f3895
+        rollout_buffer.py:418-443): each row's valid slice by its Python count, `cat`,
+        `mean`, `std(correction=0)`, one write per row (into zeros: the padding). No
+        count tensor is made: a list-bookkept update turns its counts into a tensor once,
+        in `get_batched_sequences`, as the original's did. With a count tensor: masked
+        sums, not boolean indexing, which would sync the host on CUDA.
         """
+        if not isinstance(self.step_counts, Tensor):
+            self._normalize_by_rows()
+            return
         valid = self.valid_mask()
         count = valid.sum().clamp(min=1)
         adv = torch.where(valid, self.advantages, torch.zeros_like(self.advantages))
@@ -405,6 +495,20 @@ class RolloutBuffer:
         var = torch.where(valid, (adv - mean) ** 2, torch.zeros_like(adv)).sum() / count
         normalized = (adv - mean) / (var.sqrt() + 1e-8)
         self.advantages = torch.where(valid, normalized, torch.zeros_like(adv))
+
+    def _normalize_by_rows(self) -> None:
+        """`normalize_advantages` over the list's counts: the original's slices."""
+        counts = self.step_counts
+        rows = [self.advantages[env, :n] for env, n in enumerate(counts) if n > 0]
+        normalized = torch.zeros_like(self.advantages)
+        if rows:
+            every = torch.cat(rows)  # [sum of counts]
+            mean = every.mean()
+            std = every.std(correction=0)  # population std: defined for one element
+            for env, n in enumerate(counts):
+                if n > 0:
+                    normalized[env, :n] = (self.advantages[env, :n] - mean) / (std + 1e-8)
+        self.advantages = normalized
 
     def get_batched_sequences(self, device: torch.device | str | None = None) -> dict:
         """Every field on `device` (non-blocking copies on CUDA) for full-sequence BPTT.

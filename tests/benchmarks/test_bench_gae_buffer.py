@@ -14,6 +14,7 @@ from esper.gae import METHODS, compute_gae
 from harness.findings import Case
 from harness.findings import select as select_findings
 from harness.review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
+from harness.review.findings.step_counts import fill
 
 CPU = torch.device("cpu")
 #: (num_envs, max_steps); the per-env loop takes ~0.5 s a call at the large size, so it
@@ -46,32 +47,25 @@ def test_gae(benchmark, method, num_envs, max_steps):
 
 @pytest.fixture(scope="module")
 def rollout():
-    """B4-PT-05's inputs: one buffer per step-counts variant and every step's data."""
-    finding = select_findings(["B4-PT-05"])[0]
+    """AUDIT-5.1's inputs: one buffer per add_checks value and every step's data."""
+    finding = select_findings(["AUDIT-5.1-add-checks"])[0]
     return finding.build(BUFFER_CASE, CPU, 0)
 
 
-@pytest.mark.parametrize("step_counts", ["list", "tensor"])
-def test_buffer_add(benchmark, rollout, step_counts):
-    buffer, steps = rollout["buffers"][step_counts], rollout["steps"]
-
-    def fill():
-        buffer.reset()
-        for step in steps:
-            buffer.add(**step)
-
-    benchmark.group = f"buffer add x{len(steps)}"
-    benchmark(fill)
+@pytest.mark.parametrize("add_checks", ["none", "checked"])
+def test_buffer_add(benchmark, rollout, add_checks):
+    buffer, steps = rollout["buffers"][add_checks], rollout["steps"]
+    benchmark.group = f"buffer add x{BUFFER_CASE['num_envs'] * BUFFER_CASE['max_steps']}"
+    benchmark(fill, buffer, steps)
     assert buffer.get_batched_sequences(CPU)["states"].shape[:2] == (
         BUFFER_CASE["num_envs"], BUFFER_CASE["max_steps"])
 
 
-@pytest.mark.parametrize("step_counts", ["list", "tensor"])
-def test_get_batched_sequences(benchmark, rollout, step_counts):
-    buffer = rollout["buffers"][step_counts]
-    buffer.reset()
-    for step in rollout["steps"]:
-        buffer.add(**step)
+@pytest.mark.parametrize("step_counts", ["list", "tensor", "cached"])
+def test_get_batched_sequences(benchmark, step_counts):
+    """B4-PT-05's timed call: the update's read of a full buffer."""
+    finding = select_findings(["B4-PT-05"])[0]
+    call = finding.make_call(step_counts, finding.build(BUFFER_CASE, CPU, 0))
     benchmark.group = "get_batched_sequences"
-    batch = benchmark(buffer.get_batched_sequences, CPU)
+    batch = benchmark(call)
     assert batch["states"].shape[:2] == (BUFFER_CASE["num_envs"], BUFFER_CASE["max_steps"])

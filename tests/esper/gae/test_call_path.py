@@ -142,13 +142,17 @@ def test_numba_reads_every_input_layout_right(dtype, layout):
 
 @needs_numba
 def test_numba_refuses_counts_on_another_device_by_name():
-    """A direct call (compute_gae checks devices first): the meta device stands in for
-    CUDA, which this machine may lack."""
+    """A direct call (compute_gae checks devices first): a CUDA-typed fake tensor stands
+    in for CUDA, which this machine may lack (a meta tensor gets every method's meta
+    error instead, tests/esper/gae/test_gae.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from esper.gae.numba_kernel import gae_numba
 
     args = _args(2, 3)
-    args[5] = torch.zeros(2, dtype=torch.int64, device="meta")
-    with pytest.raises(ValueError, match="gae_numba: step_counts.device: expected cpu; got meta"):
+    with FakeTensorMode():
+        args[5] = torch.zeros(2, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="gae_numba: step_counts.device: expected cpu; got cuda"):
         gae_numba(*args, gamma=GAMMA, gae_lambda=LAMBDA)
 
 

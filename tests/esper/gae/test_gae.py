@@ -422,3 +422,43 @@ def test_cuda_count_check_adds_no_host_sync():
     args = [t.cuda() for t in case.args(counts_as_tensor=True)]
     counters = profile_call(lambda: check_gae_inputs(*args, 0.99, 0.95))
     assert counters.host_syncs == 0, counters.ops
+
+
+META = r"\.device: expected a device that holds values \(cpu or cuda\); got meta"
+
+
+def _on(device: str, case):
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in case.args()]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("counts", ["list", "cpu tensor", "meta tensor"])
+def test_meta_inputs_get_one_error_from_compute_gae_and_from_every_method(method, counts):
+    """Meta tensors have shapes but no values. They used to get a different answer from
+    each method: `loop` a RuntimeError from `.item()`, `batched`/`scan`/`auto` meta
+    outputs with no error, `compiled` an inductor failure, `numba` a device error."""
+    args = _on("meta", make_case(3, 5, seed=0))
+    args[5] = {"list": [5, 2, 0], "cpu tensor": torch.tensor([5, 2, 0]),
+               "meta tensor": torch.tensor([5, 2, 0], device="meta")}[counts]
+    with pytest.raises(ValueError, match=r"^compute_gae: rewards" + META):
+        compute_gae(*args, gamma=0.9, gae_lambda=0.9, method=method)
+    with pytest.raises(ValueError, match=r": rewards" + META):
+        METHODS[method](*args, gamma=0.9, gae_lambda=0.9)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_meta_step_counts_with_real_inputs_get_the_same_error(method):
+    args = list(make_case(3, 5, seed=0).args())
+    args[5] = torch.tensor([5, 2, 0], device="meta")
+    with pytest.raises(ValueError, match=r"^compute_gae: step_counts" + META):
+        compute_gae(*args, gamma=0.9, gae_lambda=0.9, method=method)
+    with pytest.raises(ValueError, match=r": step_counts" + META):
+        METHODS[method](*args, gamma=0.9, gae_lambda=0.9)
+
+
+@pytest.mark.parametrize("index, name", [(1, "values"), (2, "dones"), (4, "bootstrap_values")])
+def test_one_meta_input_among_real_ones_is_named_by_compute_gae(index, name):
+    args = list(make_case(3, 5, seed=0).args())
+    args[index] = args[index].to("meta")
+    with pytest.raises(ValueError, match=rf"^compute_gae: {name}" + META):
+        compute_gae(*args, gamma=0.9, gae_lambda=0.9)

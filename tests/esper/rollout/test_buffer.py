@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,7 +16,10 @@ from harness.measure.counters import profile_call
 STATE_DIM, HIDDEN, LAYERS = 6, 8, 1
 
 
-def make_buffer(num_envs=3, max_steps=5, variants=None) -> RolloutBuffer:
+def make_buffer(num_envs=3, max_steps=5, variants=None, add_checks="checked") -> RolloutBuffer:
+    """A small buffer whose `add` checks its inputs unless `add_checks="none"` (the
+    original's add, which `Variants()` alone would give)."""
+    variants = dataclasses.replace(variants or Variants(), add_checks=add_checks)
     return RolloutBuffer(num_envs, max_steps, STATE_DIM, lstm_hidden_dim=HIDDEN,
                          num_lstm_layers=LAYERS, variants=variants)
 
@@ -163,6 +168,10 @@ BAD_INPUTS = {
                                           "bootstrap_value"),
     "NaN bootstrap_value": (_set("bootstrap_value", NAN), "bootstrap_value"),
     "inf bootstrap_value tensor": (_set("bootstrap_value", torch.tensor(INF)), "bootstrap_value"),
+    "NaN state": (lambda a: a["state"].__setitem__(2, NAN), "state"),
+    "inf state": (lambda a: a["state"].__setitem__(0, -INF), "state"),
+    "NaN hidden_h": (lambda a: a["hidden_h"].view(-1).__setitem__(3, NAN), "hidden_h"),
+    "inf hidden_c": (lambda a: a["hidden_c"].view(-1).__setitem__(-1, INF), "hidden_c"),
     "hidden_h": (_set("hidden_h", torch.zeros(LAYERS, HIDDEN)), "hidden_h.shape"),
     "hidden_c": (_set("hidden_c", torch.zeros(LAYERS, 2, HIDDEN)), "hidden_c.shape"),
     "hidden_c None": (_set("hidden_c", None), "hidden_c"),
@@ -263,20 +272,20 @@ def test_device_checks_fire_on_bad_values_only():
     below does, where there is a GPU)."""
     mask = torch.tensor([False, True, True])
     device_checks("env 0 step 0: ", actions={"op": (torch.tensor(1), mask)},
-                  log_probs={"op": torch.tensor(-0.5)}, scalars={"value": torch.tensor(2.0)})
+                  log_probs={"op": torch.tensor(-0.5)}, finite={"value": torch.tensor(2.0)})
     bad = [
         dict(actions={"op": (torch.tensor(0), mask)}),
         dict(actions={"op": (torch.tensor(3), mask)}),
         dict(actions={"op": (1, torch.tensor([True, False]))}),
         dict(log_probs={"op": torch.tensor(0.5)}),
         dict(log_probs={"op": torch.tensor(NAN)}),
-        dict(scalars={"reward": torch.tensor(INF)}),
+        dict(finite={"reward": torch.tensor(INF)}),
         dict(actions={"op": (torch.tensor(1), mask), "slot": (2, mask), "style": (0, mask)}),
-        dict(scalars={"value": torch.tensor(1.0), "reward": torch.tensor([NAN])}),
+        dict(finite={"value": torch.tensor(1.0), "reward": torch.tensor([NAN])}),
     ]
     for kwargs in bad:
         with pytest.raises(RuntimeError, match="env 0 step 0: "):
-            device_checks("env 0 step 0: ", **{"actions": {}, "log_probs": {}, "scalars": {}, **kwargs})
+            device_checks("env 0 step 0: ", **{"actions": {}, "log_probs": {}, "finite": {}, **kwargs})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -313,9 +322,10 @@ def test_gae_ignores_stale_padding_and_matches_reference(method):
         assert (batch[key][~batch["valid_mask"]] == 0).all()
 
 
-def test_normalization_over_valid_entries_only():
+@pytest.mark.parametrize("counts_kind", ["list", "tensor", "cached"])
+def test_normalization_over_valid_entries_only(counts_kind):
     counts = [4, 1, 3]
-    buffer = make_buffer()
+    buffer = make_buffer(variants=Variants(step_counts=counts_kind))
     fill(buffer, counts)
     buffer.compute_advantages_and_returns(gamma=0.99, gae_lambda=0.95)
     buffer.advantages[0, 4] = 1e6  # padding: must not move the statistics
@@ -341,18 +351,22 @@ def test_batched_sequences_layout():
 
 
 @pytest.mark.parametrize("gae_method", ["loop", "scan"])
-def test_list_and_tensor_step_counts_identical(gae_method):
+def test_every_step_counts_variant_gives_the_same_batch(gae_method):
+    """The list (and cached) bookkeeping normalises by the original's slices, the tensor
+    one by masked sums: the same statistics, summed in another order (float32 rounding)."""
     outputs = []
-    for kind in ("list", "tensor"):
+    for kind in ("list", "tensor", "cached"):
         buffer = make_buffer(variants=Variants(step_counts=kind, gae=gae_method))
         fill(buffer, [5, 3, 4], seed=11)
         poison_padding(buffer, [5, 3, 4])
         buffer.compute_advantages_and_returns(gamma=0.995, gae_lambda=0.98)
         buffer.normalize_advantages()
         outputs.append(buffer.get_batched_sequences("cpu"))
-    a, b = outputs
-    for key in ("advantages", "returns", "valid_mask"):
-        assert torch.equal(a[key], b[key]), key
+    first = outputs[0]
+    for other in outputs[1:]:
+        for key in ("returns", "valid_mask"):
+            assert torch.equal(first[key], other[key]), key
+        torch.testing.assert_close(first["advantages"], other["advantages"], rtol=1e-6, atol=1e-6)
 
 
 def test_constructor_rejects_bad_sizes():

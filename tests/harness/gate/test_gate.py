@@ -171,15 +171,15 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     baseline = tmp_path / "counters.json"
     args = ["--baseline", str(baseline), "--findings", "B4-DRL-03"]
     assert gate.main(["--update-baseline", *args]) == 0
-    assert "4 cells of B4-DRL-03" in capsys.readouterr().out
+    assert "6 cells of B4-DRL-03" in capsys.readouterr().out
 
     assert gate.main(["--counters", *args, "--json", str(tmp_path / "rows.json")]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("| check | finding | variant | case | baseline | current | "
                                    "change | verdict |")
-    assert out.rstrip().endswith("PASS: 4 pass")
+    assert out.rstrip().endswith("PASS: 6 pass")
     saved = json.loads((tmp_path / "rows.json").read_text())
-    assert saved["schema_version"] == 1 and len(saved["rows"]) == 4
+    assert saved["schema_version"] == 1 and len(saved["rows"]) == 6
 
     _edit_first(baseline, "clone", "host_syncs", -3)
     assert gate.main(["--counters", *args]) == 1
@@ -188,7 +188,7 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     row = next(line for line in out.splitlines() if "| regression" in line)
     assert "host_syncs +3 | regression: host syncs " in row
     assert " aten::is_nonzero at esper/gae/loop.py:" in row and " in gae_loop()" in row
-    assert out.rstrip().endswith("FAIL: 1 regression, 3 pass")
+    assert out.rstrip().endswith("FAIL: 1 regression, 5 pass")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -429,7 +429,7 @@ def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tr
         assert session["findings"] == [str(REPO / "harness" / "findings"),
                                        str(tree_failing_clone / "harness" / "findings")]
         cells = {(c["case"], c["variant"]): c for c in session["cells"]}
-        assert {variant for _, variant in cells} == {"clone", "mask"} and len(cells) == 4
+        assert {variant for _, variant in cells} == {"clone", "mask", "assign"} and len(cells) == 6
         for (_, variant), cell in cells.items():
             if variant == "clone":  # only the copy raises, and only there
                 assert cell["errors"] == [None, "RuntimeError: planted failure"]

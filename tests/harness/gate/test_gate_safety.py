@@ -31,7 +31,8 @@ from harness.gate.table import UsageError
 import esper.train
 
 REPO = Path(__file__).resolve().parents[3]
-FINDING = "B4-DRL-03"  # 4 cells, counted in about a second
+FINDING = "B4-DRL-03"  # 6 cells (2 quick cases x 3 variants), counted in about a second
+CELLS = 6
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +74,11 @@ def _empty(cells):
     return []
 
 
-def _one_of_four(cells):
+def _first_only(cells):
     return _entries(cells)[:1]
 
 
-def _one_of_four_regressed(cells):
+def _first_only_regressed(cells):
     first = _entries(cells)[0]
     return [{**first, "host_syncs": first["host_syncs"] - 1}]
 
@@ -86,19 +87,20 @@ ADD_COMMAND = "`python -m harness.gate --update-baseline --baseline {path} --fin
 
 ACCIDENTAL_PASSES = [
     # (id, baseline entries, options after --baseline/--findings, exit, stderr, summary)
-    ("full baseline", _full, ["--counters"], 0, None, "PASS: 4 pass"),
+    ("full baseline", _full, ["--counters"], 0, None, f"PASS: {CELLS} pass"),
     ("empty baseline", _empty, ["--counters"], 2,
-     "expected an entry for every measured cell; 4 of 4 have none (4 of B4-DRL-03); "
-     f"add them with {ADD_COMMAND}", "FAIL: 4 new"),
-    ("partial baseline", _one_of_four, ["--counters"], 2,
-     f"3 of 4 have none (3 of B4-DRL-03); add them with {ADD_COMMAND}", "FAIL: 3 new, 1 pass"),
-    ("partial baseline, --allow-new", _one_of_four, ["--counters", "--allow-new"], 0, None,
-     "PASS: 1 pass, 3 new (allowed)"),
+     f"expected an entry for every measured cell; {CELLS} of {CELLS} have none ({CELLS} of "
+     f"B4-DRL-03); add them with {ADD_COMMAND}", f"FAIL: {CELLS} new"),
+    ("partial baseline", _first_only, ["--counters"], 2,
+     f"{CELLS - 1} of {CELLS} have none ({CELLS - 1} of B4-DRL-03); add them with {ADD_COMMAND}",
+     f"FAIL: {CELLS - 1} new, 1 pass"),
+    ("partial baseline, --allow-new", _first_only, ["--counters", "--allow-new"], 0, None,
+     f"PASS: 1 pass, {CELLS - 1} new (allowed)"),
     ("empty baseline, --allow-new", _empty, ["--counters", "--allow-new"], 2,
      "--allow-new lets new cells pass only beside compared ones, and none was; "
-     f"add them with {ADD_COMMAND}", "FAIL: 4 new"),
-    ("a regression beside new cells", _one_of_four_regressed, ["--counters"], 1, None,
-     "FAIL: 1 regression, 3 new"),
+     f"add them with {ADD_COMMAND}", f"FAIL: {CELLS} new"),
+    ("a regression beside new cells", _first_only_regressed, ["--counters"], 1, None,
+     f"FAIL: 1 regression, {CELLS - 1} new"),
 ]
 
 
@@ -266,7 +268,7 @@ def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys)
     out = capsys.readouterr().out
     counts = {f: sum(e["finding"] == f for e in committed["counters"]) for f in
               gate_counters.gated_findings() if f != FINDING}
-    assert f"wrote {path}: 4 cells of {FINDING} (each counted twice, identical)" in out
+    assert f"wrote {path}: {CELLS} cells of {FINDING} (each counted twice, identical)" in out
     assert ("kept the entries of the findings not measured: "
             + ", ".join(f"{n} of {f}" for f, n in counts.items())) in out
 
