@@ -203,6 +203,7 @@ register(Finding(
     extra_metrics=_stability,
     answer=("host_overflow_rate", "seed_overflow_rate", "host_skipped_steps_diff",
             "final_scale_log2_diff"),
+    long=True,  # episodes of real training per case: out of the default run's 150 s
     duration_s=(12.0, 90.0),
     notes=(
         "The environment as reviewed: mixed precision (EnvConfig.amp) and the original's "
