@@ -103,7 +103,14 @@ def save_checkpoint(trainer: VectorizedTrainer, path: str | Path) -> None:
         # "wb", not exclusive: a file of this name is a dead writer's (pids are unique
         # among live processes), and this process now owns the name
         with open(tmp, "wb") as file:
-            torch.save(state, file)
+            try:
+                torch.save(state, file)
+            except RuntimeError as err:
+                # torch's zip writer reports a failed write (a full disk, a size limit) as
+                # a RuntimeError whose context is the OSError: raise that, as open() would
+                if isinstance(err.__context__, OSError):
+                    raise err.__context__ from err
+                raise
             file.flush()
             os.fsync(file.fileno())  # the bytes on disk before the name points at them
         os.replace(tmp, path)
