@@ -187,6 +187,10 @@ def parse_options(argv: list[str] | None) -> Options:
     """The command line as `Options`, or a `UsageError` naming the first bad option:
     nothing is built or written before every option has been checked."""
     args = build_parser().parse_args(argv)
+    for name, value in vars(args).items():
+        # argparse (3.11) reads `--envs=--` as an empty list: '--' ends the options
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"--{name}: expected one value; got {value!r}")
     if not args.variants.strip():
         raise UsageError(f"--variants: expected 'original', 'optimized' or axis=value pairs; "
                          f"got {args.variants!r}")
@@ -382,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_raises():
             return _train(argv)
     except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except NonFiniteUpdateError as err:  # training went wrong, not the input: say what did
-        print(f"{PROG}: internal error (exit 3): {err}", file=sys.stderr)
+        print(f"{PROG}: internal error (exit 3): {one_line(str(err))}", file=sys.stderr)
         return 3
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Terminated
         signum = getattr(err, "signum", signal.SIGINT)
@@ -399,13 +403,21 @@ def main(argv: list[str] | None = None) -> int:
         return 3
 
 
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable escaped (`\\n`, `\\r`, `\\x1e`,
+    an undecodable byte's `\\udcff`): a message quotes paths and values as received, and
+    it must stay one line, whatever they hold."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def _remove_orphans(*paths: Path | None) -> None:
     """Delete what writers killed mid-write left beside these checkpoints, one line each."""
     for path in dict.fromkeys(p for p in paths if p is not None):
         for orphan in remove_orphans(path):
             pid = orphan.name.rsplit(".", 2)[1]
-            print(f"removed {orphan}: a temporary checkpoint file of writer {pid}, which is no "
-                  "longer running", file=sys.stderr)
+            print(one_line(f"removed {orphan}: a temporary checkpoint file of writer {pid}, "
+                           "which is no longer running"), file=sys.stderr)
 
 
 def _train(argv: list[str] | None) -> int:
@@ -428,7 +440,7 @@ def _train(argv: list[str] | None) -> int:
         except CheckpointError as err:
             raise _option("--resume", err) from None
         for note in notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {one_line(note)}", file=sys.stderr)
         if trainer.iteration_count >= options.iterations:
             raise UsageError(f"--resume {options.resume}: the checkpoint is at iteration "
                              f"{trainer.iteration_count}, and --iterations {options.iterations} "

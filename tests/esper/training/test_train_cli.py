@@ -486,3 +486,21 @@ def test_progress_on_a_real_terminal_is_a_live_bar(tmp_path):
     assert process.returncode == 0, terminal
     assert "\r" in terminal and "2/2" in terminal and "progress:" not in terminal
     assert "\r" not in out and iterations_printed(out) == [1, 2]
+
+
+# ------------------------------------------------------ found by tests/esper/test_train_fuzz.py
+
+@pytest.mark.parametrize("option", ["--envs", "--variants", "--checkpoint"])
+def test_an_option_given_the_end_of_options_marker_exits_2(capsys, option):
+    """argparse reads `--envs=--` as an empty list, which ended in an AttributeError."""
+    err = run_main(capsys, *TINY, f"{option}=--")
+    assert err.endswith(f"error: {option}: expected one value; got []")
+
+
+@pytest.mark.parametrize("path", ["a\nb.pt", "a\rb.pt", "a\x1eb.pt", "\udcff.pt"])
+def test_a_message_quoting_a_path_with_line_breaks_stays_one_line(capsys, path):
+    """`str.splitlines` also breaks at \\r and \\x1c-\\x1e: they are escaped."""
+    err = run_main(capsys, *TINY, "--resume", path)
+    escaped = path.encode("unicode_escape").decode("ascii")
+    assert err.endswith(f"--resume: expected a checkpoint file; got {escaped}, which does not "
+                        "exist")
