@@ -5,9 +5,12 @@ writes its raw results as JSON into OUT; `table` turns them into the markdown ta
 docs quote. Parts, in the order the docs give them:
 
     python benchmarks/verdict_stability.py repeat --runs 10 OUT
-        default runs of this commit, one after the other: how often a row's word changes
-        between consecutive runs, how often it moves between decisive words (faster,
-        slower, same), and every run's placebo rows (the noise floor);
+        default runs of this commit (reports included), one after the other: how often a
+        row's word changes between consecutive runs, how often it moves between decisive
+        words (faster, slower, same), every run's placebo rows (the noise floor) and the
+        run time;
+    python benchmarks/verdict_stability.py quick --runs 3 OUT
+        `--quick` runs, reports included: their run time;
     python benchmarks/verdict_stability.py planted OUT
         one run of benchmarks/planted_findings.py: a +10% planted slowdown should read
         slower, a +3% one never faster;
@@ -20,7 +23,8 @@ docs quote. Parts, in the order the docs give them:
         check c of the gate on unchanged code (false alarms per gate run) and with the
         scan GAE planted 5, 10, 15 and 25% slower (power);
     python benchmarks/verdict_stability.py table OUT
-        the tables.
+        the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
+        JSON files committed in benchmarks/results/).
 
 Run it on an idle machine: every part measures time. `repeat` takes about 2.5 minutes a
 run, `processes` about 15 minutes, `gate` about a minute a gate run.
@@ -61,7 +65,10 @@ def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 def _save(out: Path, name: str, document) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(document, indent=1))
+    path = out / f"{name}.json"
+    temp = path.with_suffix(f".{os.getpid()}.tmp")
+    temp.write_text(json.dumps(document, separators=(",", ":")))
+    os.replace(temp, path)  # a killed benchmark leaves its last whole save
     print(f"wrote {out / name}.json", file=sys.stderr)
 
 
@@ -70,30 +77,44 @@ def _load(out: Path, name: str):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+#: the fields of a summary row the tables read (the rest is left out of the saved results)
+ROW_FIELDS = ("finding", "case", "variant", "verdict", "placebo", "headline", "ratio",
+              "ci_low", "ci_high", "status")
+
+
 def _summary_rows(results: Path) -> list[dict]:
     sys.path.insert(0, str(REPO))
     from harness.results import load_run
 
     run = load_run(None, results)
-    return run.summary.astype(object).where(run.summary.notna(), None).to_dict("records")
+    rows = run.summary.astype(object).where(run.summary.notna(), None).to_dict("records")
+    return [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
 
 
-# ----------------------------------------------------------------------------- repeat
-
-def repeat(args) -> None:
-    """`args.runs` default runs, one after the other, each into its own results folder."""
-    runs = []
-    for index in range(args.runs):
-        results = args.out / "repeat" / f"run{index}"
+def _timed_runs(args, name: str, extra: tuple[str, ...]) -> None:
+    """`args.runs` runs of this commit (with their reports, as a user runs them), one after
+    the other, each into its own results folder; saved after each."""
+    runs = _load(args.out, name) or []
+    for index in range(len(runs), args.runs):
+        results = args.out / name / f"run{index}"
         started = time.perf_counter()
-        done = _python("-m", "harness.run", "--out", str(results), "--no-report",
-                       *args.run_args)
+        done = _python("-m", "harness.run", "--out", str(results), *extra, *args.run_args)
         seconds = time.perf_counter() - started
         if done.returncode not in (0, 1):
             raise SystemExit(f"run {index} failed ({done.returncode}): {done.stderr[-2000:]}")
         runs.append({"seconds": seconds, "rows": _summary_rows(results)})
-        print(f"repeat: run {index + 1}/{args.runs} in {seconds:.0f} s", file=sys.stderr)
-        _save(args.out, "repeat", runs)
+        print(f"{name}: run {index + 1}/{args.runs} in {seconds:.0f} s", file=sys.stderr)
+        _save(args.out, name, runs)
+
+
+def repeat(args) -> None:
+    """Default runs of this commit, reports included: stability, placebos, run time."""
+    _timed_runs(args, "repeat", ())
+
+
+def quick(args) -> None:
+    """`--quick` runs of this commit, reports included: their run time."""
+    _timed_runs(args, "quick", ("--quick",))
 
 
 def _words(rows: list[dict]) -> dict[tuple, dict]:
@@ -274,53 +295,107 @@ def gate_table(document: list[dict]) -> list[dict]:
 
 # ------------------------------------------------------------------------------- table
 
+def _pct(part: int, whole: int, digits: int = 1) -> str:
+    return f"{100 * part / max(whole, 1):.{digits}f}%"
+
+
+def _stability_table(folder: Path) -> list[str]:
+    runs = _load(folder, "repeat")
+    if not runs:
+        return ["(not measured: run `repeat`)"]
+    s, p = stability(runs), placebos(runs)
+    lines = ["| claim | bar | measured |", "|---|---|---|",
+             f"| consecutive default runs of one commit: rows moving between decisive words "
+             f"(faster, slower, same) | 0 | {s['moved']} of {s['compared']} "
+             f"({s['pairs']} pairs) |",
+             f"| ... rows changing word at all | at most 3% | {s['changed']} of "
+             f"{s['compared']} ({_pct(s['changed'], s['compared'])}) |",
+             f"| placebo rows (baseline against itself) reading faster or slower | at most 1% "
+             f"| {p['decisive']} of {p['cells']} ({_pct(p['decisive'], p['cells'])}) |",
+             f"| placebo rows reading same | at least 90% | {p['same']} of {p['cells']} "
+             f"({_pct(p['same'], p['cells'], 0)}) |"]
+    if s["moved_examples"]:
+        lines += ["", "Rows that moved: " + "; ".join(s["moved_examples"]) + "."]
+    if p["decisive_examples"]:
+        lines += ["", "Decisive placebos: " + "; ".join(p["decisive_examples"]) + "."]
+    return lines
+
+
+def _run_times_table(folder: Path) -> list[str]:
+    lines = ["| run (report included) | bar | runs | median | range |", "|---|---|---|---|---|"]
+    for name, label, bar in (("repeat", "default `python -m harness.run`", "150 s"),
+                             ("quick", "`python -m harness.run --quick`", "40 s")):
+        runs = _load(folder, name)
+        if runs:
+            seconds = [r["seconds"] for r in runs]
+            lines.append(f"| {label} | {bar} | {len(runs)} | {statistics.median(seconds):.0f} s "
+                         f"| {min(seconds):.0f}-{max(seconds):.0f} s |")
+        else:
+            lines.append(f"| {label} | {bar} | 0 | (not measured: run `{name}`) | |")
+    return lines
+
+
+def _planted_table(folder: Path) -> list[str]:
+    rows = _load(folder, "planted")
+    if not rows:
+        return ["(not measured: run `planted`)"]
+    lines = ["| planted slowdown | bar | trials | slower | same | faster | inconclusive | "
+             "median ratio |", "|---|---|---|---|---|---|---|---|"]
+    bars = {"PLANTED-10": "slower in at least 95%", "PLANTED-3": "never faster"}
+    for r in planted_table(rows):
+        median = f"{r['median_ratio']:.3g}" if r["median_ratio"] is not None else "-"
+        lines.append(f"| {r['finding']} | {bars[r['finding']]} | {r['trials']} | {r['slower']} "
+                     f"| {r['same']} | {r['faster']} | {r['inconclusive']} | {median} |")
+    return lines
+
+
+def _processes_table(folder: Path) -> list[str]:
+    results = _load(folder, "processes")
+    if not results:
+        return ["(not measured: run `processes`)"]
+    lines = ["| row | call | processes | per-process ratios | offset sd | within se | "
+             "torch.utils.benchmark raw / loop-corrected | runs whose interval holds it |",
+             "|---|---|---|---|---|---|---|---|"]
+    held = total = 0
+    for r in process_table(results, _load(folder, "repeat")):
+        held, total = held + r["runs_holding"], total + r["runs"]
+        lines.append(
+            f"| {r['row']} | {r['seconds'] * 1e6:.3g} us | {r['processes']} | "
+            f"{', '.join(f'{x:.3f}' for x in r['ratios'])} | {100 * r['process_sd']:.2f}% | "
+            f"{100 * r['within_se']:.2f}% | {r['reference_raw']:.3f} / "
+            f"{r['reference_corrected']:.3f} | {r['runs_holding']} of {r['runs']} |")
+    lines += ["", f"(row, run) pairs whose interval holds the independent timer's "
+              f"cross-process median: {held} of {total} ({_pct(held, total, 0)}; bar: at "
+              f"least 90%)."]
+    return lines
+
+
+def _gate_table(folder: Path) -> list[str]:
+    document = _load(folder, "gate-runs")
+    if not document:
+        return ["(not measured: run `gate`)"]
+    lines = ["| gate check c on | bar | gate runs | failed the gate | seconds per run |",
+             "|---|---|---|---|---|"]
+    for r in gate_table(document):
+        bar = "at most 1 in 60" if "unchanged" in r["condition"] else (
+            "at least 90%" if "1.15x" in r["condition"] else "-")
+        seconds = f"{r['seconds']:.0f}" if r["seconds"] is not None else "-"
+        lines.append(f"| {r['condition']} | {bar} | {r['runs']} | {r['flagged']} "
+                     f"({_pct(r['flagged'], r['runs'], 0)}) | {seconds} |")
+    return lines
+
+
+TABLES = {"stability": _stability_table, "run-times": _run_times_table,
+          "planted": _planted_table, "processes": _processes_table, "gate-power": _gate_table}
+
+
+def markdown(kind: str, folder: Path) -> str:
+    """The markdown table `kind` (a key of TABLES) from the results saved in `folder`."""
+    return "\n".join(TABLES[kind](folder))
+
+
 def table(args) -> None:
-    runs = _load(args.out, "repeat")
-    lines = []
-    if runs:
-        s = stability(runs)
-        p = placebos(runs)
-        lines += ["| claim | measured |", "|---|---|",
-                  f"| two default runs of one commit: rows moving between decisive words | "
-                  f"{s['moved']} of {s['compared']} ({s['pairs']} consecutive pairs) |",
-                  f"| ... rows changing word at all | {s['changed']} of {s['compared']} "
-                  f"({100 * s['changed'] / max(s['compared'], 1):.1f}%) |",
-                  f"| placebo rows reading faster or slower | {p['decisive']} of {p['cells']} "
-                  f"({100 * p['decisive'] / max(p['cells'], 1):.1f}%) |",
-                  f"| placebo rows reading same | {p['same']} of {p['cells']} "
-                  f"({100 * p['same'] / max(p['cells'], 1):.0f}%) |",
-                  f"| default run time (median of {len(runs)}) | "
-                  f"{statistics.median(r['seconds'] for r in runs):.0f} s |"]
-        if s["moved_examples"]:
-            lines += ["", "Moved: " + "; ".join(s["moved_examples"])]
-        if p["decisive_examples"]:
-            lines += ["", "Decisive placebos: " + "; ".join(p["decisive_examples"])]
-    rows = _load(args.out, "planted")
-    if rows:
-        lines += ["", "| planted | trials | slower | same | faster | inconclusive | median ratio |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in planted_table(rows):
-            lines.append(f"| {r['finding']} | {r['trials']} | {r['slower']} | {r['same']} | "
-                         f"{r['faster']} | {r['inconclusive']} | {r['median_ratio']:.3g} |")
-    results = _load(args.out, "processes")
-    if results:
-        lines += ["", "| row | call | processes | per-process ratios | offset sd | within se | "
-                  "torch.utils.benchmark raw / loop-corrected | runs whose interval holds it |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in process_table(results, runs):
-            lines.append(
-                f"| {r['row']} | {r['seconds'] * 1e6:.3g} us | {r['processes']} | "
-                f"{', '.join(f'{x:.3f}' for x in r['ratios'])} | {100 * r['process_sd']:.2f}% | "
-                f"{100 * r['within_se']:.2f}% | {r['reference_raw']:.3f} / "
-                f"{r['reference_corrected']:.3f} | {r['runs_holding']} of {r['runs']} |")
-    document = _load(args.out, "gate-runs")
-    if document:
-        lines += ["", "| gate check c | runs | failed the gate | seconds per run |",
-                  "|---|---|---|---|"]
-        for r in gate_table(document):
-            lines.append(f"| {r['condition']} | {r['runs']} | {r['flagged']} | "
-                         f"{r['seconds']:.0f} |")
-    print("\n".join(lines))
+    print("\n\n".join(markdown(kind, args.out) for kind in TABLES))
 
 
 def main(argv=None) -> int:
@@ -328,13 +403,14 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     sub = p.add_subparsers(dest="part", required=True)
-    for name in ("repeat", "planted", "processes", "gate", "table"):
+    for name in ("repeat", "quick", "planted", "processes", "gate", "table"):
         part = sub.add_parser(name)
         part.add_argument("out", type=Path)
-        if name in ("repeat", "planted"):
+        if name in ("repeat", "quick", "planted"):
             part.add_argument("--run-args", nargs=argparse.REMAINDER, default=[],
                               help="more options for harness.run")
     sub.choices["repeat"].add_argument("--runs", type=int, default=10)
+    sub.choices["quick"].add_argument("--runs", type=int, default=3)
     sub.choices["processes"].add_argument("--processes", type=int, default=5)
     sub.choices["processes"].add_argument("--threads", type=int, default=2)
     sub.choices["processes"].add_argument("--budget", type=float, default=1.0)
@@ -343,7 +419,7 @@ def main(argv=None) -> int:
     sub.choices["gate"].add_argument("--slowdowns", default="1.05,1.10,1.15,1.25")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
-    {"repeat": repeat, "planted": planted, "processes": processes, "gate": gate,
+    {"repeat": repeat, "quick": quick, "planted": planted, "processes": processes, "gate": gate,
      "table": table}[args.part](args)
     return 0
 

@@ -170,7 +170,8 @@ def build_parser() -> Parser:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     parser.add_argument("--seed", default="0", help="random seed in [0, 2**64) (default 0)")
     parser.add_argument("--threads", default=None,
-                        help=f"torch CPU threads, 1 to {MAX_THREADS} (default: torch's choice)")
+                        help="torch CPU threads, 1 to this machine's CPU count (default: "
+                             "torch's choice)")
     parser.add_argument("--checkpoint", default=None,
                         help="save a checkpoint here after each iteration (a new file, or a "
                              "checkpoint to replace)")

@@ -23,13 +23,14 @@ AXES: dict[str, tuple[str, ...]] = {
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
     "env_pool": ("recreate", "pool"),
-    "bootstrap": ("tensor", "copy"),
-    "masks": ("stack", "preallocated"),
+    "bootstrap": ("tensor", "copy", "packed"),
+    "masks": ("stack", "preallocated", "packed"),
     "transfer": ("per_tensor", "flat"),
     "scaler": ("shared", "per_optimizer"),
     "seed_clip": ("none", "clip"),
     "stream_guard": ("is_cuda", "stream"),
     "accumulators": ("separate", "stacked"),
+    "validation": ("inference_mode", "no_grad"),
 }
 
 
@@ -46,16 +47,24 @@ class Variants:
     gae: str = "loop"
     """Advantage computation method, a key of `esper.gae.METHODS`."""
     sync: str = "stream"
-    """Vectorized env phase: host `stream.synchronize()` per env (original) or CUDA `event`s."""
+    """The epoch boundary of the vectorized env phase on CUDA (`VectorizedTrainer.env_phase`):
+    per env a host `stream.synchronize()` and reads after training, validation on the env
+    streams, the same again after it (original); or an `event` per env stream that the
+    default stream waits on, validation there, one read (the review's H3 fix)."""
     env_pool: str = "recreate"
     """Envs of each new batch of episodes: `recreate`d (new host networks, optimizers and
     streams, the original) or reset in place from a `pool` (`esper.env.pool`)."""
     bootstrap: str = "tensor"
-    """States of the bootstrap forward at an episode's end: a new `tensor` from each env's
-    feature list (original) or a pre-allocated buffer filled by `copy` (`esper.rollout.staging`)."""
+    """The bootstrap values at an episode's end (`esper.env.bootstrap_states`): per env a new
+    `tensor` from its feature list, a batch-1 forward of the whole policy and an `.item()`
+    (original); the same with each env's state `copy`-ed into a `[1, D]` device buffer
+    allocated once (the review's H4 fix); or every env's row `packed` into one staged
+    buffer, one copy, one batched value forward and one read (this project's design)."""
     masks: str = "stack"
-    """One step's action masks for the policy: `stack`ed per head every step (original) or
-    written into `preallocated` tensors (`esper.env.mask_batch`)."""
+    """One step's action masks for the policy (`esper.env.mask_batch`): each env's built on
+    the device, then `stack`ed per head (original); the same per-env device masks copied
+    row by row into `preallocated` `[N, K]` device tensors (the review's H5 fix); or built
+    on the host and `packed` into one staged buffer moved in one copy (this project's)."""
     transfer: str = "per_tensor"
     """`RolloutBuffer.get_batched_sequences` to another device: one `.to()` `per_tensor`
     (original) or one `flat` (pinned on CUDA) copy split into views (`esper.rollout.transfer`)."""
@@ -71,6 +80,9 @@ class Variants:
     accumulators: str = "separate"
     """Per training batch, the loss and correct-count accumulators updated by two
     `separate` `add_` (original) or one `stacked` `add_` (`esper.env.accumulators`)."""
+    validation: str = "inference_mode"
+    """The host's validation forward in each epoch (`MorphoEnv.launch_val`) under
+    `torch.inference_mode()` (original, the review's L1) or `torch.no_grad()`."""
 
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
@@ -92,12 +104,16 @@ class Variants:
         says"). It keeps `transfer=per_tensor` (the flat copy's host side measured slower
         on the CPU; its transfer needs a GPU to measure), `seed_clip=none` (clipping
         changes training: a stability choice, not a speed one, see C3-seed-grad-clip) and
-        `accumulators=separate` (one stacked add measured slower). It computes what
+        `accumulators=separate` (one stacked add measured slower). For `bootstrap` and
+        `masks` it takes this project's `packed` designs, which go further than the
+        review's fixes (one transfer and one forward or read per step, not one per env),
+        and `validation=inference_mode`, the original's choice (L1). It computes what
         `original()` computes (under mixed precision, as long as no gradient overflows)."""
         return cls(reset="mask", step_counts="tensor", gae="scan", sync="event",
-                   env_pool="pool", bootstrap="copy", masks="preallocated",
+                   env_pool="pool", bootstrap="packed", masks="packed",
                    transfer="per_tensor", scaler="per_optimizer", seed_clip="none",
-                   stream_guard="stream", accumulators="separate")
+                   stream_guard="stream", accumulators="separate",
+                   validation="inference_mode")
 
     @classmethod
     def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":

@@ -1,4 +1,5 @@
-"""The README stays true: its Python examples run, its commands match CI's."""
+"""The README and docs stay true: their Python examples run, their generated blocks are
+current, their links resolve, the README stays a front page, and its commands match CI's."""
 
 from __future__ import annotations
 
@@ -10,20 +11,62 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README = (ROOT / "README.md").read_text()
-EXAMPLES = re.findall(r"```python\n(.*?)```", README, re.S)
+EXAMPLES = [(page.relative_to(ROOT), code) for page in PAGES
+            for code in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
+#: the front page's length: what it answers, the two commands, the commands, where to read more
+README_MAX_LINES = 250
 
 
 @pytest.mark.integration  # each example in a fresh interpreter
-@pytest.mark.parametrize("index", range(len(EXAMPLES)))
-def test_python_example_runs(index):
+@pytest.mark.parametrize("page, code", EXAMPLES, ids=[f"{p}-{i}" for i, (p, _) in
+                                                      enumerate(EXAMPLES)])
+def test_python_example_runs(page, code):
     # lines that demonstrate an error are shown, not run
-    code = "\n".join(line for line in EXAMPLES[index].splitlines() if "Error" not in line)
+    code = "\n".join(line for line in code.splitlines() if "Error" not in line)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, f"{page}: {result.stderr}"
 
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     commands = [line for line in ci if line and not line.startswith(("#", "set ", "cd "))]
     assert commands and all(command in README for command in commands), commands
+
+
+def test_the_readme_is_a_front_page():
+    assert len(README.splitlines()) <= README_MAX_LINES
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_resolves(page):
+    links = re.findall(r"\]\(([^)#\s]+)\)", page.read_text())
+    missing = [link for link in links if "://" not in link
+               and not (page.parent / link).exists()]
+    assert missing == []
+
+
+@pytest.mark.integration  # a fresh interpreter imports every command and the plug-in
+def test_generated_blocks_are_current():
+    """`python docs/generate.py --check`: every measured table and --help block matches
+    what the code and the committed results give (exit 1 names each stale block)."""
+    done = subprocess.run([sys.executable, "docs/generate.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_stale_block_is_named_and_an_open_one_is_an_error(tmp_path):
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    text = "<!-- generated: variants -->\nhand-edited\n<!-- /generated -->\n"
+    new, stale = generate.regenerate(text, "page.md")
+    assert stale == ["variants"] and "| `gae` |" in new
+    assert generate.regenerate(new, "page.md")[1] == []
+    with pytest.raises(generate.DocsError, match="page.md: .* has no '<!-- /generated -->'"):
+        generate.regenerate("<!-- generated: variants -->\n", "page.md")
+    with pytest.raises(generate.DocsError, match="expected a kind among .*; got 'nope'"):
+        generate.regenerate("<!-- generated: nope -->\n<!-- /generated -->", "page.md")

@@ -62,6 +62,10 @@ class MaskedCategorical:
         drawn = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
         return drawn.reshape(probs.shape[:-1])
 
+    def mode(self) -> torch.Tensor:
+        """The most probable action per row: `[...]` int64 (the first on a tie)."""
+        return self.log_probs_all.argmax(-1)
+
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         """Log-probability of `actions [...]` int64: `[...]` float32."""
         if actions.shape != self.mask.shape[:-1]:
@@ -227,6 +231,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         masks: dict[str, torch.Tensor],
         hidden: Hidden,
         generator: torch.Generator | None = None,
+        deterministic: bool = False,
     ) -> ActOutput:
         """Sample one step for every environment, without gradients.
 
@@ -235,6 +240,9 @@ class FactoredRecurrentActorCritic(nn.Module):
             masks: head -> `[B, K]` bool allowed actions.
             hidden: `(h, c)`, each `[L, B, H]`: the state carried from the previous step.
             generator: for reproducible sampling; must live on `obs`'s device.
+            deterministic: take each head's most probable action instead of sampling
+                (esper-lite's `get_action(..., deterministic=True)`, which its bootstrap
+                forward calls, 2df957ed simic/agent/network.py:296-297).
 
         Returns:
             `ActOutput`; the op head is drawn first, then the others in `HEAD_NAMES` order,
@@ -247,7 +255,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         actions, log_probs = {}, {}
         for head in SAMPLE_ORDER:
             dist = self._distribution(head, features, masks[head])
-            actions[head] = dist.sample(generator)
+            actions[head] = dist.mode() if deterministic else dist.sample(generator)
             log_probs[head] = dist.log_prob(actions[head])
         value = self.value_head(features).squeeze(-1).float()
         return ActOutput(

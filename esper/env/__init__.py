@@ -15,6 +15,6 @@ One environment, from the bottom up:
 Inside an env's epoch, each a reviewed choice: `optimizers` (host and seed SGD, grad
 scalers, seed clipping), `accumulators` (per-epoch sums), `stream_guard` (inputs recorded
 on the env's stream). Across envs, for the trainer: `pool` (each batch's envs recreated or
-reset), `mask_batch` (one step's masks to the device) and `bootstrap_states` (the states
-of the bootstrap forward).
+reset), `mask_batch` (one step's masks batched on the device) and `bootstrap_states` (the
+bootstrap values at an episode's end).
 """

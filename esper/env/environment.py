@@ -9,9 +9,12 @@ and the parameters SGD trains.
 
 What matters for measurement is kept from the original CIFAR-10 environment: every step
 enqueues real training work on the env's device without reading anything back
-(`MorphoEnv.launch_epoch`), and host-side bookkeeping happens only after the caller has
-synchronised and read the metrics (`MorphoEnv.observe`). How to synchronise (per-env
-CUDA streams with `stream.synchronize()`, or events) is the caller's choice.
+(`MorphoEnv.launch_epoch`, or its parts `launch_train_batch` / `train_metrics` /
+`launch_val`, which a caller interleaves across envs as the original does), and host-side
+bookkeeping happens only after the caller has synchronised and read the metrics
+(`MorphoEnv.observe`). How to synchronise (per-env CUDA streams with
+`stream.synchronize()`, or events) and on which stream validation runs is the caller's
+choice.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from esper.env.seed_slot import (
 )
 from esper.env.stream_guard import GUARDS, record_on_stream
 from esper.env.task import DATA, HOST_INIT, SEED_INIT, make_task, random_stream
-from esper.variants import Variants
+from esper.variants import AXES, Variants
 
 #: The terminal reward (`EnvConfig.terminal_bonus`), esper-lite's at 2df957ed: per
 #: percentage point of validation accuracy (rewards.py:198 `terminal_acc_weight`) ...
@@ -63,7 +66,11 @@ HISTORY: int = 5
 MAX_LOSS_FEATURE: float = 10.0
 #: observation length: loss/accuracy history, per-slot features, epoch and size fractions.
 OBS_DIM: int = 3 * HISTORY + NUM_SLOTS * (len(Stage) + 3) + 2
-
+#: `Variants.validation` -> the grad mode of the validation forward. esper-lite runs it
+#: under `torch.inference_mode()` (2df957ed simic/training/vectorized.py:1070-1072), which
+#: the review (L1) calls "more efficient than no_grad()".
+VALIDATION_MODES = dict(zip(AXES["validation"], (torch.inference_mode, torch.no_grad),
+                            strict=True))
 
 
 def _parse_index(head: str, value: object) -> int:
@@ -79,15 +86,16 @@ def _parse_index(head: str, value: object) -> int:
 class MorphoEnv:
     """One environment: a host MLP on a synthetic task, with `NUM_SLOTS` seed slots.
 
-    Per step the caller runs `apply_action` -> `launch_epoch` -> (synchronise, read the
-    metrics) -> `observe`. Data are drawn once at construction from a CPU generator seeded
+    Per step the caller runs `apply_action` -> `launch_epoch` (or `launch_train_batch` for
+    each batch, `train_metrics`, `launch_val`) -> (synchronise, read the metrics) ->
+    `observe`. Data are drawn once at construction from a CPU generator seeded
     by (config.seed, env_index) and copied to `device`, so the task is identical on every
     device; `reset()` re-initialises the host and the seed generator, never the data.
     `task`, when given, is the data of an earlier env of the same (config, env_index):
     an env recreated for a new batch (`esper.env.pool`) shares it instead of drawing it
     again. `variants` picks the reviewed choices that act in an env (`scaler`,
-    `seed_clip`, `stream_guard`, `accumulators`); `stream` is the CUDA stream the caller
-    runs `launch_epoch` on, or None.
+    `seed_clip`, `stream_guard`, `accumulators`, `validation`); `stream` is the CUDA
+    stream the caller runs the training batches on, or None.
     """
 
     def __init__(self, config: EnvConfig, env_index: int = 0,
@@ -108,6 +116,7 @@ class MorphoEnv:
         self._train_x, self._train_y, self._val_x, self._val_y = task
         self._record_guard = GUARDS[self.variants.stream_guard]
         self._accumulators = EpochAccumulators(self.device, self.variants.accumulators)
+        self._val_mode = VALIDATION_MODES[self.variants.validation]
         self._amp_dtype = amp_dtype(self.device) if config.amp else None
         self.seed_grad_norms: list | None = None
         """Set to a list to record each seed step's gradient norm (see `EnvOptimizers`)."""
@@ -172,20 +181,45 @@ class MorphoEnv:
 
     # ----- actions -------------------------------------------------------------------
 
-    def action_masks(self) -> dict[str, torch.Tensor]:
-        """Valid choices per head: `{head: bool [K]}` on CPU, at least one True per head.
+    def action_masks(self, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Valid choices per head: `{head: bool [K]}`, at least one True per head.
 
         Masks are per head, so a combination of individually valid entries can still be
         invalid for the chosen op (e.g. GERMINATE with an occupied slot); `apply_action`
         treats such a combination as WAIT. The slot mask holds slots some op may target;
         when only WAIT is valid the slot head is unused and left unconstrained.
+
+        `device` None: built on the host, one tensor per head from a list. A device: built
+        there as esper-lite's `compute_action_masks(device=...)` builds them (2df957ed
+        tamiyo/policy/action_masks.py:122-172): `torch.zeros`/`torch.ones` on the device
+        per head, then one element write per allowed entry of the op and slot heads (on
+        CUDA a small kernel or two each: the value is made on the device and copied into
+        the element; no host-to-device copy, no host sync).
         """
-        masks = {head: torch.ones(size, dtype=torch.bool) for head, size in HEAD_SIZES.items()}
         slot_ops = [slot.valid_ops() for slot in self.slots]
         valid_ops = {"WAIT"}.union(*slot_ops)
-        masks["op"] = torch.tensor([op in valid_ops for op in OPS], dtype=torch.bool)
-        if len(valid_ops) > 1:
-            masks["slot"] = torch.tensor([bool(ops) for ops in slot_ops], dtype=torch.bool)
+        op_valid = [op in valid_ops for op in OPS]
+        slot_valid = [bool(ops) for ops in slot_ops] if len(valid_ops) > 1 else None
+        if device is None:
+            masks = {head: torch.ones(size, dtype=torch.bool) for head, size in HEAD_SIZES.items()}
+            masks["op"] = torch.tensor(op_valid, dtype=torch.bool)
+            if slot_valid is not None:
+                masks["slot"] = torch.tensor(slot_valid, dtype=torch.bool)
+            return masks
+        # the slot head by writes even when it is unconstrained, as the original's always is
+        written = {"op": op_valid,
+                   "slot": slot_valid if slot_valid is not None else [True] * NUM_SLOTS}
+        masks = {}
+        for head, size in HEAD_SIZES.items():
+            allowed = written.get(head)
+            if allowed is None:
+                masks[head] = torch.ones(size, dtype=torch.bool, device=device)
+                continue
+            mask = torch.zeros(size, dtype=torch.bool, device=device)
+            for index, valid in enumerate(allowed):
+                if valid:
+                    mask[index] = True  # one device write per allowed entry, as the original
+            masks[head] = mask
         return masks
 
     def _validate_action(self, actions: dict[str, int]) -> dict[str, int]:
@@ -254,35 +288,70 @@ class MorphoEnv:
 
     # ----- device work ---------------------------------------------------------------
 
+    def launch_train_batch(self, b: int) -> None:
+        """Enqueue training batch `b` (0 first: it zeroes the epoch's accumulators): one
+        SGD step of the host and of every training seed on the current stream.
+
+        Nothing is read back to the host, so on CUDA this returns before the work finishes.
+        """
+        # Must stay callable inside `torch.cuda.stream(s)`: every op lands on the current
+        # stream and nothing here synchronises (no .item(), .cpu(), or branching on values).
+        # The caller makes `s` wait for the default stream, where data and seeds are created.
+        check_int("launch_train_batch: b", b, minimum=0, below=self.config.train_batches)
+        if b == 0:
+            self._accumulators.zero_()
+            self._optimizers.grad_norms = self.seed_grad_norms
+        inputs, targets = self._train_x[b], self._train_y[b]
+        record_on_stream(self._record_guard, self.stream, inputs, targets)
+        amp = self._amp_dtype is not None
+        with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=amp):
+            logits = self._host(inputs, self.slots)  # [B, C]
+            loss = F.cross_entropy(logits, targets)  # float32 under autocast too
+        self._optimizers.zero_grad()
+        self._optimizers.backward_and_step(loss)
+        correct = (logits.detach().argmax(dim=-1) == targets).sum(dtype=torch.float32)
+        self._accumulators.add_(loss.detach(), correct)
+
+    def train_metrics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The epoch's training results so far, enqueued on the current stream: mean
+        training loss (nats) and the count of correct predictions, each a 0-d float32
+        device tensor (esper-lite's two accumulators, read one `.item()` each)."""
+        sums = self._accumulators.sums()  # [2]: [loss sum, correct count]
+        return sums[0] / self.config.train_batches, sums[1]
+
+    def launch_train(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Enqueue every training batch of one epoch, then `train_metrics()`."""
+        for b in range(self.config.train_batches):
+            self.launch_train_batch(b)
+        return self.train_metrics()
+
+    def launch_val(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Enqueue the validation forward on the current stream, under the grad mode of
+        `Variants.validation` (`torch.inference_mode()`, the original's, or `no_grad`).
+
+        Returns `(val_loss, val_acc)`, 0-d float32 device tensors: mean cross-entropy in
+        nats and the fraction correct. It reads the host's weights that training wrote: on
+        another stream than the training's, the caller orders it after them.
+        """
+        with self._val_mode():
+            logits = self._host(self._val_x, self.slots)  # [V, C]
+            val_loss = F.cross_entropy(logits, self._val_y)
+            val_acc = (logits.argmax(dim=-1) == self._val_y).float().mean()
+        return val_loss, val_acc
+
     def launch_epoch(self) -> torch.Tensor:
-        """Enqueue one epoch: `train_batches` SGD steps, then one validation forward.
+        """Enqueue one epoch on the current stream: `train_batches` SGD steps, then one
+        validation forward (`launch_train_batch`, `launch_val`).
 
         Returns `[train_loss, val_loss, val_acc]` float32 `[3]` on the env's device; the
         losses are mean cross-entropy in nats, val_acc a fraction. Nothing is read back to
         the host, so on CUDA this returns before the work finishes.
         """
-        # Must stay callable inside `torch.cuda.stream(s)`: every op lands on the current
-        # stream and nothing here synchronises (no .item(), .cpu(), or branching on values).
-        # The caller makes `s` wait for the default stream, where data and seeds are created.
-        self._accumulators.zero_()
-        self._optimizers.grad_norms = self.seed_grad_norms
-        amp = self._amp_dtype is not None
         for b in range(self.config.train_batches):
-            inputs, targets = self._train_x[b], self._train_y[b]
-            record_on_stream(self._record_guard, self.stream, inputs, targets)
-            with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=amp):
-                logits = self._host(inputs, self.slots)  # [B, C]
-                loss = F.cross_entropy(logits, targets)  # float32 under autocast too
-            self._optimizers.zero_grad()
-            self._optimizers.backward_and_step(loss)
-            correct = (logits.detach().argmax(dim=-1) == targets).sum(dtype=torch.float32)
-            self._accumulators.add_(loss.detach(), correct)
-        with torch.no_grad():
-            logits = self._host(self._val_x, self.slots)  # [V, C]
-            val_loss = F.cross_entropy(logits, self._val_y)
-            val_acc = (logits.argmax(dim=-1) == self._val_y).float().mean()
-            train_loss = self._accumulators.sums()[0] / self.config.train_batches
-            return torch.stack([train_loss, val_loss, val_acc])
+            self.launch_train_batch(b)
+        val_loss, val_acc = self.launch_val()
+        train_loss = self._accumulators.sums()[0] / self.config.train_batches
+        return torch.stack([train_loss, val_loss, val_acc])
 
     # ----- host bookkeeping ----------------------------------------------------------
 

@@ -18,19 +18,23 @@ its device time is summed too (`esper.rollout.device_spans`): the host time of a
 launches work without waiting for it (scan, compiled or Triton GAE) counts launches, and
 its kernels' time would otherwise land in the next phase that syncs.
 
-Each step's action masks reach the device in one transfer (`esper.env.mask_batch`) that both
-the policy and the buffer read, instead of one blocking copy per head and env.
-
 Reviewed choices of the vectorized-training review that act here, besides `sync`:
 `env_pool` (H1: each rollout's envs recreated, or reset in place; `esper.env.pool`),
-`masks` (H5: each step's masks stacked anew, or written into pre-allocated tensors) and
-`bootstrap` (H4: the bootstrap states made as new tensors, or copied into a pre-allocated
-buffer). `scaler`, `seed_clip`, `stream_guard` and `accumulators` act inside each env.
+`masks` (H5: each env's masks built on the device and stacked per head, copied row by row
+into pre-allocated tensors, or built on the host and moved in one packed transfer;
+`esper.env.mask_batch`) and `bootstrap` (H4: per env a state tensor, a batch-1 forward and
+a read, the same with a pre-allocated state buffer, or one packed batched forward;
+`esper.env.bootstrap_states`). `scaler`, `seed_clip`, `stream_guard`, `accumulators` and
+`validation` act inside each env.
 
-`Variants.sync` decides how the env phase waits for the env streams on CUDA:
-- `stream` (the original): the host blocks on `stream.synchronize()` once per env before
-  reading that env's metrics.
-- `event`: each env stream records an event that the default stream waits on; the host
+`Variants.sync` decides the epoch boundary of the env phase on CUDA (`env_phase`); both
+values train as esper-lite does, batches outer and envs inner, each env on its stream:
+- `stream` (the original): the host synchronizes every env stream and reads each env's
+  training results, then launches validation on the env streams, then synchronizes and
+  reads again: 2N `stream.synchronize()` and 4N `.item()` per step, and every stream idle
+  while the host reads.
+- `event` (the review's H3 fix): each env stream records an event that the default
+  stream waits on; validation runs on the default stream with no host wait; the host
   blocks once, when it reads all metrics together.
 On the CPU there are no streams: both values run the same code. `torch.cuda.Stream()`
 hands out streams round-robin from a pool of `STREAM_POOL_SIZE` per device and priority:
@@ -274,47 +278,109 @@ class VectorizedTrainer:
         self._phase_seconds[name] += time.perf_counter() - start
 
     def env_phase(self) -> torch.Tensor:
-        """Run one epoch in every env; returns metrics [N, 3] on the CPU.
+        """Run one epoch in every env; returns metrics `[N, 3]` float32 on the CPU
+        (train_loss, val_loss, val_acc per env).
 
-        On CUDA each env's epoch is enqueued on its own stream, after that stream waits for
-        the default stream (where actions changed the host networks).
+        On CUDA the epoch is esper-lite's (2df957ed src/esper/simic/training/
+        vectorized.py:1155-1375): training batches in the outer loop and envs in the inner
+        one, each env's batch on its own stream after that stream waits for the default
+        stream (once before the batches and once per batch, as the original, whose shared
+        iterator copies each batch on the default stream); then the epoch boundary of
+        `Variants.sync` (`_validate_after_stream_syncs` or `_validate_after_events`).
         """
         if self.streams is None:
             launched = [env.launch_epoch() for env in self.envs.envs]
             start = time.perf_counter()
-            metrics = torch.stack(launched).cpu()
+            metrics = torch.stack(launched).cpu()  # host sync: the one read of the step
             self._blocked_seconds += time.perf_counter() - start
             return metrics
         default = torch.cuda.current_stream(self.device)
-        launched = []
-        for env, stream in zip(self.envs.envs, self.streams):
-            stream.wait_stream(default)
-            with torch.cuda.stream(stream):
-                launched.append(env.launch_epoch())
+        with record_function("env_train"):
+            trained = self._launch_train(default)
         if self.config.variants.sync == "stream":
-            return self._read_after_stream_syncs(launched)
-        return self._read_after_events(launched, default)
+            return self._validate_after_stream_syncs(trained, default)
+        return self._validate_after_events(trained, default)
 
-    def _read_after_stream_syncs(self, launched: list[torch.Tensor]) -> torch.Tensor:
-        rows = []
-        for stream, metrics in zip(self.streams, launched):
+    def _launch_train(self, default) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every env's training batches on its stream, batches outer and envs inner
+        (vectorized.py:1162-1231); each env's `(train_loss, correct)` 0-d device tensors."""
+        envs = self.envs.envs
+        for stream in self.streams:
+            # once before the batches, as the original (1162-1166), whose accumulators are
+            # zeroed on the default stream (ours: on the env stream, in batch 0)
+            stream.wait_stream(default)
+        for b in range(self.config.env_config.train_batches):
+            for env, stream in zip(envs, self.streams):
+                stream.wait_stream(default)  # per env per batch, as the original (1188-1189)
+                with torch.cuda.stream(stream):
+                    env.launch_train_batch(b)
+        trained = []
+        for env, stream in zip(envs, self.streams):
+            with torch.cuda.stream(stream):
+                trained.append(env.train_metrics())
+        return trained
+
+    def _validate_after_stream_syncs(self, trained, default) -> torch.Tensor:
+        """`sync=stream`, the original's epoch boundary: the host synchronizes every env
+        stream and reads 2 values per env (vectorized.py:1233-1240), then launches
+        validation on the env streams (1272-1311), then synchronizes and reads 2 values
+        per env again (1368-1375). Every stream is idle from the end of its training until
+        the host has read every env's training results and launched its validation."""
+        envs = self.envs.envs
+        with record_function("env_train_read"):
             start = time.perf_counter()
-            stream.synchronize()  # host sync: once per env, as the original
-            rows.append(metrics.cpu())
+            for stream in self.streams:
+                stream.synchronize()  # host sync: once per env after training, as the original
+            # host sync: 2N reads, the loss and correct-count accumulators of each env (the
+            # correct counts are the original's training accuracy, unused here)
+            train_losses = [loss.item() for loss, _ in trained]
+            _train_corrects = [correct.item() for _, correct in trained]
             self._blocked_seconds += time.perf_counter() - start
-        return torch.stack(rows)
+        with record_function("env_val"):
+            for stream in self.streams:
+                stream.wait_stream(default)  # before the validation batches (1272-1276)
+            validated = []
+            for env, stream in zip(envs, self.streams):
+                stream.wait_stream(default)  # per env per validation batch (1301-1302)
+                with torch.cuda.stream(stream):
+                    validated.append(env.launch_val())
+        with record_function("env_val_read"):
+            start = time.perf_counter()
+            for stream in self.streams:
+                stream.synchronize()  # host sync: once per env after validation
+            val_losses = [loss.item() for loss, _ in validated]  # host sync: N reads
+            val_accs = [acc.item() for _, acc in validated]  # host sync: N reads
+            self._blocked_seconds += time.perf_counter() - start
+        return torch.tensor(list(zip(train_losses, val_losses, val_accs)), dtype=torch.float32)
 
-    def _read_after_events(self, launched: list[torch.Tensor], default) -> torch.Tensor:
-        for stream, metrics in zip(self.streams, launched):
-            done = torch.cuda.Event()
-            done.record(stream)
-            default.wait_event(done)  # the device waits; the host does not
-            metrics.record_stream(default)  # used on the default stream from here on
-        stacked = torch.stack(launched)  # [N, 3] on the default stream, after every event
-        start = time.perf_counter()
-        metrics = stacked.cpu()  # host sync: the single blocking read of the step
-        self._blocked_seconds += time.perf_counter() - start
-        return metrics
+    def _validate_after_events(self, trained, default) -> torch.Tensor:
+        """`sync=event`, the review's H3 fix: an event recorded on each env stream after
+        its training, the default stream waits on every event, and validation runs on
+        the default stream; the host does not wait between training and validation and
+        reads every env's results once, at the end."""
+        with record_function("env_val"):
+            events = []
+            for stream in self.streams:
+                event = torch.cuda.Event()
+                event.record(stream)
+                events.append(event)
+            for event in events:
+                # the review's `torch.cuda.current_stream().wait_event(event)`, on our device:
+                # the device waits; the host does not
+                default.wait_event(event)
+            for loss, correct in trained:
+                # made on an env stream, read on the default stream from here on
+                loss.record_stream(default)
+                correct.record_stream(default)
+            validated = [env.launch_val() for env in self.envs.envs]  # on the default stream
+        with record_function("env_read"):
+            stacked = torch.stack([torch.stack([loss, correct, val_loss, val_acc])
+                                   for (loss, correct), (val_loss, val_acc)
+                                   in zip(trained, validated)])  # [N, 4]
+            start = time.perf_counter()
+            metrics = stacked.cpu()  # host sync: the single blocking read of the step
+            self._blocked_seconds += time.perf_counter() - start
+        return metrics[:, [0, 2, 3]]  # [N, 4] -> [N, 3]: train_loss, val_loss, val_acc
 
     # ------------------------------------------------------------------ rollout
 
@@ -332,10 +398,10 @@ class VectorizedTrainer:
         returns = torch.zeros(n)
         for t in range(steps):
             norm_obs = self.normalizer.normalize(obs).to(self.device)
-            per_env_masks = [env.action_masks() for env in envs.envs]  # {head: [K]} CPU each
+            # {head: [K]} each, on the device or the host as `masks` says
+            per_env_masks = [env.action_masks(self.mask_batcher.source) for env in envs.envs]
             with self._phase("policy_forward"):
-                # {head: [N, K]}, to the device in one transfer, read by act() and add()
-                masks = self.mask_batcher(per_env_masks)
+                masks = self.mask_batcher(per_env_masks)  # {head: [N, K]} on the device
                 out = self.policy.act(norm_obs, masks, self.hidden, generator=self.sampler)
                 # host sync: actions, log-probs and values in one transfer
                 packed = torch.stack(
@@ -359,10 +425,11 @@ class VectorizedTrainer:
             bootstrap = torch.zeros(n)
             if truncated:
                 with self._phase("policy_forward"):
-                    # the carried state after this step, on the normalised next observation,
-                    # built on the device from each env's features as the reviewed system
-                    raw = self.bootstrap_states([env.observation_features() for env in envs.envs])
-                    bootstrap = self.policy.value(self.normalizer.normalize(raw), out.hidden).cpu()
+                    # the carried state after this step, on the normalised next observation
+                    # built from each env's features; the step's masks as the original
+                    bootstrap = self.bootstrap_states(
+                        [env.observation_features() for env in envs.envs],
+                        self.normalizer.normalize, self.policy, out.hidden, masks)
             with self._phase("buffer_add"):
                 self._add_step(norm_obs, packed, rewards, masks, last, truncated, bootstrap)
             self.hidden = out.hidden

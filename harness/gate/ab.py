@@ -154,6 +154,8 @@ def remove_stale_worktrees(repo: Path) -> list[Path]:
         owner = pid_file.read_text().strip() if pid_file.is_file() else ""
         if owner.isdigit() and not _alive(int(owner)):
             _remove_worktree(repo, folder)
+            print(f"removed {folder}: the git worktree of a gate or bisect run (pid {owner}) "
+                  f"that was killed", file=sys.stderr)
             removed.append(folder)
     _git(repo, "worktree", "prune")  # registrations whose folder was deleted
     return removed

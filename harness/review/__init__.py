@@ -13,7 +13,8 @@ tickets, the vectorized-training review, end to end.
 """
 
 from harness.review.findings import (  # noqa: F401 (imported for their register calls)
-    gae_methods, reset_alloc, step_counts, batched_transfer, stream_sync, env_pooling,
+    gae_methods, reset_alloc, step_counts, batched_transfer, stream_sync, inference_mode,
+    env_pooling,
     redundant_is_cuda, bootstrap_tensor, mask_stacking, grad_scaler, seed_grad_clip,
     fused_accumulators, time_limit, resume_state, e2e,
 )

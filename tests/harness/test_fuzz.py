@@ -5,8 +5,8 @@ other than 0 or 2, a message that does not name the option or the file, or a fil
 changed that the command had no business changing):
 
 - options: for every value-taking option of every harness command, values that are
-  empty, negative, zero, huge, inf, nan, unicode, a path that is a file, a path under
-  /proc, a path with spaces; each run in-process (`main(argv)`), with the other options
+  empty, negative, zero, huge, inf, nan, unicode, a path that is a file, a read-only
+  folder, a path under /proc, a path with spaces; each run in-process (`main(argv)`), with the other options
   chosen so that the command stops right after checking its input;
 - files: a run's run.json and a journaled cell, truncated at every length class, empty,
   binary, each top-level field and each summary-row field replaced by a value of every
@@ -16,7 +16,8 @@ changed that the command had no business changing):
   permission error; the run must stop with exit 2 naming the file, keep every cell it
   journaled, and `--resume` must complete it.
 
-Signals at random moments are `tests/harness/test_run_persistence.py`'s fault injection.
+Signals at random moments (SIGINT, SIGTERM, SIGKILL, SIGPIPE and a reader that closes the
+pipe) are `tests/harness/test_run_persistence.py`'s fault injection.
 """
 
 from __future__ import annotations
@@ -87,10 +88,13 @@ def test_any_option_value_ends_in_exit_0_or_2_naming_the_option(command, data, t
                                                                capsys, monkeypatch):
     tmp = tmp_path_factory.mktemp("fuzz")
     (tmp / "a-file").write_text("not a folder")
+    (tmp / "read-only").mkdir(exist_ok=True)
+    (tmp / "read-only").chmod(0o555)  # as root writable anyway: then it must work or say why
     monkeypatch.chdir(tmp)
     main, valued, stop = _commands(tmp)[command]
     option = data.draw(st.sampled_from(valued))
-    value = data.draw(NASTY | st.just(str(tmp / "a-file")))
+    value = data.draw(NASTY | st.sampled_from([str(tmp / "a-file"), "read-only",
+                                               "read-only/sub"]))
     before = _snapshot(tmp)
     capsys.readouterr()
     code = main([*stop, option, value] if not stop or stop[0].startswith("-")

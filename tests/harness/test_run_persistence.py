@@ -183,6 +183,29 @@ def test_sigterm_exits_143_and_keeps_the_run(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_reader_that_closes_the_pipe_and_sigpipe_at_random_moments_lose_nothing(tmp_path):
+    """`harness.run | head -1`: the reader takes one line of the table and closes the pipe;
+    each run also gets SIGPIPE at a random moment (Python ignores it, so the write that
+    follows raises BrokenPipeError instead). Every run still finishes its work: exit 0,
+    every cell in its results, the report rendered."""
+    rng = random.Random(20261125)
+    for trial in range(3):
+        out = tmp_path / f"trial{trial}"
+        run = [arg for arg in RUN if arg != "--no-report"]
+        process = subprocess.Popen([sys.executable, "-m", "harness.run", *run, "--out", str(out)],
+                                   cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.2, 2.0))
+        process.send_signal(signal.SIGPIPE)
+        process.stdout.readline()
+        process.stdout.close()  # the reader is gone: later writes to stdout break the pipe
+        stderr = process.stderr.read().decode()
+        assert process.wait(timeout=300) == 0, stderr
+        done = load_run(None, out)
+        assert done.metadata["status"] == "complete" and _cells(done) == ALL_CELLS
+        assert (out.parent / "reports" / done.run_id / "index.html").is_file(), stderr
+
+
+@pytest.mark.integration
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path):
     process = _start(tmp_path)
     _, err = process.communicate(timeout=120)

@@ -96,6 +96,16 @@ register(Finding(
     ticket="rollout-buffer-audit.md",
     variants=VARIANTS,
     baseline="per_tensor",
+    reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
+             "(get_batched_sequences: 31 .to(device, non_blocking=nb) and 2 "
+             "permute().contiguous().to() in a dict comprehension)",
+    fix="the audit's 'consider batching transfers or using pinned memory': one pinned host "
+        "buffer, one copy, views split on the device (flat)",
+    premise="The audit's case is hypothetical ('if ever called in a tight loop'): at "
+            "599f3895 the buffer is allocated on the agent's device (ppo.py:318-325) and read "
+            "with device=self.device (ppo.py:502), so every .to() is a no-op and nothing is "
+            "transferred. This finding times a host-resident buffer moved to the device, "
+            "which the original never does.",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

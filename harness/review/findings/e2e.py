@@ -91,6 +91,11 @@ register(Finding(
     ticket="B4-CR-03-gae-vectorization.md",
     variants=tuple(PRESETS),
     baseline="original",
+    reviewed="the training iteration of src/esper/simic/training/vectorized.py @2df957ed "
+             "and simic/agent/ppo.py @599f3895 as esper reproduces it (Variants.original(): "
+             "every reviewed choice at the original's value; docs/differences.md lists what "
+             "still differs)",
+    fix="every fix the reviews propose that measured not slower (Variants.optimized())",
     headline_case=nearest_trainer_size,
     phases=PHASES,
     cases=_cases,

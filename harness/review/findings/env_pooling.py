@@ -127,6 +127,14 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="recreate",
+    reviewed="src/esper/simic/training/vectorized.py:1103-1107 and 818-894 @2df957ed "
+             "(create_env_state per env per batch: host model, SGD, a new torch.cuda.Stream, "
+             "a new GradScaler, accumulators)",
+    fix="the review's 'environment pooling where models are reset rather than recreated'",
+    premise="Holds, with one part not reproduced: the original's create_env_state also takes "
+            "a governor snapshot (tolaria/governor.py:83-113: the model's state_dict copied to "
+            "the CPU, a device-to-host copy and a sync per env per batch) and wires telemetry "
+            "callbacks; the host is a CIFAR-10 CNN there, an MLP here.",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

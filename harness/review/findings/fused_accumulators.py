@@ -45,6 +45,12 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=MODES,
     baseline="separate",
+    reviewed="src/esper/simic/training/vectorized.py:1197-1200 @2df957ed (two add_ into "
+             "[1] float32 accumulators, parallel_env_state.py:88-91)",
+    fix="the review's: stack loss and correct count, one add_",
+    premise="At 2df957ed the correct count is int64 (predicted.eq(targets).sum(), "
+            "vectorized.py:718-719): a stacked add there also needs a cast to float, one op "
+            "more than measured here (our count is float32 already).",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

@@ -7,7 +7,6 @@ import torch
 
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
 from esper.gae.reference import reference_gae
-from esper.variants import Variants
 from harness.review.findings import peers
 from harness.measure.bandwidth import gae_min_bytes
 from harness.findings import Case, Finding, register
@@ -131,7 +130,15 @@ register(Finding(
     baseline="loop",
     peers=tuple(peers.PEERS),
     headline_case=nearest_trainer_size,
-    proposed=Variants.optimized().gae,  # the tensor method the ticket proposes: scan
+    proposed="batched",  # the ticket's own fix: one loop over time, vectorized over envs
+    reviewed="src/esper/simic/agent/rollout_buffer.py:347-416 @599f3895 "
+             "(TamiyoRolloutBuffer.compute_advantages_and_returns: a Python loop over envs and "
+             "steps on 0-d tensors, 3 host reads per step; the `loop` method with reset=clone, "
+             "tests/esper/gae/test_loop_reads.py)",
+    fix="the ticket's 'Recommended Fix' (compute_advantages_vectorized): delta for all envs "
+        "at once, then one backward loop over time on [num_envs] tensors: the `batched` "
+        "method",
+    ours=tuple(m for m in METHODS if m not in ("loop", "batched")),
     cases=_cases,
     build=build_gae_inputs,
     make_call=_make_call,
@@ -157,9 +164,11 @@ register(Finding(
         "inputs are laid out when the case is built, outside the timing.",
         "Bandwidth floor: the bytes a call must move (rewards, values, bootstrap values, "
         "advantages, returns as floats; dones, truncated as bytes; int64 step counts) over "
-        "the run's large-copy bandwidth. A case is bandwidth-bound when our best method is "
-        "within 3x of that floor, else launch-bound (per-call overhead dominates). The "
-        "copy is larger than any cache; a case whose inputs fit in the last-level cache "
-        "(the same inputs every call) can run below this floor.",
+        "the copy bandwidth measured at the call's own working-set size (floor_level: the "
+        "cache level it fits in). A case is bandwidth-bound when our best method is within "
+        "3x of that floor, else launch-bound (per-call overhead dominates).",
+        "The ticket's fix is `batched`; scan, compiled, numba, triton and auto are this "
+        "project's own designs, and the ticket's premise that the loop is not the hot path "
+        "is E2E-iteration's to answer.",
     ),
 ))

@@ -39,6 +39,9 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="is_cuda",
+    reviewed="src/esper/simic/training/vectorized.py:939-941 (train) and 1066-1068 (val) "
+             "@2df957ed: `if env_state.stream and inputs.is_cuda: inputs.record_stream(...)`",
+    fix="the review's: drop `.is_cuda`, the stream's existence implies CUDA",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

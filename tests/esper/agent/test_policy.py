@@ -75,6 +75,29 @@ def test_masked_actions_are_never_sampled(policy):
         assert bool((out.log_probs[head] > -20).all()), head
 
 
+def test_deterministic_act_takes_each_head_s_most_probable_allowed_action(policy):
+    """esper-lite's `get_action(..., deterministic=True)` (its bootstrap forward) takes
+    `probs.argmax(-1)` per head: an allowed action, the same on every call, whatever the
+    sampler; the value and the next state are those of a sampled act."""
+    gen = torch.Generator().manual_seed(4)
+    batch = 64
+    masks = random_masks((batch,), gen)
+    obs = torch.randn(batch, STATE_DIM, generator=gen)
+    hidden = policy.initial_hidden(batch)
+    first = policy.act(obs, masks, hidden, torch.Generator().manual_seed(0), deterministic=True)
+    again = policy.act(obs, masks, hidden, torch.Generator().manual_seed(1), deterministic=True)
+    sampled = policy.act(obs, masks, hidden, torch.Generator().manual_seed(0))
+    features, _ = policy._trunk(obs.unsqueeze(1), hidden)
+    for head in HEAD_NAMES:
+        logits = policy.heads[head](features.squeeze(1)).masked_fill(~masks[head], -1e4)
+        assert torch.equal(first.actions[head], logits.softmax(-1).argmax(-1)), head
+        assert torch.equal(first.actions[head], again.actions[head]), head
+        assert bool(masks[head].gather(1, first.actions[head].unsqueeze(1)).all()), head
+    assert any(not torch.equal(first.actions[h], sampled.actions[h]) for h in HEAD_NAMES)
+    assert torch.equal(first.value, sampled.value)
+    assert all(torch.equal(a, b) for a, b in zip(first.hidden, sampled.hidden))
+
+
 def test_sampling_follows_the_masked_softmax():
     gen = torch.Generator().manual_seed(3)
     logits = torch.tensor([[2.0, 0.0, 1.0, -1.0]]).expand(40000, 4)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 from esper.env.blueprints import BLUEPRINTS
@@ -15,6 +17,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import OBS_DIM, MorphoEnv
 from esper.env.seed_slot import ALPHA_SPEEDS, ALPHA_TARGETS, TEMPO_EPOCHS, Stage
 from esper.env.vectorized import VectorizedMorphoEnv
+from esper.variants import AXES, Variants
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -116,6 +119,10 @@ def test_masks_keep_a_valid_choice_per_head_over_random_rollouts():
                 assert masks[head].dtype == torch.bool and masks[head].shape == (size,)
                 assert masks[head].any(), head
             assert masks["op"][OP_INDEX["WAIT"]]
+            # built "on a device" (zeros/ones and element writes): the same masks
+            on_device = env.action_masks(torch.device("cpu"))
+            assert list(on_device) == list(masks)
+            assert all(torch.equal(on_device[h], masks[h]) for h in HEAD_NAMES)
             env.apply_action(sample_valid(masks, gen))
             run_epoch(env)
             stages_seen.update(slot.stage for slot in env.slots)
@@ -381,3 +388,98 @@ def test_a_fossilized_seed_that_raised_accuracy_by_a_point_earns_3_at_the_end():
 
     assert episode(0.02) == pytest.approx(0.05 * 52.0 + 3.0)
     assert episode(0.005) == pytest.approx(0.05 * 50.5)  # half a point: not contributing
+
+
+# ----- masks built on the device (review H5) -------------------------------------------
+
+class AtenOps(TorchDispatchMode):
+    """Counts the aten ops called (on CUDA: each a kernel, or a view that launches none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_masks_on_a_device_are_built_as_the_original_builds_them():
+    """2df957ed tamiyo/policy/action_masks.py:122-172: per head torch.zeros or torch.ones
+    on the device, then one element write per allowed entry of the heads that vary (here
+    op and slot); the host-built masks are one tensor per head from a list instead."""
+    env = MorphoEnv(SMALL)
+    env.apply_action(action("GERMINATE", slot=1, blueprint=2))
+    host = env.action_masks()
+    allowed_op = int(host["op"].sum())
+    allowed_slot = int(host["slot"].sum())
+    with AtenOps() as counted:
+        on_device = env.action_masks(torch.device("cpu"))
+    ones = len(HEAD_SIZES) - 2
+    writes = allowed_op + allowed_slot
+    # each write: the element's view, the value as a 0-d tensor (made on the device on
+    # CUDA, torch's indexing.scalarToTensor) and a copy into the element
+    assert counted.ops == {"ones.default": ones, "zeros.default": 2, "select.int": writes,
+                           "lift_fresh.default": writes, "copy_.default": writes}
+    assert all(torch.equal(on_device[h], host[h]) for h in HEAD_NAMES)
+
+
+# ----- the epoch in parts (review H3) ---------------------------------------------------
+
+def test_an_epoch_in_parts_gives_launch_epoch_s_metrics():
+    """launch_train_batch for each batch, train_metrics and launch_val (what a trainer
+    interleaves across envs) compute what launch_epoch computes, bit for bit."""
+    whole, parts = MorphoEnv(SMALL), MorphoEnv(SMALL)
+    for env in (whole, parts):
+        env.apply_action(action("GERMINATE", slot=0, blueprint=2))
+    for _ in range(2):
+        expected = whole.launch_epoch()
+        for b in range(SMALL.train_batches):
+            parts.launch_train_batch(b)
+        train_loss, correct = parts.train_metrics()
+        val_loss, val_acc = parts.launch_val()
+        assert torch.equal(torch.stack([train_loss, val_loss, val_acc]), expected)
+        assert correct.dtype == torch.float32 and 0 <= float(correct) <= (
+            SMALL.train_batches * SMALL.batch_size)
+        assert correct == float(correct) // 1  # a count
+        whole.observe(expected), parts.observe(expected)
+    assert torch.equal(torch.stack(parts.launch_train()), torch.stack(whole.launch_train()))
+
+
+def test_train_batches_of_two_envs_interleaved_train_each_as_alone():
+    """Batches outer and envs inner, as esper-lite's loop: each env's results are those of
+    its epoch run alone (batch 0 starts the epoch: it zeroes the accumulators)."""
+    alone = [MorphoEnv(SMALL, i) for i in range(2)]
+    interleaved = [MorphoEnv(SMALL, i) for i in range(2)]
+    for _ in range(2):
+        expected = [env.launch_epoch() for env in alone]
+        for b in range(SMALL.train_batches):
+            for env in interleaved:
+                env.launch_train_batch(b)
+        for env, want in zip(interleaved, expected):
+            train_loss, _ = env.train_metrics()
+            val_loss, val_acc = env.launch_val()
+            assert torch.equal(torch.stack([train_loss, val_loss, val_acc]), want)
+        for env, want in zip(alone + interleaved, expected + expected):
+            env.observe(want)
+
+
+def test_a_training_batch_out_of_range_is_an_error_naming_it():
+    env = MorphoEnv(SMALL)
+    with pytest.raises(ValueError, match=r"launch_train_batch: b: expected an int in "
+                                         r"\[0, 2\); got 2"):
+        env.launch_train_batch(SMALL.train_batches)
+
+
+def test_validation_runs_under_the_mode_variants_say_with_equal_results():
+    """Variants.validation: inference_mode (esper-lite's, vectorized.py:1070-1072, and the
+    default) returns inference tensors; no_grad normal ones; the values are equal."""
+    results = {}
+    for mode in AXES["validation"]:
+        env = MorphoEnv(SMALL, variants=Variants(validation=mode))
+        env.launch_train()
+        results[mode] = env.launch_val()
+    assert Variants().validation == "inference_mode"
+    assert all(t.is_inference() for t in results["inference_mode"])
+    assert not any(t.is_inference() or t.requires_grad for t in results["no_grad"])
+    assert [float(t) for t in results["inference_mode"]] == [float(t) for t in results["no_grad"]]

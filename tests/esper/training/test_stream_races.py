@@ -11,25 +11,32 @@ drives that same analysis from the outside, over a real rollout on CPU tensors:
   `Event` / `synchronize`, installed only inside the test (pytest's monkeypatch), feed
   record, wait_event, wait_stream, synchronize and query to the `EventHandler`;
 - `.cpu()`, `.tolist()`, `.numpy()` and value reads (`aten::_local_scalar_dense`, behind
-  `.item()`, `float(t)`, `bool(t)`) are a read on the current stream followed by a host
-  sync of that stream, as a blocking device-to-host copy is on CUDA;
+  `.item()`, `float(t)`, `bool(t)`, or `aten::item` itself for an inference tensor) are a
+  read on the current stream followed by a host sync of that stream, as a blocking
+  device-to-host copy is on CUDA;
 - a storage's history ends when it is freed (the caching allocator's job on CUDA).
 
 A full rollout of the trainer (3 envs, 4 steps) must report no race with `sync=stream`
-or `sync=event`, and each of three faults planted in the trainer's ordering (by
-overriding one of its methods on the test's trainer object) must be reported.
+(esper-lite's epoch: host syncs after training, validation on the env streams) or
+`sync=event` (the review's H3 fix: validation on the default stream after it waits on one
+event per env stream), and each of the faults planted in the trainer's ordering (by
+overriding one of its methods on the test's trainer object: a missing `wait_event`,
+`synchronize` or `wait_stream`) must be reported. The stand-ins also count one env step's
+stream synchronizes, host reads and waits per variant.
 
 What this cannot check: whether the caching allocator reuses a block while another
 stream still reads it (`record_stream`), blocking host-to-device copies (not modelled:
 their syncs would only add ordering, so the check is stricter than a GPU), the kernels
 themselves, timing and overlap, and more than one device. Only a GPU run shows those.
 
-Cost: about 25 s of CPU time for the five rollouts (each op goes through Python twice).
+Cost: about 40 s of CPU time for the six rollouts (each op goes through Python twice).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import itertools
 import types
 import weakref
@@ -132,12 +139,16 @@ class StandInStream(torch.Stream):
         return event
 
     def wait_event(self, event: StandInEvent) -> None:
+        self._checker.calls["wait_event"] += 1
         event.wait(self)
 
     def wait_stream(self, stream: "StandInStream") -> None:
-        self.wait_event(stream.record_event())  # as torch.cuda.Stream.wait_stream
+        self._checker.calls["wait_stream"] += 1
+        event = stream.record_event()  # as torch.cuda.Stream.wait_stream
+        event.wait(self)
 
     def synchronize(self) -> None:
+        self._checker.calls["synchronize"] += 1
         self._checker.handler._handle_stream_synchronization(self.id)
 
     def query(self) -> bool:
@@ -176,6 +187,9 @@ class StreamRaceChecker(TorchDispatchMode):
         super().__init__()
         self.handler = EventHandler()
         self.races: list[UnsynchronizedAccessError] = []
+        self.calls: collections.Counter[str] = collections.Counter()
+        """Host-side calls seen: `synchronize` (a stream's), `wait_stream`, `wait_event`
+        and `host_read` (a value read or a copy to the host, each a blocking sync on CUDA)."""
         self.ids = itertools.count(1)
         self.default = StandInStream(self, DEFAULT_STREAM_ID)
         self.current = self.default
@@ -239,7 +253,8 @@ class StreamRaceChecker(TorchDispatchMode):
         key = self.track(tensor)
         if key is not None:
             self._launch({key}, set(), set(), operator, {key: ["self"]})
-        self.current.synchronize()
+        self.calls["host_read"] += 1
+        self.handler._handle_stream_synchronization(self.current.id)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -250,8 +265,10 @@ class StreamRaceChecker(TorchDispatchMode):
         arguments.parse_outputs(func._schema, outputs, is_factory=is_factory)
         self._launch(arguments.dataptrs_read, arguments.dataptrs_written, arguments.outputs,
                      func._schema, arguments.tensor_aliases)
-        if func is aten._local_scalar_dense.default:  # .item(), float(t), bool(t)
-            self.current.synchronize()
+        # .item(), float(t), bool(t); an inference tensor's .item() arrives here undecomposed
+        if func in (aten._local_scalar_dense.default, aten.item.default):
+            self.calls["host_read"] += 1
+            self.handler._handle_stream_synchronization(self.current.id)
         return outputs
 
     def summary(self) -> list[str]:
@@ -302,54 +319,71 @@ def test_a_rollout_on_env_streams_has_no_race(monkeypatch, sync):
 
 
 # -- planted faults: each a real change to the trainer's ordering ---------------------------
+# Each replaces one method of the test's trainer with a copy of the trainer's own code
+# (esper/training/trainer.py) that lacks one ordering call.
 
 
 def no_wait_on_env_events(trainer: VectorizedTrainer) -> None:
-    """sync=event: the default stream no longer waits on the env streams' events."""
+    """sync=event: the default stream no longer waits on the env streams' events before
+    validating on it (the review's `current_stream().wait_event(event)` left out)."""
 
-    def read_after_events(self, launched, default):
-        for stream, metrics in zip(self.streams, launched):
-            done = torch.cuda.Event()
-            done.record(stream)
-            # planted fault: default.wait_event(done) is gone
-            metrics.record_stream(default)
-        return torch.stack(launched).cpu()
+    def validate_after_events(self, trained, default):
+        for stream in self.streams:
+            torch.cuda.Event().record(stream)
+            # planted fault: default.wait_event(event) is gone
+        for loss, correct in trained:
+            loss.record_stream(default)
+            correct.record_stream(default)
+        validated = [env.launch_val() for env in self.envs.envs]
+        stacked = torch.stack([torch.stack([loss, correct, val_loss, val_acc])
+                               for (loss, correct), (val_loss, val_acc) in zip(trained, validated)])
+        return stacked.cpu()[:, [0, 2, 3]]
 
-    trainer._read_after_events = types.MethodType(read_after_events, trainer)
+    trainer._validate_after_events = types.MethodType(validate_after_events, trainer)
 
 
 def no_stream_synchronize(trainer: VectorizedTrainer) -> None:
-    """sync=stream: the host no longer synchronizes each env stream before its read."""
+    """sync=stream: the host no longer synchronizes each env stream before its reads."""
 
-    def read_after_stream_syncs(self, launched):
-        # planted fault: stream.synchronize() is gone
-        return torch.stack([metrics.cpu() for metrics in launched])
+    def validate_after_stream_syncs(self, trained, default):
+        # planted fault: stream.synchronize() is gone, after training and after validation
+        train_losses = [loss.item() for loss, _ in trained]
+        validated = []
+        for env, stream in zip(self.envs.envs, self.streams):
+            stream.wait_stream(default)
+            with torch.cuda.stream(stream):
+                validated.append(env.launch_val())
+        rows = [(t, loss.item(), acc.item()) for t, (loss, acc) in zip(train_losses, validated)]
+        return torch.tensor(rows)
 
-    trainer._read_after_stream_syncs = types.MethodType(read_after_stream_syncs, trainer)
+    trainer._validate_after_stream_syncs = types.MethodType(validate_after_stream_syncs, trainer)
 
 
 def no_wait_for_default_stream(trainer: VectorizedTrainer) -> None:
-    """Either sync: an env stream no longer waits for the default stream before launching."""
+    """Either sync: an env stream no longer waits for the default stream before training."""
 
-    def env_phase(self):
-        default = torch.cuda.current_stream(self.device)
-        launched = []
+    def launch_train(self, default):
+        for b in range(self.config.env_config.train_batches):
+            for env, stream in zip(self.envs.envs, self.streams):
+                # planted fault: stream.wait_stream(default) is gone, here and before the loop
+                with torch.cuda.stream(stream):
+                    env.launch_train_batch(b)
+        trained = []
         for env, stream in zip(self.envs.envs, self.streams):
-            # planted fault: stream.wait_stream(default) is gone
             with torch.cuda.stream(stream):
-                launched.append(env.launch_epoch())
-        if self.config.variants.sync == "stream":
-            return self._read_after_stream_syncs(launched)
-        return self._read_after_events(launched, default)
+                trained.append(env.train_metrics())
+        return trained
 
-    trainer.env_phase = types.MethodType(env_phase, trainer)
+    trainer._launch_train = types.MethodType(launch_train, trainer)
 
 
 @pytest.mark.parametrize(("sync", "plant", "reader_stream"), [
     ("event", no_wait_on_env_events, "default"),
     ("stream", no_stream_synchronize, "default"),
     ("event", no_wait_for_default_stream, "env"),
-], ids=["event-no-wait_event", "stream-no-synchronize", "no-wait_stream"])
+    ("stream", no_wait_for_default_stream, "env"),
+], ids=["event-no-wait_event", "stream-no-synchronize", "event-no-wait_stream",
+        "stream-no-wait_stream"])
 def test_each_planted_ordering_fault_is_reported(monkeypatch, sync, plant, reader_stream):
     checker, trainer = rollout_races(monkeypatch, sync, plant)
     assert checker.races, f"{plant.__name__}: no race reported"
@@ -362,3 +396,41 @@ def test_each_planted_ordering_fault_is_reported(monkeypatch, sync, plant, reade
             assert (current in env_ids, previous) == (True, DEFAULT_STREAM_ID), checker.summary()
     if reader_stream == "env":
         assert germinated(trainer)
+
+
+# -- host syncs per step ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sync", ["stream", "event"])
+def test_host_syncs_and_waits_of_one_env_step(monkeypatch, sync):
+    """One env step of N envs with B training batches, counted on the stand-in streams.
+
+    `stream` (esper-lite's, 2df957ed vectorized.py:1162-1375): N stream synchronizes and
+    2N `.item()` after training, N and 2N again after validation; `event` (the review's
+    H3 fix): no synchronize and one read. Both wait for the default stream N + N*B times
+    while training; `stream` N + N more before validating on the env streams, `event`
+    N waits of the default stream on one event per env instead.
+
+    What this cannot prove: that each read is one blocking copy on CUDA (a
+    `cudaMemcpyAsync` closed by a `cudaStreamSynchronize`, which the finding's profiler
+    counts there), how long the host waits, or that validation overlaps anything.
+    """
+    n, batches = 3, 2
+    config = TrainConfig(num_envs=n, max_steps=2, seed=0, variants=Variants(sync=sync),
+                         env=dataclasses.replace(SMALL_ENV, train_batches=batches),
+                         hidden_dim=16)
+    trainer = VectorizedTrainer(config, "cpu")
+    checker = StreamRaceChecker()
+    checker.install(monkeypatch)
+    trainer.streams = [checker.new_stream() for _ in range(n)]
+    with HostReads(checker), checker:
+        metrics = trainer.env_phase()
+    assert checker.summary() == []
+    assert metrics.shape == (n, 3)
+    training_waits = n + n * batches
+    if sync == "stream":
+        assert checker.calls == {"synchronize": 2 * n, "host_read": 4 * n,
+                                 "wait_stream": training_waits + 2 * n}
+    else:
+        assert checker.calls == {"host_read": 1, "wait_stream": training_waits,
+                                 "wait_event": n}

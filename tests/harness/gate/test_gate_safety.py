@@ -520,7 +520,7 @@ def test_a_signalled_ab_gate_removes_its_worktree_temp_folders_and_workers(clone
 @linux_only
 @pytest.mark.slow
 def test_a_killed_ab_gate_takes_its_worker_along_and_the_next_gate_removes_its_worktree(
-        clone, tmp_path):
+        clone, tmp_path, capsys):
     gate_process, worker, temp = _start_ab(clone, tmp_path)
     gate_process.kill()  # SIGKILL: no cleanup can run in the gate
     gate_process.wait(timeout=30)
@@ -531,8 +531,10 @@ def test_a_killed_ab_gate_takes_its_worker_along_and_the_next_gate_removes_its_w
     [left] = [Path(t) for t in _worktrees(clone) if t != str(clone)]
     assert left.parent.parent == temp and left.is_dir()
 
+    capsys.readouterr()
     assert gate_ab.remove_stale_worktrees(clone) == [left.parent]
     assert _worktrees(clone) == [str(clone)] and not left.parent.exists()
+    assert f"removed {left.parent}: the git worktree of a gate" in capsys.readouterr().err
 
 
 @pytest.mark.integration

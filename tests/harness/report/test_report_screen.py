@@ -155,7 +155,7 @@ def test_the_page_opens_with_one_summary_row_per_finding(quick):
         assert row[2:] == [h.where, h.verdict_text(), h.counter_text()]
     gae, reset = rows
     assert gae[2] == "4 envs x 25 steps (dones=episode)"  # the trainer's default size
-    assert gae[3].startswith("scan ") and "; ticket said ~4x" in gae[3]
+    assert gae[3].startswith("batched ") and "; ticket said ~4x" in gae[3]  # the ticket's fix
     assert gae[4].startswith("host syncs ") and gae[4].endswith("\u2192 0")  # the loop syncs
     assert reset[3].startswith("mask")
     assert f"#{FINDINGS[0]}" in page.links
@@ -336,7 +336,7 @@ def test_an_interrupted_run_is_rendered_with_a_banner_and_its_partial_findings(q
     page = parse(out / "index.html")
     gae, reset = page.summary[1:]
     assert gae[2] == "16 envs x 25 steps (dones=episode) 2 of 4 cases"
-    assert gae[3].startswith("scan ")
+    assert gae[3].startswith("batched ")  # the ticket's fix
     assert reset[3] == "not compared: only clone has a row at 4 envs x 25 steps (dones=random0.05)"
     for src, _, _ in page.images:
         assert (out / src).stat().st_size > 0
@@ -473,7 +473,7 @@ def test_markdown_of_a_comparison(quick, tmp_path, capsys):
     finding, where, verdict, changed, counters = row.strip("| ").split(" | ")
     assert where == "4 envs x 25 steps (dones=episode)"
     # a run against itself: 1 exactly, and no decisive change (the run-to-run noise)
-    assert re.fullmatch(r"scan: new / old 1 \[[\d.]+-[\d.]+\], (same|inconclusive)", verdict), verdict
+    assert re.fullmatch(r"batched: new / old 1 \[[\d.]+-[\d.]+\], (same|inconclusive)", verdict), verdict
     assert changed.startswith("no change of ") and counters == "unchanged"
     page = parse(out / "index.html")
     assert page.summary[1][1:] == [where, verdict, changed, counters]
@@ -508,7 +508,7 @@ def history(quick) -> dict:
 
     def scan_slower(factor):
         def row(kind, r):
-            if r["variant"] != "scan":
+            if r["variant"] != "batched":
                 return r
             if kind == "samples":
                 return {**r, "seconds": r["seconds"] * factor}
@@ -552,23 +552,23 @@ def test_history_orders_runs_by_commit_separates_machines_and_finds_the_change_p
     points = table.points
     machine = dict(zip(points["run_id"], points["machine"]))
     assert machine["run-older"] == machine["run-newer"] != machine["run-other"]
-    scan = points[(points["finding"] == "B4-CR-03") & (points["variant"] == "scan")]
+    scan = points[(points["finding"] == "B4-CR-03") & (points["variant"] == "batched")]
     assert scan["case"].unique().tolist() == ["num_envs=4,max_steps=25,dones=episode"]
     steps = scan.set_index("run_id")
     assert bool(steps.loc["run-newer", "ratio_step"]) and bool(steps.loc["run-newer", "time_step"])
     assert not steps.loc["run-newer-2", "ratio_step"]
     # the other machine is a series of its own, of one run: no change point
     assert not steps.loc["run-other", "ratio_step"] and not steps.loc["run-other", "time_step"]
-    untouched = points[points["variant"] != "scan"]
+    untouched = points[points["variant"] != "batched"]
     assert not untouched["ratio_step"].any() and not untouched["time_step"].any()
     older, newer = history["commits"]
     found = {(c.finding, c.variant, c.measure): c for c in table.changes}
-    assert set(found) == {("B4-CR-03", "scan", "speed-up"), ("B4-CR-03", "scan", "median time")}
-    speed = found["B4-CR-03", "scan", "speed-up"]
+    assert set(found) == {("B4-CR-03", "batched", "speed-up"), ("B4-CR-03", "batched", "median time")}
+    speed = found["B4-CR-03", "batched", "speed-up"]
     assert (speed.before["run_id"], speed.after["run_id"]) == ("run-older-2", "run-newer")
     assert speed.commits() == f"{older[:8]}..{newer[:8]}"
     assert speed.point.size == pytest.approx(0.1) and speed.point.low <= 0.1 <= speed.point.high
-    assert found["B4-CR-03", "scan", "median time"].point.size == pytest.approx(10.0)
+    assert found["B4-CR-03", "batched", "median time"].point.size == pytest.approx(10.0)
     assert speed.command == (f"python -m harness.bisect --good {older[:12]} --bad {newer[:12]} "
                              "--findings B4-CR-03 --time")
     text = history["page"].read_text()

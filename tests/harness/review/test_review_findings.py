@@ -1,6 +1,7 @@
-"""The findings of the vectorized-training review and the buffer audit (H1, H2, H4, H5, C1,
-C3, L2, AUDIT-1.3, TL-bootstrap): the esper axes they switch, their correctness checks
-(each with a planted mismatch caught), and a quick run of each through `harness.run`."""
+"""The findings of the vectorized-training review and the buffer audit (H1, H2, H3, H4, H5,
+C1, C3, L1, L2, AUDIT-1.3, TL-bootstrap): the esper axes they switch, their correctness
+checks (each with a planted mismatch caught), and a quick run of each through
+`harness.run`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
+from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.env.accumulators import EpochAccumulators
-from esper.env.bootstrap_states import BootstrapStates
 from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
-from esper.env.mask_batch import MaskBatcher
 from esper.env.optimizers import amp_dtype
 from esper.env.pool import EnvBatches
 from esper.env.stream_guard import GUARDS
@@ -31,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = torch.device("cpu")
 NEW_AXES = ("env_pool", "bootstrap", "masks", "transfer", "scaler", "seed_clip",
-            "stream_guard", "accumulators")
+            "stream_guard", "accumulators", "validation")
 SMALL = EnvConfig(num_envs=2, train_batches=2, batch_size=32, val_size=64, seed=3)
 
 
@@ -61,7 +60,7 @@ def test_new_axes_keep_the_original_first_and_the_presets_say_which():
     for axis in NEW_AXES:
         assert axis in AXES and getattr(original, axis) == AXES[axis][0]
         assert getattr(Variants(), axis) == AXES[axis][0]
-    with pytest.raises(ValueError, match="Variants.masks: expected one of stack, preallocated"):
+    with pytest.raises(ValueError, match="Variants.masks: expected one of stack, preallocated, packed"):
         Variants(masks="stacked")
 
 
@@ -117,43 +116,125 @@ def test_h1_check_compares_trajectories_and_catches_a_planted_difference():
     assert rows["pool"]["status"] == "mismatch" and rows["pool"]["max_error"] > 0
 
 
-# ----- H4, H5: pre-allocated buffers ----------------------------------------------------
+# ----- H4, H5: the original paths, the review's fixes and ours ---------------------------
+# (each variant against a transcription of the original's and the review's lines:
+# tests/esper/env/test_bootstrap_states.py and tests/esper/env/test_mask_batch.py)
 
-def test_bootstrap_states_copy_equals_tensor_and_reuses_its_buffer():
-    features = torch.randn(3, 7).tolist()
-    made = BootstrapStates(3, 7, CPU, "tensor")(features)
-    states = BootstrapStates(3, 7, CPU, "copy")
-    copied = states(features)
-    assert torch.equal(made, copied) and made.dtype == torch.float32
-    assert states(features).data_ptr() == copied.data_ptr()  # no new tensor per episode
-
-
-def test_mask_batcher_preallocated_equals_stack_and_reuses_its_buffer():
-    per_env = [{h: torch.rand(k) < 0.5 for h, k in HEAD_SIZES.items()} for _ in range(3)]
-    stacked = MaskBatcher(3, CPU, "stack")(per_env)
-    batcher = MaskBatcher(3, CPU, "preallocated")
-    filled = batcher(per_env)
-    assert list(filled) == list(HEAD_NAMES)
-    for head in HEAD_NAMES:
-        assert torch.equal(filled[head], stacked[head]), head
-    pointer = filled["op"].data_ptr()
-    assert batcher(per_env)["op"].data_ptr() == pointer
-
-
-@pytest.mark.parametrize("finding_id", ["H4-bootstrap-tensor", "H5-mask-stacking"])
-def test_h4_h5_checks_catch_envs_in_the_wrong_order(finding_id):
+@pytest.mark.parametrize(("finding_id", "key"), [("H4-bootstrap-tensor", "features"),
+                                                 ("H5-mask-stacking", "envs")])
+def test_h4_h5_checks_catch_envs_in_the_wrong_order(finding_id, key):
     f = finding(finding_id)
     case = Case.of(num_envs=4)
-    assert check_cell(f, case)[f.variants[1]]["max_error"] == 0.0
-    key = "features" if finding_id.startswith("H4") else "per_env"
+    others = [v for v in f.variants if v != f.baseline]
+    rows = check_cell(f, case)
+    assert [rows[v]["status"] for v in others] == [None, None]
+    assert rows[f.variants[1]]["max_error"] == 0.0  # the review's fix: exactly the original
 
     def reversed_envs(variant, inputs):
         if variant == f.baseline:
             return f.make_call(variant, inputs)
         return f.make_call(variant, {**inputs, key: inputs[key][::-1]})
 
-    row = check_cell(f, case, make_call=reversed_envs)[f.variants[1]]
-    assert row["status"] == "mismatch" and row["max_error"] > 0
+    rows = check_cell(f, case, make_call=reversed_envs)
+    for variant in others:
+        assert rows[variant]["status"] == "mismatch" and rows[variant]["max_error"] > 0, variant
+
+
+def test_h4_h5_declare_the_review_s_fix_and_ours():
+    for finding_id in ("H4-bootstrap-tensor", "H5-mask-stacking"):
+        f = finding(finding_id)
+        assert f.proposed == f.variants[1] and f.ours == ("packed",)
+        assert "@2df957ed" in f.reviewed and f.fix
+    assert "8 transfers" not in " ".join(finding("H5-mask-stacking").notes)
+    assert ".to(device)" in finding("H5-mask-stacking").premise  # moves nothing there
+
+
+# ----- H3: the epoch boundary ------------------------------------------------------------
+
+def test_h3_window_of_a_synthetic_trace():
+    """Two steps (ns) on streams 1 and 2, the default stream 7. Step 1 (`stream`): training
+    ends at 100 (stream 1) and 90 (stream 2); the host reads until 150, then validates
+    on the env streams from 160 and 170: gaps 60 overall, (60 + 80) / 2 per stream, none
+    before the read. Step 2 (`event`-like): training ends at 1100 and 1080, validation on
+    the default stream from 1105 while the read ends at 2000: gaps 5, (5 + 25) / 2, and
+    all 40 + 20 ns of validation before the read."""
+    from harness.review.findings.stream_sync import Kernel, Span, boundary_windows
+
+    ranges = [Span("env_train", 0, 50), Span("env_train_read", 90, 150),
+              Span("env_val", 150, 155), Span("env_train", 1000, 1050),
+              Span("env_val", 1050, 1060), Span("env_train_read", 1060, 2000)]
+    kernels = [Kernel(10, 60, 5, 1), Kernel(60, 100, 40, 1), Kernel(20, 90, 30, 2),
+               Kernel(160, 200, 152, 1), Kernel(170, 220, 154, 2),  # step 1 validation
+               Kernel(1010, 1100, 1020, 1), Kernel(1010, 1080, 1021, 2),
+               Kernel(1105, 1145, 1055, 7), Kernel(1145, 1165, 1056, 7),  # step 2 validation
+               Kernel(120, 125, 100, 7)]  # a read's copy: in no range, not counted
+    windows = boundary_windows(ranges, kernels, "env_train_read")
+    assert windows == [
+        pytest.approx({"train_val_gap_s": 60e-9, "stream_train_val_gap_s": 70e-9,
+                       "val_before_train_read_s": 0.0}),
+        pytest.approx({"train_val_gap_s": 5e-9, "stream_train_val_gap_s": 15e-9,
+                       "val_before_train_read_s": 60e-9}),
+    ]
+    assert boundary_windows(ranges[:3], kernels[:3], "env_train_read") == []  # no val kernels
+
+
+def test_h3_reads_its_ranges_from_a_profile():
+    """On the CPU the profile has the host ranges and no device work: the window is empty,
+    and the row carries no window fields rather than zeros (the finding needs CUDA)."""
+    from torch.profiler import record_function
+
+    from harness.measure.counters import profiling
+    from harness.review.findings.stream_sync import _trace_spans, boundary_windows
+
+    with profiling(CPU) as prof:
+        for name in ("env_train", "env_train_read", "env_val", "env_val_read"):
+            with record_function(name):
+                torch.ones(3).sum()
+    ranges, kernels = _trace_spans(prof)
+    assert [r.name for r in sorted(ranges, key=lambda r: r.start_ns)] == [
+        "env_train", "env_train_read", "env_val"]
+    assert all(r.start_ns <= r.end_ns for r in ranges) and kernels == []
+    assert boundary_windows(ranges, kernels, "env_train_read") == []
+
+
+def test_h3_check_compares_both_epoch_boundaries_on_stand_in_streams(monkeypatch):
+    """Both variants' env steps on stand-in streams (the stream-race checker's, no GPU
+    here) give the same metrics, and the trainer's own CPU step agrees."""
+    from esper.training.trainer import TrainConfig, VectorizedTrainer
+    from tests.esper.training.test_stream_races import HostReads, StreamRaceChecker
+
+    checker = StreamRaceChecker()
+    checker.install(monkeypatch)
+    config = dict(num_envs=2, seed=0, env=SMALL, hidden_dim=16)
+    metrics = {}
+    for sync in ("stream", "event", "cpu"):
+        trainer = VectorizedTrainer(TrainConfig(variants=Variants(sync="stream" if sync == "cpu"
+                                                                  else sync), **config))
+        if sync != "cpu":
+            trainer.streams = [checker.new_stream() for _ in range(2)]
+        with HostReads(checker), checker:
+            metrics[sync] = [trainer.env_phase() for _ in range(2)]
+    assert checker.summary() == []
+    for sync in ("event", "cpu"):
+        assert all(torch.equal(a, b) for a, b in zip(metrics[sync], metrics["stream"])), sync
+
+
+# ----- L1: inference_mode vs no_grad ------------------------------------------------------
+
+def test_l1_check_agrees_and_catches_another_validation_set():
+    f = finding("L1-inference-mode")
+    assert f.baseline == "inference_mode" == Variants().validation
+    assert f.variants == AXES["validation"]
+    case = Case.of(val_size=64)
+    rows = check_cell(f, case)
+    assert rows["no_grad"]["max_error"] == 0.0 and rows["no_grad"]["status"] is None
+
+    def other_seed(variant, inputs):
+        if variant == "no_grad":
+            return f.make_call(variant, f.build(case, CPU, 1))
+        return f.make_call(variant, inputs)
+
+    assert check_cell(f, case, make_call=other_seed)["no_grad"]["status"] == "mismatch"
 
 
 # ----- AUDIT-1.3: the flat transfer ----------------------------------------------------
@@ -323,9 +404,9 @@ def test_tl_check_compares_the_first_rollout_and_catches_another_seed():
 
 # ----- every finding through harness.run -------------------------------------------------
 
-NEW_FINDINGS = ("AUDIT-1.3-batched-transfer", "H1-env-pooling", "H2-redundant-is-cuda",
-                "H4-bootstrap-tensor", "H5-mask-stacking", "C1-grad-scaler", "C3-seed-grad-clip",
-                "L2-fused-accumulators", "TL-bootstrap")
+NEW_FINDINGS = ("AUDIT-1.3-batched-transfer", "L1-inference-mode", "H1-env-pooling",
+                "H2-redundant-is-cuda", "H4-bootstrap-tensor", "H5-mask-stacking",
+                "C1-grad-scaler", "C3-seed-grad-clip", "L2-fused-accumulators", "TL-bootstrap")
 
 
 @pytest.mark.integration
@@ -345,6 +426,12 @@ def test_quick_run_of_every_new_finding(tmp_path):
     assert "final_val_acc_diff" in rows.columns
     assert rows.loc[("TL-bootstrap", "terminal"), "heldout_return_diff_low"] <= \
         rows.loc[("TL-bootstrap", "terminal"), "heldout_return_diff"]
-    assert rows.loc[("H4-bootstrap-tensor", "copy"), "allocations"] == 0
-    assert rows.loc[("H5-mask-stacking", "preallocated"), "allocations"] == 0
+    for variant, forwards in (("tensor", 4), ("copy", 4), ("packed", 1)):
+        row = rows.loc[("H4-bootstrap-tensor", variant)]
+        assert row["policy_forwards"] == forwards
+        assert row["host_syncs"] == (4 if forwards == 4 else 0)  # .item()s; .cpu() is CUDA's
+    h5 = {v: rows.loc[("H5-mask-stacking", v)] for v in ("stack", "preallocated")}
+    assert h5["preallocated"]["allocations"] < h5["stack"]["allocations"]  # no stacks
+    assert h5["preallocated"]["op_calls"] > h5["stack"]["op_calls"]  # 32 row copies for 8
+    assert rows.loc[("L1-inference-mode", "no_grad"), "max_error"] == 0
     assert rows.loc[("AUDIT-1.3-batched-transfer", "flat"), "host_to_device_copies"] == 1

@@ -1,0 +1,250 @@
+"""Regenerate the docs' measured tables and reference blocks from the code and the
+committed results, or check that they are current.
+
+    python docs/generate.py           rewrite every generated block in README.md and docs/*.md
+    python docs/generate.py --check   exit 1 naming each stale block (tests/test_readme.py runs it)
+    python docs/generate.py --example RUN
+                                      make RUN (a finished default run's folder) the example
+                                      the tables quote: its run.json, less the sample rows,
+                                      becomes results/example/run.json; then rewrite
+
+A generated block sits between two markers and is never edited by hand:
+
+    <!-- generated: KIND [ARGUMENT] -->
+    ...
+    <!-- /generated -->
+
+Kinds:
+  help MODULE     the `--help` of a command (its `build_parser()`), 96 columns wide
+  variants        esper's reviewed axes, from `esper.variants` (values and docstrings)
+  finding-fields  the public `Finding` fields, from their docstrings
+  findings        the built-in findings with the verdict of the committed example run
+                  (results/example/run.json, rendered the way the report does)
+  finding-list    every built-in finding with its ticket, variants and provenance, from the
+                  registry (`harness.review`)
+  targets         the GAE targets table of that run (`harness.review.gae_tools.targets`)
+  stability, planted, processes, gate-power, run-times
+                  the verdict benchmark's tables, from the reduced results committed in
+                  benchmarks/results/ (`benchmarks/verdict_stability.py`)
+
+Exit status: 0 written or current; 1 --check found stale blocks (each named); 2 a marker
+that names an unknown kind, or a block left open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+EXAMPLE_RUN = REPO / "results" / "example"
+BENCHMARK_RESULTS = REPO / "benchmarks" / "results"
+BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /generated -->)",
+                   re.S)
+OPEN = re.compile(r"<!-- generated: ([^>]*?) -->")
+HELP_COLUMNS = "96"
+
+
+class DocsError(Exception):
+    """A marker the generator cannot fill (exit 2)."""
+
+
+def _help(module: str) -> str:
+    os.environ["COLUMNS"] = HELP_COLUMNS  # argparse wraps at the terminal's width
+    parser = importlib.import_module(module).build_parser()
+    return "```text\n" + parser.format_help().rstrip() + "\n```\n"
+
+
+def _attribute_docs(cls) -> dict[str, str]:
+    """Each annotated attribute's docstring (the string right after it in the class body)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for statement, following in zip(body, body[1:]):
+        if (isinstance(statement, ast.AnnAssign) and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)):
+            docs[statement.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _variants() -> str:
+    from esper.variants import AXES, Variants
+
+    docs = _attribute_docs(Variants)
+    lines = ["| axis | values (the original's first) | what it chooses |", "|---|---|---|"]
+    for axis, values in AXES.items():
+        lines.append(f"| `{axis}` | {' / '.join(f'`{v}`' for v in values)} | "
+                     f"{_cell(docs.get(axis, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def _finding_fields() -> str:
+    from harness.findings import Finding
+
+    docs = _attribute_docs(Finding)
+    lines = ["| field | default | meaning |", "|---|---|---|"]
+    for field in dataclasses.fields(Finding):
+        if field.default is not dataclasses.MISSING:
+            default = f"`{field.default!r}`" if not callable(field.default) else "(every case)"
+        elif field.default_factory is not dataclasses.MISSING:
+            default = f"`{field.default_factory()!r}`"
+        else:
+            default = "required"
+        lines.append(f"| `{field.name}` | {_cell(default)} | {_cell(docs.get(field.name, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def _findings() -> str:
+    from harness.report.data import recorded_info, run_headlines
+    from harness.results import load_run
+
+    run = load_run(EXAMPLE_RUN)
+    lines = ["| finding | claim | the baseline reproduces | verdict at the headline case |",
+             "|---|---|---|---|"]
+    for head in run_headlines(run):
+        info = recorded_info(run.metadata, head.finding) or {}
+        reviewed = info.get("reviewed") or "-"
+        lines.append(f"| `{head.finding}` | {_cell(head.claim)} | {_cell(reviewed)} | "
+                     f"{_cell(head.where)}: {_cell(head.verdict_text())} |")
+    meta = run.metadata
+    lines += ["", f"From the committed example run `{run.run_id}` ({meta.get('device')}, "
+              f"{meta.get('cpu_model') or meta.get('device_name')}, {meta.get('threads')} "
+              f"threads, commit {str(meta.get('git_commit'))[:8]}); its report is "
+              f"`reports/example/index.html`."]
+    return "\n".join(lines) + "\n"
+
+
+def _finding_list() -> str:
+    from harness import findings as registry
+
+    lines = ["| finding | ticket | variants (baseline first; ours marked) | the baseline "
+             "reproduces | the review's fix | where the premise does not hold |",
+             "|---|---|---|---|---|---|"]
+    for finding in registry.select(None, include_long=True):  # the review's, in report order
+        names = [finding.baseline, *[v for v in finding.variants if v != finding.baseline]]
+        variants = ", ".join(f"`{v}`" + (" (ours)" if v in finding.ours else "")
+                             + (" (peer)" if v in finding.peers else "") for v in names)
+        long = " (long)" if finding.long else ""
+        lines.append(f"| `{finding.id}`{long} | {_cell(finding.ticket or '-')} | {variants} | "
+                     f"{_cell(finding.reviewed or '-')} | {_cell(finding.fix or '-')} | "
+                     f"{_cell(finding.premise or '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _targets() -> str:
+    from harness.results import load_run
+    from harness.review.gae_tools.targets import markdown, target_cells
+
+    return markdown(target_cells(load_run(EXAMPLE_RUN).summary)) + "\n"
+
+
+def _benchmark(kind: str) -> str:
+    sys.path.insert(0, str(REPO))
+    from benchmarks import verdict_stability
+
+    return verdict_stability.markdown(kind, BENCHMARK_RESULTS) + "\n"
+
+
+KINDS = {
+    "help": _help,
+    "variants": _variants,
+    "finding-fields": _finding_fields,
+    "findings": _findings,
+    "finding-list": _finding_list,
+    "targets": _targets,
+    **{kind: (lambda kind=kind: _benchmark(kind))
+       for kind in ("stability", "planted", "processes", "gate-power", "run-times")},
+}
+
+
+def render(spec: str) -> str:
+    """The body of the block whose marker says `spec` ("help harness.run", "variants")."""
+    kind, *argument = spec.split()
+    if kind not in KINDS:
+        raise DocsError(f"generated block: expected a kind among {', '.join(KINDS)}; "
+                        f"got {kind!r}")
+    return KINDS[kind](*argument)
+
+
+def regenerate(text: str, where: str) -> tuple[str, list[str]]:
+    """`text` with every generated block rendered anew, and the specs that changed."""
+    if len(OPEN.findall(text)) != len(BLOCK.findall(text)):
+        raise DocsError(f"{where}: a '<!-- generated: ... -->' block has no "
+                        f"'<!-- /generated -->' after it")
+    stale: list[str] = []
+
+    def fill(match: re.Match) -> str:
+        body = render(match["spec"])
+        if body != match["body"]:
+            stale.append(match["spec"])
+        return match.group(1) + body + match.group(4)
+
+    return BLOCK.sub(fill, text), stale
+
+
+def set_example(run_folder: Path) -> None:
+    """Copy a finished run's run.json into results/example, without its sample rows (the
+    tables read the summary and the metadata; the samples stay with the run)."""
+    from harness.results import load_run
+
+    run = load_run(run_folder)
+    if run.metadata.get("status") != "complete":
+        raise DocsError(f"--example: expected a complete run; {run_folder} is "
+                        f"{run.metadata.get('status')!r}")
+    document = json.loads((Path(run_folder) / "run.json").read_text())
+    document["rows"] = []
+    EXAMPLE_RUN.mkdir(parents=True, exist_ok=True)
+    temp = EXAMPLE_RUN / f".run.json.{os.getpid()}.tmp"
+    temp.write_text(json.dumps(document, indent=1) + "\n")
+    os.replace(temp, EXAMPLE_RUN / "run.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming each stale block")
+    parser.add_argument("--example", type=Path, metavar="RUN",
+                        help="first make RUN's run.json (less its sample rows) the example")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    if args.example is not None and args.check:
+        parser.error("--example: expected without --check (it writes the example)")
+    found_stale = []
+    try:
+        if args.example is not None:
+            set_example(args.example)
+        for document in DOCUMENTS:
+            text = document.read_text()
+            new, stale = regenerate(text, document.name)
+            found_stale += [f"{document.relative_to(REPO)}: {spec}" for spec in stale]
+            if stale and not args.check:
+                temp = document.with_name(f".{document.name}.{os.getpid()}.tmp")
+                temp.write_text(new)
+                os.replace(temp, document)  # never a half-written page
+    except DocsError as err:
+        print(f"docs/generate.py: {err}", file=sys.stderr)
+        return 2
+    if args.check and found_stale:
+        print("stale generated blocks (run python docs/generate.py):\n  "
+              + "\n  ".join(found_stale), file=sys.stderr)
+        return 1
+    print(f"{len(found_stale)} block(s) {'stale' if args.check else 'rewritten'}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
