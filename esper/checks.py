@@ -5,12 +5,14 @@ what was expected and what was received, and returns the value when it passes. A
 is never taken for a number (`True` is an `int` to Python, not a count or a rate to us).
 
 `is_int` and `is_integral` are the predicates behind them, for checks on a hot path
-that test first and only build a message on failure.
+that test first and only build a message on failure. `parse_int` reads an int from text
+(a command-line value) with `check_int`'s bounds and message.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from numbers import Integral, Real
 from typing import Sequence, TypeVar
 
@@ -38,6 +40,21 @@ def check_int(field: str, value: object, minimum: int = 1, below: int | None = N
             expected = f"an int >= {minimum}"
         raise ValueError(f"{field}: expected {expected}; got {value!r}")
     return value
+
+
+#: a decimal integer in ASCII digits, at most 64 of them (`int` would also take '1_000',
+#: other scripts' digits such as '\u0661', and raise on more than 4300 digits)
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,64}")
+
+
+def parse_int(field: str, text: str, minimum: int = 1, below: int | None = None) -> int:
+    """The int written in `text` (decimal ASCII digits, spaces around allowed), checked by
+    `check_int(field, value, minimum, below)`; anything else is its ValueError with the
+    text as received (its first 60 characters and '...' when longer)."""
+    stripped = text.strip()
+    if _DECIMAL.fullmatch(stripped):
+        return check_int(field, int(stripped), minimum, below)
+    return check_int(field, text if len(text) <= 63 else text[:60] + "...", minimum, below)
 
 
 def check_number(field: str, value: object, *, minimum: float | None = None,

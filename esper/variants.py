@@ -134,8 +134,19 @@ class Variants:
         `axis=value` overrides: the preset replaces `base` first, then every override
         applies, whatever the order (`"gae=scan,original"` is `original` with gae=scan).
         Two different presets, or one axis given two different values, are a
-        `ValueError` naming both.
+        `ValueError` naming both. An empty spec (or only commas) is `base`.
+
+        Raises:
+            TypeError: `spec` is not a str, or `base` neither a `Variants` nor None.
+            ValueError: a part is malformed, names an unknown axis or value, or two
+                presets or two values of one axis disagree.
         """
+        if not isinstance(spec, str):
+            raise TypeError(f"Variants.parse: spec: expected a str such as 'gae=scan,reset=mask' "
+                            f"or 'optimized'; got {spec!r} ({type(spec).__name__})")
+        if base is not None and not isinstance(base, Variants):
+            raise TypeError(f"Variants.parse: base: expected a Variants or None; got {base!r} "
+                            f"({type(base).__name__})")
         presets: list[str] = []
         overrides: dict[str, str] = {}
         for part in (p.strip() for p in spec.split(",")):

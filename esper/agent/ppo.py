@@ -2,7 +2,8 @@
 
 Read top to bottom: `PPOConfig` (hyper-parameters) -> `prepare_batch` (padding made
 inert, per-head relevance masks) -> `ppo_losses` (pure function of tensors) ->
-`PPOAgent.update` (GAE, epochs of full-sequence BPTT, KL early stop, clipped Adam steps).
+`PPOAgent.update` (GAE, epochs of full-sequence BPTT, KL early stop, clipped Adam steps;
+`NonFiniteUpdateError` for an epoch whose losses are NaN or infinite, before its step).
 
 By default the per-head terms are reduced as the reviewed system (esper-lite) reduces
 them (`PPOConfig.objective = "reviewed"`); `"joint"` is this project's earlier objective.
@@ -13,6 +14,7 @@ Shapes: `n` environments, `m` the buffer's max steps, `D` state_dim, `L` LSTM la
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
@@ -314,6 +316,44 @@ def _clipped_value_loss(values: torch.Tensor, batch: UpdateBatch, value_clip: fl
     return 0.5 * masked_mean(worst, batch.valid)
 
 
+class NonFiniteUpdateError(FloatingPointError):
+    """An update whose losses (or KL) came out NaN or infinite: raised at the epoch's check,
+    before that epoch's Adam step, so a NaN never reaches the weights through this epoch.
+
+    The message is one line naming the epoch, the non-finite losses, the inputs that hold
+    non-finite values on stored steps (how many, of how many, and which: nan, inf) and
+    whether the weights changed since the update began (an earlier epoch's step).
+    """
+
+    def __init__(self, epoch: int, losses: dict[str, float],
+                 inputs: dict[str, tuple[int, int, str]], steps_taken: int) -> None:
+        self.epoch = epoch
+        """Index of the epoch whose check failed."""
+        self.losses = losses
+        """The non-finite losses of that epoch, name -> value (nan, inf or -inf)."""
+        self.inputs = {name: count for name, (count, _, _) in inputs.items()}
+        """Inputs with non-finite entries on stored steps, name -> how many: rewards,
+        bootstrap_values, states, old_log_probs[head], old_values, advantages, returns,
+        initial_hidden, policy parameters."""
+        self.weights_changed = steps_taken > 0
+        """Whether an earlier epoch of this update took an Adam step."""
+        losses_text = ", ".join(f"{k} {v}" for k, v in losses.items())
+        found = "; ".join(f"{name} ({count} of {total} {kind})"
+                          for name, (count, total, kind) in inputs.items())
+        steps = ("no Adam step was taken, the weights are as before the update" if not steps_taken
+                 else f"{steps_taken} Adam step{'s were' if steps_taken > 1 else ' was'} taken "
+                      "before it, so the weights changed")
+        super().__init__(f"PPO update, epoch {epoch}: non-finite losses ({losses_text}); "
+                         f"non-finite inputs on stored steps and weights: {found or 'none'}; "
+                         f"{steps}")
+
+
+def _non_finite_kind(x: torch.Tensor) -> str:
+    """'nan', 'inf', '-inf' or a mix ('nan, inf') of the non-finite values in `x`."""
+    kinds = torch.stack([x.isnan().any(), (x == math.inf).any(), (x == -math.inf).any()])
+    return ", ".join(k for k, present in zip(("nan", "inf", "-inf"), kinds.tolist()) if present)
+
+
 class PPOAgent:
     """Owns the policy's optimiser and runs PPO updates from a `RolloutBuffer`.
 
@@ -351,22 +391,58 @@ class PPOAgent:
 
         Raises:
             ValueError: the buffer holds no step.
+            NonFiniteUpdateError: an epoch's total loss is NaN or infinite, or its KL is
+                NaN (raised before that epoch's step; an infinite KL with finite losses
+                is a policy that moved far, and stops early as in the original).
         """
         with record_function("update"):
             batch = self._prepare(buffer)
             history: list[PPOLosses] = []
             stop_epoch = -1
+            limit = self.config.kl_stop_factor * self.config.target_kl
             for epoch in range(self.config.update_epochs):
                 losses = self._evaluate_losses(batch)
                 history.append(losses)
-                limit = self.config.kl_stop_factor * self.config.target_kl
-                # host sync: the early stop must be decided on the host, before backward;
-                # written as `not <=` so that a NaN KL also stops instead of poisoning weights
-                if not float(losses.approx_kl) <= limit:
+                # host sync: one read per epoch, before backward: the early stop, and
+                # whether the loss may be stepped at all (a NaN loss would make every
+                # weight NaN through Adam)
+                kl, total = torch.stack([losses.approx_kl, losses.total.detach()]).tolist()
+                if math.isnan(kl) or not math.isfinite(total):
+                    raise self._non_finite(buffer, batch, losses, epoch)
+                if not kl <= limit:
                     stop_epoch = epoch
                     break
                 self._step(losses.total)
             return _metrics(history, stop_epoch)
+
+    def _non_finite(self, buffer, batch: UpdateBatch, losses: PPOLosses, epoch: int
+                    ) -> NonFiniteUpdateError:
+        """The error for an epoch whose losses are not finite, saying which inputs are not
+        (host syncs: on this failure path only)."""
+        values = torch.stack([x.detach().float() for x in losses]).tolist()
+        bad_losses = {name: v for name, v in zip(PPOLosses._fields, values) if not math.isfinite(v)}
+        valid, stored = batch.valid, buffer.valid_mask().to(buffer.rewards.device)
+        # (values, the entries that count), per input; masks broadcast over trailing dims
+        checked = {
+            "rewards": (buffer.rewards, stored),
+            "bootstrap_values": (buffer.bootstrap_values, stored & buffer.truncated),
+            "states": (batch.states, valid),
+            **{f"old_log_probs[{h}]": (batch.old_log_probs[h], valid) for h in HEAD_NAMES},
+            "old_values": (batch.old_values, valid),
+            "advantages": (batch.advantages, valid),
+            "returns": (batch.returns, valid),
+            "initial_hidden": (torch.cat(batch.initial_hidden), None),
+            "policy parameters": (torch.cat([p.detach().flatten().float()
+                                             for p in self.policy.parameters()]), None),
+        }
+        inputs = {}
+        for name, (x, mask) in checked.items():
+            if mask is not None:
+                x = x[mask.view(mask.shape + (1,) * (x.dim() - mask.dim())).expand_as(x)]
+            count = int((~torch.isfinite(x)).sum())
+            if count:
+                inputs[name] = (count, x.numel(), _non_finite_kind(x))
+        return NonFiniteUpdateError(epoch, bad_losses, inputs, steps_taken=epoch)
 
     def _prepare(self, buffer) -> UpdateBatch:
         # the buffer labels this "gae" itself: a second range here would count its time twice

@@ -16,7 +16,7 @@ from harness.review.findings import (  # noqa: F401 (imported for their register
     gae_methods, reset_alloc, step_counts, add_checks, buffer_layout, graph_breaks,
     batched_transfer, stream_sync, inference_mode, env_pooling,
     redundant_is_cuda, bootstrap_tensor, mask_stacking, grad_scaler, seed_grad_clip,
-    fused_accumulators, time_limit, e2e,
+    fused_accumulators, time_limit, resume_state, e2e,
 )
 
 from pathlib import Path  # noqa: E402 (after the findings: report order first)

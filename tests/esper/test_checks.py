@@ -7,7 +7,14 @@ import re
 import numpy as np
 import pytest
 
-from esper.checks import check_bool, check_choice, check_int, check_number, is_integral
+from esper.checks import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    is_integral,
+    parse_int,
+)
 from esper.env import accumulators, bootstrap_states, mask_batch, stream_guard
 from esper.variants import AXES
 
@@ -63,3 +70,31 @@ def test_the_modules_of_an_axis_read_its_values_from_axes():
     assert bootstrap_states.MODES is AXES["bootstrap"]
     assert mask_batch.MODES is AXES["masks"]
     assert tuple(stream_guard.GUARDS) == AXES["stream_guard"]
+
+
+@pytest.mark.parametrize("text, value", [("3", 3), (" 7 ", 7), ("+2", 2), ("0012", 12)])
+def test_parse_int_reads_decimal_ascii_digits(text, value):
+    assert parse_int("--n", text) == value
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0", "--n: expected a positive int; got 0"),
+    ("-3", "--n: expected a positive int; got -3"),
+    ("1.5", "--n: expected a positive int; got '1.5'"),
+    ("1e3", "--n: expected a positive int; got '1e3'"),
+    ("1_000", "--n: expected a positive int; got '1_000'"),  # int() would take it
+    ("\u0661", "--n: expected a positive int; got '\u0661'"),  # Arabic-Indic one: int() too
+    ("", "--n: expected a positive int; got ''"),
+    ("nan", "--n: expected a positive int; got 'nan'"),
+    ("9" * 5000, "--n: expected a positive int; got '" + "9" * 60 + "...'"),  # int() raises
+])
+def test_parse_int_names_the_field_and_what_it_got(text, message):
+    with pytest.raises(ValueError) as info:
+        parse_int("--n", text)
+    assert str(info.value).startswith(message)
+
+
+def test_parse_int_bounds_as_check_int():
+    assert parse_int("--seed", "0", minimum=0, below=10) == 0
+    with pytest.raises(ValueError, match=r"--seed: expected an int in \[0, 10\); got 10"):
+        parse_int("--seed", "10", minimum=0, below=10)

@@ -78,3 +78,26 @@ def test_one_axis_given_two_values_is_an_error_naming_both():
 def test_malformed_pairs_name_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Variants.parse(spec)
+
+
+@pytest.mark.parametrize("spec", [None, 3, b"gae=scan", ["gae=scan"], Variants()])
+def test_a_spec_that_is_not_a_str_is_a_type_error_naming_spec(spec):
+    """`Variants.parse(None)` used to end in an AttributeError from `None.split`."""
+    with pytest.raises(TypeError) as info:
+        Variants.parse(spec)
+    message = str(info.value)
+    assert message.startswith("Variants.parse: spec: expected a str")
+    assert f"got {spec!r} ({type(spec).__name__})" in message
+
+
+@pytest.mark.parametrize("base", ["original", {"gae": "scan"}, 0])
+def test_a_base_that_is_not_variants_is_a_type_error_naming_base(base):
+    with pytest.raises(TypeError, match=re.escape(
+            f"Variants.parse: base: expected a Variants or None; got {base!r}")):
+        Variants.parse("gae=scan", base)
+
+
+@pytest.mark.parametrize("spec", ["", " ", ",", " , ,"])
+def test_an_empty_spec_is_the_base(spec):
+    assert Variants.parse(spec) == Variants.original()
+    assert Variants.parse(spec, Variants.optimized()) == Variants.optimized()

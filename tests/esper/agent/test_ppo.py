@@ -12,6 +12,7 @@ from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX, OPS
 from esper.agent.policy import EvalOutput, FactoredRecurrentActorCritic
 from esper.agent.ppo import (
     OBJECTIVES,
+    NonFiniteUpdateError,
     PPOAgent,
     PPOConfig,
     causal_head_table,
@@ -504,16 +505,92 @@ def test_update_of_an_empty_buffer_raises():
         PPOAgent(policy).update(buffer)
 
 
-def test_nan_kl_stops_before_any_step():
+def poison(buffer: RolloutBuffer, where: str, value: float) -> None:
+    """Write `value` into one stored step (env 0, step 1) of `where`, past the buffer's
+    own checks on add (which refuse a non-finite reward): a stand-in for a bug upstream."""
+    if where == "rewards":
+        buffer.rewards[0, 1] = value
+    elif where == "states":
+        buffer.states[0, 1, 0] = value
+    elif where == "log_probs":
+        buffer.log_probs["op"][0, 0] = value
+    elif where == "values":
+        buffer.values[0, 1] = value
+    else:
+        raise AssertionError(where)
+
+
+@pytest.mark.parametrize("where, value, named", [
+    ("rewards", NAN, "rewards"),
+    ("rewards", math.inf, "rewards"),
+    ("states", NAN, "states"),
+    ("states", -math.inf, "states"),
+    ("log_probs", NAN, "old_log_probs[op]"),
+    ("values", NAN, "old_values"),
+])
+def test_a_non_finite_update_raises_naming_what_went_non_finite(where, value, named):
+    """NaN rewards used to come back as `policy_loss: nan` after an Adam step that made
+    every weight NaN; a NaN state or log-prob as NaN losses with zero epochs run. Now
+    the update raises before any step, naming the losses and the inputs that are not
+    finite, and leaves the weights as they were."""
     policy = make_policy()
     buffer = filled_buffer(policy)
-    buffer.log_probs["op"][0, 0] = NAN  # a stored step, so the KL itself is NaN
+    poison(buffer, where, value)
     before = parameters(policy)
-    metrics = PPOAgent(policy, PPOConfig()).update(buffer)
-    assert metrics["early_stop_epoch"] == 0.0 and metrics["epochs_run"] == 0.0
-    assert math.isnan(metrics["approx_kl"])
+    with pytest.raises(NonFiniteUpdateError) as info:
+        PPOAgent(policy, PPOConfig(update_epochs=2)).update(buffer)
+    err = info.value
+    message = str(err)
+    assert "\n" not in message and message.startswith("PPO update, epoch 0: ")
+    assert err.epoch == 0 and not err.weights_changed
+    assert err.losses and all(not math.isfinite(v) for v in err.losses.values())
+    assert named in err.inputs and f"{named} (1 of " in message, message
+    assert "no Adam step was taken" in message
     for b, a in zip(before, parameters(policy)):
         assert torch.equal(b, a)
+
+
+def test_the_error_counts_every_non_finite_input_on_stored_steps_only():
+    policy = make_policy()
+    buffer = filled_buffer(policy)
+    write_garbage_into_padding(buffer)  # NaN in padding is no error, nor counted
+    buffer.rewards[0, 1] = NAN
+    with pytest.raises(NonFiniteUpdateError) as info:
+        PPOAgent(policy, PPOConfig()).update(buffer)
+    stored = sum(STEP_COUNTS)
+    # one NaN reward; every advantage after normalisation (the mean is NaN); the returns
+    # of env 0 up to the NaN step (GAE runs backwards)
+    assert info.value.inputs["rewards"] == 1
+    assert info.value.inputs["advantages"] == stored
+    assert info.value.inputs["returns"] == 2
+    assert "states" not in info.value.inputs
+    assert f"advantages ({stored} of {stored} nan)" in str(info.value)
+
+
+def test_a_step_that_makes_the_policy_non_finite_is_caught_at_the_next_epoch():
+    """A learning rate of 1e36 makes the first Adam step move every weight by about 1e36:
+    the next epoch's forward overflows. That epoch is named, before its own step, and the
+    message says the weights changed since the update began."""
+    policy = make_policy()
+    buffer = filled_buffer(policy)
+    config = PPOConfig(target_kl=1e30, learning_rate=1e36, update_epochs=3)
+    with pytest.raises(NonFiniteUpdateError) as info:
+        PPOAgent(policy, config).update(buffer)
+    assert info.value.epoch == 1 and info.value.weights_changed
+    assert "1 Adam step was taken before it" in str(info.value)
+    assert "old_log_probs[op]" not in info.value.inputs  # the rollout's inputs were fine
+
+
+def test_an_infinite_kl_with_finite_losses_still_stops_early_as_the_original():
+    """`approx_kl` reads the unclamped log-ratio, so a large policy change can overflow it
+    to inf while the clamped losses stay finite: that is the early stop, not an error."""
+    policy = make_policy()
+    buffer = filled_buffer(policy)
+    buffer.log_probs["op"][0, 0] = -200.0  # log-ratio ~ +200: exp overflows float32
+    metrics = PPOAgent(policy, PPOConfig()).update(buffer)
+    assert metrics["approx_kl"] == math.inf
+    assert metrics["early_stop_epoch"] == 0.0 and metrics["epochs_run"] == 0.0
+    assert all(math.isfinite(metrics[k]) for k in ("policy_loss", "value_loss", "entropy"))
 
 
 # ------------------------------------------------------------------ several episodes per row

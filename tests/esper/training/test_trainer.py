@@ -173,7 +173,8 @@ def test_resume_from_a_file_that_is_not_a_checkpoint_is_an_error(tmp_path):
                                          "save_checkpoint; got a file torch.load cannot read"):
         load_checkpoint(trainer, tmp_path / "notes.pt")
     torch.save([1, 2], tmp_path / "list.pt")
-    with pytest.raises(ValueError, match="list.pt: format_version: expected 2; got None"):
+    with pytest.raises(ValueError, match="list.pt: expected a checkpoint written by "
+                                         r"save_checkpoint \(a dict\); got a torch file holding a list"):
         load_checkpoint(trainer, tmp_path / "list.pt")
 
 
