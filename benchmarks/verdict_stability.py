@@ -52,7 +52,7 @@ ROWS = (
     ("H5-mask-stacking", "num_envs=4", "preallocated"),
     ("B4-CR-03", "num_envs=4,max_steps=25,dones=episode", "scan"),
     ("B4-DRL-03", "num_envs=4,max_steps=25,dones=episode", "mask"),
-    ("C1-grad-scaler", "train_batches=2", "per_optimizer"),
+    ("B4-PT-05", "num_envs=4,max_steps=25", "tensor"),
     ("B4-DRL-03", "num_envs=16,max_steps=150,dones=episode", "mask"),
 )
 DECISIVE = ("faster", "slower", "same")

@@ -269,8 +269,10 @@ def _main(argv: list[str] | None = None) -> int:
         if resumed.metadata.get("status") == "running":
             raise UsageError(f"--resume {args.resume}: expected a run that has stopped; "
                              f"got one still running (pid {resumed.metadata.get('pid')})")
-    threads = args.threads or (launch.default_threads() if launch.distributed
-                               else torch.get_num_threads())
+    # a resumed run keeps the count it ran with, even where it was torch's default then
+    recorded_threads = resumed.metadata.get("threads") if resumed is not None else None
+    threads = args.threads or recorded_threads or (
+        launch.default_threads() if launch.distributed else torch.get_num_threads())
     group = ranks.start(launch, device)
     opened: list[RunWriter] = []  # the run once it exists, even if a signal comes right after
     try:

@@ -294,6 +294,21 @@ def test_resume_refuses_another_machine_or_commit(stopped_run, capsys):
     assert main(["--resume", str(stopped_run), "--no-report"]) == 0
 
 
+def test_resume_keeps_the_runs_thread_count(stopped_run):
+    """A run started without --threads ran with torch's count then; its resume pins that
+    count, not the resuming process's (which other code may have changed), so the machine
+    check compares like with like and the resumed cells use the same threads."""
+    recorded = load_run(stopped_run).metadata["threads"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(recorded + 1)
+    try:
+        assert main(["--resume", str(stopped_run), "--no-report"]) == 0
+        assert torch.get_num_threads() == recorded + 1  # restored after the run
+    finally:
+        torch.set_num_threads(before)
+    assert load_run(stopped_run).metadata["threads"] == recorded
+
+
 def test_resume_refuses_a_running_run(stopped_run, capsys):
     path = stopped_run / "run.json"
     document = json.loads(path.read_text())
