@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: the public names: frozen by tests/test_public_api.py
+#: the public names: frozen by tests/harness/test_public_api.py
 __all__ = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
            "set_defaults"]
 

@@ -70,3 +70,15 @@ def test_a_stale_block_is_named_and_an_open_one_is_an_error(tmp_path):
         generate.regenerate("<!-- generated: variants -->\n", "page.md")
     with pytest.raises(generate.DocsError, match="expected a kind among .*; got 'nope'"):
         generate.regenerate("<!-- generated: nope -->\n<!-- /generated -->", "page.md")
+
+
+def test_every_test_file_the_docs_and_code_name_exists():
+    """Tests moved into a tree mirroring the packages: a `tests/...py` named in a page or a
+    docstring must be where it says."""
+    sources = [*PAGES, *(path for package in ("harness", "esper", "benchmarks")
+                         for path in sorted((ROOT / package).rglob("*.py")))]
+    named = {(source.relative_to(ROOT), path) for source in sources
+             for path in re.findall(r"\btests/[\w/]+\.py\b", source.read_text())}
+    missing = sorted((str(source), path) for source, path in named
+                     if not (ROOT / path).exists())
+    assert missing == []

@@ -20,7 +20,7 @@ store, as a 16-bit carry would lose the trace within a few dozen steps). The lau
 happens under the inputs' device, so Triton, which launches on the current device and
 its current stream, runs it where the tensors live. Untuned: BLOCK_ENVS=8,
 BLOCK_STEPS=64, 4 warps are reasonable defaults for an H100-class GPU, not measured
-ones (`tests/test_triton_aot.py` compiles them for sm_80 and sm_90: no spills).
+ones (`tests/esper/gae/test_triton_aot.py` compiles them for sm_80 and sm_90: no spills).
 
 Runs on CUDA tensors; with `TRITON_INTERPRET=1` set before import, Triton's
 interpreter runs the same kernel on CPU tensors (slowly: for tests only).

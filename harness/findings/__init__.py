@@ -390,7 +390,7 @@ class Finding:
                 self._bad(name, f"None or a callable {signature}", value)
 
 
-#: the names of `Finding`'s fields, in order (frozen by tests/test_public_api.py)
+#: the names of `Finding`'s fields, in order (frozen by tests/harness/test_public_api.py)
 FIELDS = tuple(f.name for f in fields(Finding))
 
 

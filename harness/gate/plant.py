@@ -1,4 +1,4 @@
-"""Planted regressions for measuring the gate itself (`harness.gate.quality`, tests/test_gate.py).
+"""Planted regressions for measuring the gate itself (`harness.gate.quality`, tests/harness/gate/test_gate.py).
 
 Nothing in the code under test or in the gate imports this module. A plant wraps one
 function of the code under test, a `PlantTarget` that the findings module names

@@ -12,7 +12,7 @@ MAD / sqrt(2), which a step moves by one difference only). `PENALTY_BETA` = 6 wa
 calibrated on synthetic series (seeds 1000-1999, log-normal noise of 2%, 30 runs): a 10%
 step is found at the right run in 97% of series (95% with the step 3 runs from the end),
 and a flat series gives a change point in 1% (7% with only 10 runs, where sigma is
-estimated from 9 differences). `tests/test_changepoints.py` holds it to >= 95% and <= 5%
+estimated from 9 differences). `tests/harness/report/test_changepoints.py` holds it to >= 95% and <= 5%
 on seeds 0-99. Apache Otava's E-divisive would give a significance level directly, but
 pins numpy to 2.2 and brings a BigQuery, Postgres and Slack client with it.
 

@@ -309,6 +309,32 @@ def test_resume_keeps_the_runs_thread_count(stopped_run):
     assert load_run(stopped_run).metadata["threads"] == recorded
 
 
+def test_the_resume_hint_pastes_as_it_is_printed_with_spaces_in_the_path(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The hint printed on Ctrl-C quotes its paths: split as a shell would, it resumes the run."""
+    out = tmp_path / "my results (copy)"
+    registry.load_findings_module(MODULE)
+    finding = registry.FINDINGS["TINY-sums"]
+    seen = []
+
+    def build(case, device, seed):
+        seen.append(case)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return finding.build(case, device, seed)
+
+    monkeypatch.setitem(registry.FINDINGS, "TINY-sums",
+                        __import__("dataclasses").replace(finding, build=build))
+    assert main(RUN + ["--out", str(out)]) == 130
+    monkeypatch.setitem(registry.FINDINGS, "TINY-sums", finding)
+    hint = next(line for line in capsys.readouterr().err.splitlines()
+                if "continue with: " in line).split("continue with: ", 1)[1]
+    argv = __import__("shlex").split(hint)
+    assert argv[:3] == ["python", "-m", "harness.run"] and str(out) in argv
+    assert main(argv[3:] + ["--no-report"]) == 0
+    assert load_run(None, out).metadata["status"] == "complete"
+
+
 def test_resume_refuses_a_running_run(stopped_run, capsys):
     path = stopped_run / "run.json"
     document = json.loads(path.read_text())

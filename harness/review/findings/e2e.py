@@ -105,8 +105,9 @@ register(Finding(
     tolerance=lambda case: 1e-5,
     paired=True,
     # an iteration takes ~0.5 s: the run's 1 s per cell would stop at the minimum rounds,
-    # whose interval is about +-5%; up to 30 s lets it reach the run's precision
-    budget_factor=30.0,
+    # whose interval is about +-5%; 15 s (three trainers with the placebo: about 10 rounds
+    # each) gives about +-2.5% (26 rounds in 30 s gave [0.985, 1.017])
+    budget_factor=15.0,
     sample_metrics=phase_seconds,
     # not gated: its work depends on the trainer's state (86,499 then 89,310 op calls in
     # iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float

@@ -57,6 +57,6 @@ register(Finding(
         "is_cuda guard returns False where the stream guard returns True: the cost of "
         "`.is_cuda` is the same on either device, but the decisions are only comparable on "
         "CUDA, where both record the batch. No equality check here for that reason; "
-        "tests/test_review_findings.py checks both decide alike for CUDA-typed inputs.",
+        "tests/harness/review/test_review_findings.py checks both decide alike for CUDA-typed inputs.",
     ),
 ))

@@ -167,7 +167,7 @@ register(Finding(
         "suggests.",
         "One timed call = one epoch (4 steps) of an env whose seed (a 128-wide MLP) trains "
         "at 4x the seed learning rate: the time cost of clipping. Clipping changes the "
-        "training by design, so there is no equality check (tests/test_review_findings.py "
+        "training by design, so there is no equality check (tests/harness/review/test_review_findings.py "
         "proves the two equal when no norm exceeds the limit).",
         "The answer, per episode (its steps are correlated; episodes are independent): "
         f"`episodes` episodes per variant (env seeds from {FIRST_EPISODE_SEED}, uniformly "

@@ -602,3 +602,22 @@ def test_read_json_says_what_is_wrong_with_the_file(tmp_path):
         exits.read_json(path)
     shutil.copy(gate_counters.DEFAULT_BASELINE, path)
     assert exits.read_json(path)["schema_version"] == 1
+
+
+@pytest.mark.integration  # a fresh interpreter: loading a tree swaps the harness's modules
+def test_a_revision_without_the_harness_is_said_to_predate_the_gate(tmp_path):
+    """A tree with no `harness/findings` (a revision older than the gate): its registry would
+    come from the installed harness instead; the error says the revision predates the gate."""
+    (tmp_path / "README.md").write_text("an old revision\n")
+    code = ("from pathlib import Path; import sys\n"
+            "from harness.gate.worker import TreeModules\n"
+            "try:\n"
+            f"    TreeModules(Path({str(tmp_path)!r}), ('harness',)).load()\n"
+            "except RuntimeError as err:\n"
+            "    print(err); sys.exit(0)\n"
+            "sys.exit('loaded')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "this revision predates the gate: harness.findings is not in it" in done.stdout
+    assert "compare against a newer revision" in done.stdout

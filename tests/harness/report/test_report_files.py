@@ -113,3 +113,18 @@ def test_a_run_json_with_a_wrong_field_is_named_with_file_and_field(tmp_path, ca
     err = capsys.readouterr().err
     assert f"{folder / 'run.json'}" in err and message in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n", "   \n", "../elsewhere\n"])
+def test_a_latest_file_naming_no_run_exits_2_naming_it(tmp_path, capsys, content):
+    """An empty (or path-like) `latest` is named with what it holds, not a missing folder."""
+    shutil.copytree(FIXTURES / "schema1", tmp_path / "results")
+    latest = tmp_path / "results" / "latest"
+    latest.write_text(content)
+    before = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert report_main(["latest", "--results", str(tmp_path / "results"),
+                        "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert f"{latest}: expected the id of the newest run" in err and repr(content.strip()) in err
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == before
+    assert not (tmp_path / "report").exists()
