@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=options.seconds, default=None, metavar="S",
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
                         "quick 0.3; a finding of slow calls may declare a multiple: "
-                        "E2E-iteration 15x)")
+                        "E2E-iteration 8x)")
     p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="the practical margin of the words: a ratio whose interval lies "
                         "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "

@@ -15,8 +15,9 @@ VARIANTS = AXES["add_checks"]
 
 
 def _cases(quick: bool) -> list[Case]:
-    sizes = [(4, 25)] if quick else [(4, 25), (16, 150)]
-    return [Case.of(num_envs=e, max_steps=t) for e, t in sizes]
+    # the trainer's size only: at 16 x 150 the checks cost the same share (1.32x against
+    # 1.29x at 4 x 25 in a default run) for 7 s more of the run
+    return [Case.of(num_envs=4, max_steps=25)]
 
 
 def _build(case: Case, device: torch.device, seed: int) -> dict:
