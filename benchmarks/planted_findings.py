@@ -5,8 +5,8 @@ the same work: a Python loop of N against 1.1 N (1.03 N) iterations, or N small 
 ops against 1.1 N (1.03 N). Their true ratios are 1.10 and 1.03 (to within the call's
 fixed cost, a few hundred nanoseconds), so the words a run gives them measure how often
 the harness is right: +10% should read *slower*, +3% never *faster*. Cases: the kind of
-work, its size (about 5 us, 100 us and 2 ms per call here) and a replicate index, so that
-each (kind, size) is judged in several cells of one run.
+work, its size (Python: about 5 us, 100 us and 2 ms per call here; torch: 200 us and 2 ms)
+and a replicate index, so that each (kind, size) is judged in several cells of one run.
 
 Used by `benchmarks/verdict_stability.py planted`; run by hand with
 `python -m harness.run --findings-module benchmarks.planted_findings`.
@@ -18,9 +18,12 @@ import torch
 
 from harness import Case, Finding, register
 
-#: iterations (Python) or ops (torch) of the baseline call, per size
+#: iterations (Python) or ops (torch) of the baseline call, per size: multiples of 100,
+#: so that 1.10 N and 1.03 N are whole and the true ratios exact. A torch call of a few
+#: microseconds is two ops, to which no whole op adds 10% (a first version planted
+#: round(2 x 1.1) = 2 ops, a ratio of 1, and counted its "same" words as misses)
 SIZES = {"python": {"5us": 200, "100us": 4_000, "2ms": 80_000},
-         "torch": {"5us": 2, "100us": 40, "2ms": 800}}
+         "torch": {"200us": 100, "2ms": 800}}
 REPLICATES = 10
 
 
@@ -51,6 +54,7 @@ def _torch_ops(x: torch.Tensor, n: int) -> torch.Tensor:
 def _make_call(factor: float):
     def make_call(variant: str, inputs: dict):
         n = inputs["n"] if variant == "baseline" else round(inputs["n"] * factor)
+        assert variant == "baseline" or n / inputs["n"] == factor, (inputs["n"], factor)
         if inputs["kind"] == "python":
             return lambda: _python_loop(n)
         x = inputs["x"]

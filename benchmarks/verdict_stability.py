@@ -21,7 +21,8 @@ docs quote. Parts, in the order the docs give them:
         independent timer's cross-process median that `repeat`'s intervals should hold;
     python benchmarks/verdict_stability.py gate --runs 60 OUT
         check c of the gate on unchanged code (false alarms per gate run) and with the
-        scan GAE planted 5, 10, 15 and 25% slower (power);
+        scan GAE planted 5, 10, 15 and 25% slower (power), in chunks saved as they finish
+        (a second call goes on to the counts asked for);
     python benchmarks/verdict_stability.py table OUT
         the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
         JSON files committed in benchmarks/results/).
@@ -271,16 +272,43 @@ def process_table(results: list[dict], runs: list[dict] | None) -> list[dict]:
 
 # -------------------------------------------------------------------------------- gate
 
+def _merge_gate(saved: list[dict], chunk: list[dict]) -> list[dict]:
+    """`saved` with `chunk`'s gate runs added to the scenario of the same condition."""
+    per_run = ("exit_codes", "seconds", "ranks", "rows")  # one entry per gate run
+    by_condition = {s["condition"]: s for s in saved}
+    for scenario in chunk:
+        mine = by_condition.setdefault(scenario["condition"], {
+            **{k: v for k, v in scenario.items() if k not in per_run}, **{k: [] for k in per_run}})
+        for key in per_run:
+            mine[key] += scenario.get(key, [])
+    return list(by_condition.values())
+
+
 def gate(args) -> None:
-    document = args.out / "gate-runs.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.gate.quality", "--counters-runs", "0",
-         "--invariant-runs", "0", "--ab-runs", str(args.runs),
-         "--ab-planted-runs", str(args.planted_runs), "--ab-slowdowns", args.slowdowns,
-         "--json", str(document)], cwd=REPO, text=True, stdout=subprocess.PIPE)
-    if done.returncode != 0:
-        raise SystemExit(f"harness.gate.quality failed ({done.returncode})")
-    print(done.stdout)
+    """Gate runs in chunks (each a `harness.gate.quality` invocation), merged into
+    gate-runs.json after each chunk: a stopped benchmark keeps every chunk it finished,
+    and a second call goes on to the counts asked for."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    for _ in range(max(args.runs, args.planted_runs)):
+        saved = _load(args.out, "gate-runs") or []
+        counts = {s["condition"]: len(s["exit_codes"]) for s in saved}
+        unchanged = max(0, args.runs - counts.get("unchanged", 0))
+        planted = max(0, args.planted_runs - min(
+            (n for c, n in counts.items() if c != "unchanged"), default=0))
+        if not unchanged and not planted:
+            return
+        chunk = args.out / "gate-chunk.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.gate.quality", "--counters-runs", "0",
+             "--invariant-runs", "0", "--ab-runs", str(min(unchanged, args.chunk)),
+             "--ab-planted-runs", str(min(planted, args.planted_chunk)),
+             "--ab-slowdowns", args.slowdowns, "--json", str(chunk)],
+            cwd=REPO, text=True, stdout=subprocess.PIPE)
+        if done.returncode != 0:
+            raise SystemExit(f"harness.gate.quality failed ({done.returncode})")
+        print(done.stdout)
+        _save(args.out, "gate-runs", _merge_gate(saved, json.loads(chunk.read_text())))
+        chunk.unlink()
 
 
 def gate_table(document: list[dict]) -> list[dict]:
@@ -417,6 +445,10 @@ def main(argv=None) -> int:
     sub.choices["gate"].add_argument("--runs", type=int, default=60)
     sub.choices["gate"].add_argument("--planted-runs", type=int, default=10)
     sub.choices["gate"].add_argument("--slowdowns", default="1.05,1.10,1.15,1.25")
+    sub.choices["gate"].add_argument("--chunk", type=int, default=4,
+                                     help="unchanged gate runs per saved chunk")
+    sub.choices["gate"].add_argument("--planted-chunk", type=int, default=1,
+                                     help="gate runs per slowdown per saved chunk")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
     {"repeat": repeat, "quick": quick, "planted": planted, "processes": processes, "gate": gate,

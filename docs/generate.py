@@ -7,6 +7,9 @@ committed results, or check that they are current.
                                       make RUN (a finished default run's folder) the example
                                       the tables quote: its run.json, less the sample rows,
                                       becomes results/example/run.json; then rewrite
+    python docs/generate.py --long RUN
+                                      the same for a finished run of the long findings
+                                      (`harness.run --findings` naming them): results/long
 
 A generated block sits between two markers and is never edited by hand:
 
@@ -18,8 +21,9 @@ Kinds:
   help MODULE     the `--help` of a command (its `build_parser()`), 96 columns wide
   variants        esper's reviewed axes, from `esper.variants` (values and docstrings)
   finding-fields  the public `Finding` fields, from their docstrings
-  findings        the built-in findings with the verdict of the committed example run
-                  (results/example/run.json, rendered the way the report does)
+  findings [long] the built-in findings with the verdict of the committed example run
+                  (results/example/run.json, rendered the way the report does), or of the
+                  committed run of the long findings (results/long/run.json)
   finding-list    every built-in finding with its ticket, variants and provenance, from the
                   registry (`harness.review`)
   targets         the GAE targets table of that run (`harness.review.gae_tools.targets`)
@@ -48,6 +52,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 EXAMPLE_RUN = REPO / "results" / "example"
+#: the committed runs the tables quote, by the name a `findings` block gives
+COMMITTED_RUNS = {"example": EXAMPLE_RUN, "long": REPO / "results" / "long"}
 BENCHMARK_RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /generated -->)",
                    re.S)
@@ -107,11 +113,14 @@ def _finding_fields() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _findings() -> str:
+def _findings(name: str = "example") -> str:
     from harness.report.data import recorded_info, run_headlines
     from harness.results import load_run
 
-    run = load_run(EXAMPLE_RUN)
+    if name not in COMMITTED_RUNS:
+        raise DocsError(f"findings: expected a committed run among {', '.join(COMMITTED_RUNS)}; "
+                        f"got {name!r}")
+    run = load_run(COMMITTED_RUNS[name])
     lines = ["| finding | claim | the baseline reproduces | verdict at the headline case |",
              "|---|---|---|---|"]
     for head in run_headlines(run):
@@ -120,10 +129,13 @@ def _findings() -> str:
         lines.append(f"| `{head.finding}` | {_cell(head.claim)} | {_cell(reviewed)} | "
                      f"{_cell(head.where)}: {_cell(head.verdict_text())} |")
     meta = run.metadata
-    lines += ["", f"From the committed example run `{run.run_id}` ({meta.get('device')}, "
+    which = ("the committed example run" if name == "example"
+             else "the committed run of the long findings")
+    report = ("; its report is `reports/example/index.html`" if name == "example"
+              else f" (`results/{name}/run.json`)")
+    lines += ["", f"From {which} `{run.run_id}` ({meta.get('device')}, "
               f"{meta.get('cpu_model') or meta.get('device_name')}, {meta.get('threads')} "
-              f"threads, commit {str(meta.get('git_commit'))[:8]}); its report is "
-              f"`reports/example/index.html`."]
+              f"threads, commit {str(meta.get('git_commit'))[:8]}){report}."]
     return "\n".join(lines) + "\n"
 
 
@@ -195,21 +207,22 @@ def regenerate(text: str, where: str) -> tuple[str, list[str]]:
     return BLOCK.sub(fill, text), stale
 
 
-def set_example(run_folder: Path) -> None:
-    """Copy a finished run's run.json into results/example, without its sample rows (the
+def set_example(run_folder: Path, name: str = "example") -> None:
+    """Copy a finished run's run.json into results/NAME, without its sample rows (the
     tables read the summary and the metadata; the samples stay with the run)."""
     from harness.results import load_run
 
     run = load_run(run_folder)
     if run.metadata.get("status") != "complete":
-        raise DocsError(f"--example: expected a complete run; {run_folder} is "
+        raise DocsError(f"--{name}: expected a complete run; {run_folder} is "
                         f"{run.metadata.get('status')!r}")
     document = json.loads((Path(run_folder) / "run.json").read_text())
     document["rows"] = []
-    EXAMPLE_RUN.mkdir(parents=True, exist_ok=True)
-    temp = EXAMPLE_RUN / f".run.json.{os.getpid()}.tmp"
+    target = COMMITTED_RUNS[name]
+    target.mkdir(parents=True, exist_ok=True)
+    temp = target / f".run.json.{os.getpid()}.tmp"
     temp.write_text(json.dumps(document, indent=1) + "\n")
-    os.replace(temp, EXAMPLE_RUN / "run.json")
+    os.replace(temp, target / "run.json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,14 +231,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="write nothing; exit 1 naming each stale block")
     parser.add_argument("--example", type=Path, metavar="RUN",
                         help="first make RUN's run.json (less its sample rows) the example")
+    parser.add_argument("--long", type=Path, metavar="RUN",
+                        help="first make RUN's run.json (less its sample rows) the committed "
+                             "run of the long findings")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    if args.example is not None and args.check:
-        parser.error("--example: expected without --check (it writes the example)")
+    for name in ("example", "long"):
+        if getattr(args, name) is not None and args.check:
+            parser.error(f"--{name}: expected without --check (it writes the run)")
     found_stale = []
     try:
-        if args.example is not None:
-            set_example(args.example)
+        for name in ("example", "long"):
+            if getattr(args, name) is not None:
+                set_example(getattr(args, name), name)
         for document in DOCUMENTS:
             text = document.read_text()
             new, stale = regenerate(text, document.name)

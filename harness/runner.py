@@ -151,8 +151,13 @@ class CaseRun:
             try:
                 with self._stage("build"):
                     self.placebo_inputs = f.build(self.case, options.device, options.seed)
+                # its first call, as every variant had one (not checked: the baseline's
+                # code); its inputs then hold the baseline's state, so that a paired
+                # finding whose calls advance state pairs iteration k with iteration k
+                with self._stage("check"):
+                    self._call(PLACEBO)()
             except Exception as err:  # the placebo is the baseline's code: said, not fatal
-                self._fail(PLACEBO, err, "building the placebo's inputs")
+                self._fail(PLACEBO, err, "building the placebo's inputs or its first call")
         with self._stage("time"):
             self._time()
         if options.profile:

@@ -296,3 +296,38 @@ def test_a_findings_budget_factor_multiplies_the_runs_budget_per_cell():
         rounds[factor] = row["n"]
     # ~4 ms a round: 0.05 s holds a handful of rounds, 0.4 s several times as many
     assert rounds[8.0] >= 3 * rounds[1.0], rounds
+
+
+def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path):
+    """A paired finding's calls advance state (E2E-iteration: one training iteration a
+    call), and round k pairs the k-th timed call of each side. The placebo, on its own
+    inputs, must have made as many calls as the baseline before timing starts, or every
+    round pairs iterations one apart (the placebo was once never given the baseline's
+    first, checked call)."""
+    def build(case, device, seed):  # each variant's own state, as E2E's trainers
+        return {"a": {"calls": 0}, "b": {"calls": 0}}
+
+    def make_call(variant, states):
+        def step():
+            states[variant]["calls"] += 1
+            return torch.tensor(float(states[variant]["calls"]))
+        return step
+
+    finding = Finding(
+        id="TEST-paired", title="paired", claim="a paired claim",
+        variants=("a", "b"), baseline="a", cases=lambda quick: [Case.of(n=1)],
+        build=build, make_call=make_call, check=lambda out, ref: abs(float(out) - float(ref)),
+        tolerance=lambda case: 0.0, paired=True,
+        sample_metrics=lambda variant, states: {"calls_so_far": float(states[variant]["calls"])},
+    )
+    registry.select(None)
+    registry.FINDINGS[finding.id] = finding
+    try:
+        assert main(["--findings", finding.id, "--quick", "--out", str(tmp_path), "--no-report",
+                     "--no-profile", "--time-budget", "0.05"]) == 0
+    finally:
+        del registry.FINDINGS[finding.id]
+    rows = load_run(None, tmp_path).rows
+    calls = rows.pivot_table(index="round", columns="variant", values="calls_so_far")
+    assert len(calls) >= 5
+    assert (calls["placebo"] == calls["a"]).all() and (calls["b"] == calls["a"]).all(), calls

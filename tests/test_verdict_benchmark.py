@@ -1,0 +1,53 @@
+"""The verdict benchmark's reductions (`benchmarks/verdict_stability.py`): the counts its
+tables print come from these functions, driven here with hand-made runs."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import verdict_stability as vs
+
+
+def _row(finding, variant, verdict, ratio=1.0, placebo=False):
+    return {"finding": finding, "case": "n=1", "variant": variant, "verdict": verdict,
+            "placebo": placebo, "headline": True, "ratio": ratio, "ci_low": ratio * 0.98,
+            "ci_high": ratio * 1.02, "status": "ok"}
+
+
+def test_stability_counts_changed_and_moved_words_between_consecutive_runs():
+    runs = [{"rows": [_row("A", "x", "faster"), _row("B", "y", "same"), _row("C", "z", "same")]},
+            {"rows": [_row("A", "x", "slower"), _row("B", "y", "inconclusive"),
+                      _row("C", "z", "same")]},
+            {"rows": [_row("A", "x", "slower"), _row("B", "y", "same"), _row("C", "z", "same")]}]
+    s = vs.stability(runs)
+    assert (s["pairs"], s["compared"], s["changed"], s["moved"]) == (2, 6, 3, 1)
+    assert s["moved_examples"] == ["A/n=1/x: faster -> slower"]
+
+
+def test_placebos_count_words_of_placebo_rows_only():
+    rows = [_row("A", "placebo", "same", placebo=True), _row("B", "placebo", "slower", 1.07, True),
+            _row("C", "placebo", "inconclusive", placebo=True), _row("A", "x", "faster", 0.5)]
+    p = vs.placebos([{"rows": rows}])
+    assert (p["cells"], p["same"], p["decisive"], p["inconclusive"]) == (3, 1, 1, 1)
+    assert p["decisive_examples"][0].startswith("B n=1: slower 1.07")
+
+
+def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
+    first = [{"check": "c", "condition": "unchanged", "expect_flag": False,
+              "exit_codes": [0], "seconds": [90.0], "ranks": [0], "rows": [[]]}]
+    chunk = [{"check": "c", "condition": "unchanged", "expect_flag": False,
+              "exit_codes": [1, 0], "seconds": [80.0, 100.0], "ranks": [0, 0], "rows": [[], []]},
+             {"check": "c", "condition": "scan 1.15x slower", "expect_flag": True,
+              "exit_codes": [1], "seconds": [70.0], "ranks": [0], "rows": [[]]}]
+    merged = vs._merge_gate(first, chunk)
+    assert [s["exit_codes"] for s in merged] == [[0, 1, 0], [1]]
+    assert all(len(s["rows"]) == len(s["exit_codes"]) for s in merged)
+    (tmp_path / "gate-runs.json").write_text(json.dumps(merged))
+    table = vs.markdown("gate-power", tmp_path)
+    assert "| unchanged | at most 1 in 60 | 3 | 1 (33%) | 90 |" in table
+    assert "| scan 1.15x slower | at least 90% | 1 | 1 (100%) | 70 |" in table
+
+
+def test_every_table_says_what_to_run_when_nothing_was_measured(tmp_path):
+    for kind in vs.TABLES:
+        assert "not measured: run `" in vs.markdown(kind, tmp_path)
