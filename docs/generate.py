@@ -120,6 +120,9 @@ def _findings(name: str = "example") -> str:
     if name not in COMMITTED_RUNS:
         raise DocsError(f"findings: expected a committed run among {', '.join(COMMITTED_RUNS)}; "
                         f"got {name!r}")
+    if not (COMMITTED_RUNS[name] / "run.json").is_file():
+        raise DocsError(f"findings {name}: expected {COMMITTED_RUNS[name].relative_to(REPO)}"
+                        f"/run.json; got none (make one with --{name} RUN)")
     run = load_run(COMMITTED_RUNS[name])
     lines = ["| finding | claim | the baseline reproduces | verdict at the headline case |",
              "|---|---|---|---|"]

@@ -249,9 +249,8 @@ def test_killed_run_is_reported_killed_and_renders(tmp_path):
 
 # --- --resume refuses what it cannot continue -------------------------------------------
 
-@pytest.fixture
-def stopped_run(tmp_path, monkeypatch) -> Path:
-    """A TINY-sums run interrupted after its first cell."""
+def _stop_after_the_first_cell(out: Path, monkeypatch) -> Path:
+    """Run TINY-sums into `out`, interrupted (Ctrl-C) while building its second cell."""
     registry.load_findings_module(MODULE)
     finding = registry.FINDINGS["TINY-sums"]
     seen = []
@@ -264,9 +263,15 @@ def stopped_run(tmp_path, monkeypatch) -> Path:
 
     monkeypatch.setitem(registry.FINDINGS, "TINY-sums",
                         __import__("dataclasses").replace(finding, build=build))
-    assert main(RUN + ["--out", str(tmp_path)]) == 130
+    assert main(RUN + ["--out", str(out)]) == 130
     monkeypatch.setitem(registry.FINDINGS, "TINY-sums", finding)
-    return load_run(None, tmp_path).folder
+    return load_run(None, out).folder
+
+
+@pytest.fixture
+def stopped_run(tmp_path, monkeypatch) -> Path:
+    """A TINY-sums run interrupted after its first cell."""
+    return _stop_after_the_first_cell(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -313,20 +318,7 @@ def test_the_resume_hint_pastes_as_it_is_printed_with_spaces_in_the_path(tmp_pat
                                                                         capsys):
     """The hint printed on Ctrl-C quotes its paths: split as a shell would, it resumes the run."""
     out = tmp_path / "my results (copy)"
-    registry.load_findings_module(MODULE)
-    finding = registry.FINDINGS["TINY-sums"]
-    seen = []
-
-    def build(case, device, seed):
-        seen.append(case)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-        return finding.build(case, device, seed)
-
-    monkeypatch.setitem(registry.FINDINGS, "TINY-sums",
-                        __import__("dataclasses").replace(finding, build=build))
-    assert main(RUN + ["--out", str(out)]) == 130
-    monkeypatch.setitem(registry.FINDINGS, "TINY-sums", finding)
+    _stop_after_the_first_cell(out, monkeypatch)
     hint = next(line for line in capsys.readouterr().err.splitlines()
                 if "continue with: " in line).split("continue with: ", 1)[1]
     argv = __import__("shlex").split(hint)
