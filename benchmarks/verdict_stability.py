@@ -27,8 +27,10 @@ docs quote. Parts, in the order the docs give them:
         the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
         JSON files committed in benchmarks/results/).
 
-Run it on an idle machine: every part measures time. `repeat` takes about 2.5 minutes a
-run, `processes` about 15 minutes, `gate` about a minute a gate run.
+Run it on an idle machine: every part measures time. Measured on the 2-core development
+CPU: `repeat` takes about 2.3 minutes a run, `quick` 40 s a run, `planted` 3 minutes,
+`processes` about 12 minutes, `gate` about 2.5 minutes a gate run (six worker sessions,
+each timing both trees and compiling the `compiled` GAE for each).
 """
 
 from __future__ import annotations
