@@ -210,6 +210,12 @@ def regenerate(text: str, where: str) -> tuple[str, list[str]]:
     return BLOCK.sub(fill, text), stale
 
 
+def portable_command(command: str) -> str:
+    """`command` with the folder after `--out` shown as `results/`: the committed copy
+    must not name the folder of the machine it was measured on."""
+    return re.sub(r"(--out)(=|\s+)\S+", r"\1\2results/", command)
+
+
 def set_example(run_folder: Path, name: str = "example") -> None:
     """Copy a finished run's run.json into results/NAME, without its sample rows (the
     tables read the summary and the metadata; the samples stay with the run)."""
@@ -221,6 +227,7 @@ def set_example(run_folder: Path, name: str = "example") -> None:
                         f"{run.metadata.get('status')!r}")
     document = json.loads((Path(run_folder) / "run.json").read_text())
     document["rows"] = []
+    document["command"] = portable_command(document.get("command", ""))
     target = COMMITTED_RUNS[name]
     target.mkdir(parents=True, exist_ok=True)
     temp = target / f".run.json.{os.getpid()}.tmp"

@@ -70,6 +70,10 @@ def test_a_stale_block_is_named_and_an_open_one_is_an_error(tmp_path):
         generate.regenerate("<!-- generated: variants -->\n", "page.md")
     with pytest.raises(generate.DocsError, match="expected a kind among .*; got 'nope'"):
         generate.regenerate("<!-- generated: nope -->\n<!-- /generated -->", "page.md")
+    # a committed run names no folder of the machine it was measured on
+    assert (generate.portable_command("run.py --findings A --out /home/me/bench/results")
+            == "run.py --findings A --out results/")
+    assert generate.portable_command("run.py --out=/tmp/r --quick") == "run.py --out=results/ --quick"
 
 
 def test_every_test_file_the_docs_and_code_name_exists():
