@@ -4,35 +4,22 @@ and to the review's fix: transcriptions of their lines, compared on outputs and 
 
 from __future__ import annotations
 
-import collections
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX, OPS
 from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.env.mask_batch import MODES, MaskBatcher
 from esper.env.seed_slot import NUM_SLOTS, Stage
+from tests.esper.env.test_env import AtenOps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = torch.device("cpu")
 N = 5
 SMALL = EnvConfig(num_envs=N, train_batches=1, batch_size=8, val_size=8)
-
-
-class AtenOps(TorchDispatchMode):
-    """Counts the aten ops called."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")

@@ -4,39 +4,24 @@ M6's graph-break count: what each timed call does, its counts against the origin
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
 from esper.gae import compute_gae
-from harness import findings as registry
 from harness.findings import Case
 from harness.measure.counters import profile_call
 from harness.review.findings.buffer_layout import Storage
 from harness.review.findings.graph_breaks import (
     HostModel, SeedStage, auto_advance, graph_breaks, train_batch_inline,
 )
-from harness.runner import CaseRun, RunOptions
 from tests.esper.gae.test_loop_reads import episodes, original, terminals
+from tests.harness.review.test_review_findings import CPU, check_cell, finding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CPU = torch.device("cpu")
 SMALL = Case.of(num_envs=2, max_steps=3)
 
-
-def finding(finding_id: str):
-    return registry.select([finding_id])[0]
-
-
-def check_cell(finding_obj, case: Case, **replace) -> dict[str, dict]:
-    """The rows of one cell after the correctness gate only (no timing, no profile)."""
-    f = dataclasses.replace(finding_obj, **replace)
-    cell = CaseRun(f, case, RunOptions(device=CPU, profile=False))
-    cell.inputs = f.build(case, CPU, 0)
-    cell._check(cell._first_calls())
-    return {row["variant"]: row for row in cell.summary}
 
 
 def planted(f, variant: str, change):
