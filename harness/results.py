@@ -109,6 +109,16 @@ def _kind_name(kind) -> str:
             float: "a number", list: "a list", dict: "an object"}[kind]
 
 
+def _check_kinds(document: dict, kinds: dict, where, fix: str = "") -> None:
+    """RunFileError naming the first field of `kinds` present in `document` whose value
+    is not of its kind (absent and null fields pass)."""
+    for field, kind in kinds.items():
+        value = document.get(field)
+        if value is not None and not _fits(value, kind):
+            raise RunFileError(f"{where}: field {field!r}: expected {_kind_name(kind)}; got "
+                               f"{value!r}{fix}")
+
+
 def _fits(value, kind) -> bool:
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return value in {m.value for m in kind}
@@ -131,11 +141,7 @@ def check_row(row: object, where: str) -> dict:
         if not isinstance(row.get(field), str):
             raise RunFileError(f"{where}: field {field!r}: expected a string; got "
                                f"{row.get(field)!r}")
-    for field, kind in ROW_FIELDS.items():
-        value = row.get(field)
-        if value is not None and not _fits(value, kind):
-            raise RunFileError(f"{where}: field {field!r}: expected {_kind_name(kind)}; got "
-                               f"{value!r}")
+    _check_kinds(row, ROW_FIELDS, where)
     return row
 
 
@@ -493,11 +499,7 @@ def _read_document(folder: Path) -> dict:
         if not isinstance(document.get(field, []), list):
             raise RunFileError(f"{path}: field {field!r}: expected a list of rows; got "
                                f"{type(document[field]).__name__}; {fix}")
-    for field, kind in METADATA_FIELDS.items():
-        value = document.get(field)
-        if value is not None and not _fits(value, kind):
-            raise RunFileError(f"{path}: field {field!r}: expected {_kind_name(kind)}; got "
-                               f"{value!r}; {fix}")
+    _check_kinds(document, METADATA_FIELDS, path, f"; {fix}")
     if document.get("status") not in (None, *STATUSES):
         raise RunFileError(f"{path}: field 'status': expected one of {', '.join(STATUSES)}; "
                            f"got {document['status']!r}; {fix}")
