@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--findings", nargs="+", metavar="ID",
                    help="gated findings for the counters and A/B checks (default: those of "
                         "your findings modules; else counters: every gated built-in one, "
-                        f"A/B: {' '.join(gate_ab.ABOptions.findings)})")
+                        "A/B: the findings modules' harness.Defaults.ab_findings, for the "
+                        "built-in ones B4-CR-03)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
                         "own findings; repeatable), after those named in pyproject.toml")
@@ -146,9 +147,10 @@ def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, 
     return ids
 
 
-def _ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
+def ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
     """The A/B check's options and the repository whose revisions it compares: this
-    project's for the built-in findings, the one holding your findings modules for yours."""
+    project's for the built-in findings, the one holding your findings modules for yours.
+    `args` come from `parse`."""
     defaults = gate_ab.ABOptions()
     ids = _findings(args, _default_findings(args, registry.defaults().ab_findings
                                             or gate_counters.gated_findings(())))
@@ -250,7 +252,7 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[G
     if invariants:
         config = gate_invariants.load_config(args.config)
     if against:
-        options, repo = _ab_options(args)
+        options, repo = ab_options(args)
         gate_ab.resolve_revision(repo, args.against)
     rows: list[GateRow] = []
     if counters:
@@ -275,10 +277,17 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[G
     return rows
 
 
-@exits.command
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked, with the project's settings and findings modules read
+    (usage errors raise `UsageError`)."""
     args = build_parser().parse_args(argv)
     _check_options(args)
+    return args
+
+
+@exits.command
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.update_baseline:
         return _update(args)
     if Launch.from_environment().distributed:  # torchrun: the A/B sessions over the ranks

@@ -44,7 +44,7 @@ from harness import exits, options
 from harness import findings as registry
 from harness.findings import PlantTarget
 from harness.exits import UsageError, run_group, signals_deferred
-from harness.gate import ab as gate_ab
+from harness.gate import ab as gate_ab, cli as gate_cli
 from harness.gate.plant import plant_lines
 from harness.gate.table import rows_document
 from harness.ranks import Launch, Spread, exit_process, solo_environment
@@ -163,6 +163,13 @@ def plant_target() -> PlantTarget:
         raise UsageError("harness.gate.quality: expected a plant target (harness.Defaults.plant "
                          "in a findings module); got none")
     return target
+
+
+def ab_options() -> gate_ab.ABOptions:
+    """Check c's options as `python -m harness.gate --against HEAD` picks them in this
+    project (its findings: the findings modules' `Defaults.ab_findings`), so that the
+    rates measured are the gate's own."""
+    return gate_cli.ab_options(gate_cli.parse(["--against", "HEAD"]))[0]
 
 
 def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
@@ -373,7 +380,7 @@ def run_scenarios(args: argparse.Namespace, spread: Spread | None = None) -> lis
                              args.invariant_runs, True, progress, spread),
         ]
     if args.ab_runs or args.ab_planted_runs:
-        scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, gate_ab.ABOptions(),
+        scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, ab_options(),
                                       progress, spread, args.ab_slowdowns)
     return [s for s in scenarios if s is not None]
 

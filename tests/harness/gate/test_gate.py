@@ -496,3 +496,11 @@ def test_busy_processes_spin_while_inside_and_are_gone_after():
 def test_gate_quality_usage_errors_exit_2(argv, message, capsys):
     assert gate_quality.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_quality_times_the_cells_the_gate_itself_times():
+    """Check c's false-alarm and power rates describe `harness.gate --against` only when
+    quality's gate runs time the same findings: the findings modules' `ab_findings` (here
+    B4-CR-03), not every finding (57 cells, 2.4x the seconds, another gate)."""
+    gate_options, _ = gate.ab_options(gate.parse(["--against", "HEAD"]))
+    assert gate_quality.ab_options().findings == gate_options.findings == ("B4-CR-03",)
