@@ -121,8 +121,11 @@ class CaseRun:
         self.measurements: dict[str, Measurement] = {}
         self.inputs = None
         self.placebo_inputs = None
-        """The placebo's own copy of the inputs, built from the same seed, so that a call
-        that changes its inputs (a buffer it fills) changes only its own."""
+        """The placebo's inputs: the variants' own (every variant is timed on one build's
+        inputs, so the placebo stands where they stand: on a second copy of its own, data
+        the variants never touch, it reads slower as that copy goes cold in the caches);
+        for a paired finding a second build from the same seed, whose state its calls
+        advance in lockstep with the baseline's."""
         self.seconds: dict[str, float] = {}
         """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
         self.sample_metrics: dict[str, list[dict[str, float]]] = {}
@@ -149,11 +152,13 @@ class CaseRun:
                                        reason=f"the baseline {f.baseline} was not timed here")
         if PLACEBO in self._active():
             try:
-                with self._stage("build"):
-                    self.placebo_inputs = f.build(self.case, options.device, options.seed)
+                self.placebo_inputs = self.inputs
+                if f.paired:
+                    with self._stage("build"):
+                        self.placebo_inputs = f.build(self.case, options.device, options.seed)
                 # its first call, as every variant had one (not checked: the baseline's
-                # code); its inputs then hold the baseline's state, so that a paired
-                # finding whose calls advance state pairs iteration k with iteration k
+                # code); a paired finding's copy then holds the baseline's state, so that
+                # its calls, which advance state, pair iteration k with iteration k
                 with self._stage("check"):
                     self._call(PLACEBO)()
             except Exception as err:  # the placebo is the baseline's code: said, not fatal
@@ -189,7 +194,7 @@ class CaseRun:
         return [v for v in self.variants if "status" not in self.cells[v]]
 
     def _call(self, variant: str):
-        """The timed call of `variant` (the placebo: the baseline's, on its own inputs)."""
+        """The timed call of `variant` (the placebo: the baseline's, on `placebo_inputs`)."""
         return self.finding.make_call(self._code(variant), self._inputs_of(variant))
 
     def _inputs_of(self, variant: str):
