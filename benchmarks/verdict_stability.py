@@ -20,8 +20,9 @@ docs quote. Parts, in the order the docs give them:
         cost, measured with an empty call): the per-process offsets of a ratio, and the
         independent timer's cross-process median that `repeat`'s intervals should hold;
     python benchmarks/verdict_stability.py gate --runs 60 OUT
-        check c of the gate on unchanged code (false alarms per gate run) and with the
-        scan GAE planted 5, 10, 15 and 25% slower (power), in chunks saved as they finish
+        check c of the gate, as `python -m harness.gate --against HEAD` runs it, on
+        unchanged code (false alarms per gate run) and with the scan GAE planted 5, 10, 15
+        and 25% slower (power; `--slowdowns` picks them), in chunks saved as they finish
         (a second call goes on to the counts asked for);
     python benchmarks/verdict_stability.py table OUT
         the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
@@ -29,8 +30,8 @@ docs quote. Parts, in the order the docs give them:
 
 Run it on an idle machine: every part measures time. Measured on the 2-core development
 CPU: `repeat` takes about 2.3 minutes a run, `quick` 40 s a run, `planted` 3 minutes,
-`processes` about 12 minutes, `gate` about 2.5 minutes a gate run (six worker sessions,
-each timing both trees and compiling the `compiled` GAE for each).
+`processes` about 12 minutes, `gate` about 85 s a gate run (six worker sessions, each
+timing both trees' 24 B4-CR-03 cells and compiling the `compiled` GAE for each).
 """
 
 from __future__ import annotations
