@@ -24,6 +24,11 @@ docs quote. Parts, in the order the docs give them:
         unchanged code (false alarms per gate run) and with the scan GAE planted 5, 10, 15
         and 25% slower (power; `--slowdowns` picks them), in chunks saved as they finish
         (a second call goes on to the counts asked for);
+    python benchmarks/verdict_stability.py duet --processes 5 --seconds 3 OUT
+        duet rounds (Bulej et al. 2020) against this harness's interleaved rounds, for the
+        same seconds: two workers, one pinned to each core, time the baseline and the
+        variant at one signal, swapping roles each round; per mode, the interval widths
+        and the spread of fresh processes' estimates against their standard errors;
     python benchmarks/verdict_stability.py table OUT
         the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
         JSON files committed in benchmarks/results/).
@@ -416,8 +421,167 @@ def _gate_table(folder: Path) -> list[str]:
     return lines
 
 
+# -------------------------------------------------------------------------------- duet
+
+#: rows of `duet`: calls of 35 us to 2 ms, long enough that two workers' start signals
+#: (tens of microseconds apart) overlap most of a sample
+DUET_ROWS = (
+    ("B4-PT-05", "num_envs=4,max_steps=25", "tensor"),
+    ("H5-mask-stacking", "num_envs=4", "preallocated"),
+    ("B4-DRL-03", "num_envs=4,max_steps=25,dones=episode", "mask"),
+)
+
+#: a duet worker: pinned to one core, one torch thread, the row's calls built from seed 0;
+#: reads "name number" lines and answers the seconds per call of `number` calls of `name`
+DUET_WORKER = r"""
+import gc, json, os, sys, time
+import torch
+os.sched_setaffinity(0, {int(sys.argv[2])})
+torch.set_num_threads(1)
+from harness import findings as registry
+finding_id, case_label, variant = json.loads(sys.argv[1])
+finding = registry.planned(registry.select([finding_id])[0], False)
+case = next(c for c in finding.cases(False) if c.label == case_label)
+inputs = finding.build(case, torch.device("cpu"), 0)
+calls = {"baseline": finding.make_call(finding.baseline, inputs),
+         "variant": finding.make_call(variant, inputs)}
+def sample(fn, number):
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+numbers = {}
+for name, fn in calls.items():  # first calls, then calls per sample for 1 ms, as the harness
+    fn(); fn()
+    number = 1
+    while sample(fn, number) * number < 1e-3 and number < 1 << 16:
+        number *= 2
+    numbers[name] = number
+print(json.dumps(numbers), flush=True)
+gc.disable()
+for line in sys.stdin:
+    name, number = line.split()
+    print(repr(sample(calls[name], int(number))), flush=True)
+"""
+
+#: one interleaved process: the harness's own rounds, one thread, for the same seconds
+INTERLEAVED_WORKER = r"""
+import json, random, sys
+import torch
+torch.set_num_threads(1)
+from harness import findings as registry
+from harness.measure.estimate import rounds_estimate
+from harness.measure.timing import CpuClock, Sampling, measure_interleaved
+finding_id, case_label, variant = json.loads(sys.argv[1])
+finding = registry.planned(registry.select([finding_id])[0], False)
+case = next(c for c in finding.cases(False) if c.label == case_label)
+inputs = finding.build(case, torch.device("cpu"), 0)
+calls = {"baseline": finding.make_call(finding.baseline, inputs),
+         "variant": finding.make_call(variant, inputs)}
+ours = measure_interleaved(calls, CpuClock(), finding=finding_id, case=case_label,
+                           reference="baseline",
+                           sampling=Sampling(time_budget_s=float(sys.argv[2]), min_rounds=8,
+                                             max_rounds=100000, sequential=False,
+                                             seed=random.randrange(1 << 30)))
+print(json.dumps({"variant": ours["variant"].samples, "baseline": ours["baseline"].samples}))
+"""
+
+
+def _duet_process(row: tuple, seconds: float) -> dict:
+    """Two workers, one per core, for `seconds` of rounds: in round k the worker on core
+    k % 2 samples the baseline and the other the variant, both at one signal."""
+    workers = [subprocess.Popen([sys.executable, "-c", DUET_WORKER, json.dumps(row), str(core)],
+                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True) for core in (0, 1)]
+    try:
+        numbers = [json.loads(w.stdout.readline()) for w in workers]
+        number = {name: max(n[name] for n in numbers) for name in numbers[0]}
+        samples = {"baseline": [], "variant": []}
+        started = time.perf_counter()
+        k = 0
+        while k < 8 or time.perf_counter() - started < seconds:
+            roles = ("baseline", "variant") if k % 2 == 0 else ("variant", "baseline")
+            for worker, name in zip(workers, roles):
+                worker.stdin.write(f"{name} {number[name]}\n")
+                worker.stdin.flush()
+            for worker, name in zip(workers, roles):
+                samples[name].append(float(worker.stdout.readline()))
+            k += 1
+        return samples
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+
+
+def duet(args) -> None:
+    """Each row in `args.processes` duet runs and as many interleaved processes, shuffled,
+    each `args.seconds` of sampling; every paired sample list saved as it comes."""
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("duet: expected at least 2 CPUs to pin one worker to each; got "
+                         f"{len(os.sched_getaffinity(0))}")
+    jobs = [(row, mode, index) for row in DUET_ROWS for mode in ("duet", "interleaved")
+            for index in range(args.processes)]
+    random.Random(0).shuffle(jobs)
+    results = _load(args.out, "duet") or []
+    done_jobs = {(tuple(r["row"]), r["mode"], r["process"]) for r in results}
+    for row, mode, index in jobs:
+        if (row, mode, index) in done_jobs:
+            continue
+        started = time.perf_counter()
+        if mode == "duet":
+            samples = _duet_process(row, args.seconds)
+        else:
+            done = _python("-c", INTERLEAVED_WORKER, json.dumps(row), str(args.seconds),
+                           timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"{row}: {done.stderr[-2000:]}")
+            samples = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append({"row": list(row), "mode": mode, "process": index, **samples,
+                        "wall_s": time.perf_counter() - started})
+        _save(args.out, "duet", results)
+
+
+def duet_table(document: list[dict]) -> list[dict]:
+    """Per row and mode: the processes' paired estimates, their median interval half-width,
+    and how far apart the processes' estimates sit against their own standard errors."""
+    from harness.measure.estimate import rounds_estimate
+
+    out = []
+    for row in DUET_ROWS:
+        for mode in ("interleaved", "duet"):
+            runs = [r for r in document if tuple(r["row"]) == row and r["mode"] == mode]
+            if not runs:
+                continue
+            estimates = [rounds_estimate(r["variant"], r["baseline"]) for r in runs]
+            logs = [e.log_ratio for e in estimates]
+            halves = [e.interval()[1] / e.ratio - 1 for e in estimates]
+            spread = statistics.stdev(logs) if len(logs) > 1 else float("nan")
+            mean_se = statistics.fmean(e.se for e in estimates)
+            out.append({"row": "/".join(row), "mode": mode, "processes": len(runs),
+                        "rounds": statistics.median(len(r["variant"]) for r in runs),
+                        "ratios": [math.exp(x) for x in logs],
+                        "half_width": statistics.median(halves),
+                        "spread_over_se": spread / mean_se if mean_se > 0 else float("nan")})
+    return out
+
+
+def _duet_table(folder: Path) -> list[str]:
+    document = _load(folder, "duet")
+    if not document:
+        return ["(not measured: run `duet`)"]
+    lines = ["| row | rounds | processes | ratio per process | median 95% half-width | "
+             "spread of the processes / their standard error |", "|---|---|---|---|---|---|"]
+    for r in duet_table(document):
+        lines.append(f"| {r['row']} ({r['mode']}) | {r['rounds']:.0f} | {r['processes']} | "
+                     f"{', '.join(f'{x:.3f}' for x in r['ratios'])} | "
+                     f"+-{100 * r['half_width']:.2f}% | {r['spread_over_se']:.1f} |")
+    return lines
+
+
 TABLES = {"stability": _stability_table, "run-times": _run_times_table,
-          "planted": _planted_table, "processes": _processes_table, "gate-power": _gate_table}
+          "planted": _planted_table, "processes": _processes_table, "gate-power": _gate_table,
+          "duet": _duet_table}
 
 
 def markdown(kind: str, folder: Path) -> str:
@@ -434,7 +598,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     sub = p.add_subparsers(dest="part", required=True)
-    for name in ("repeat", "quick", "planted", "processes", "gate", "table"):
+    for name in ("repeat", "quick", "planted", "processes", "gate", "duet", "table"):
         part = sub.add_parser(name)
         part.add_argument("out", type=Path)
         if name in ("repeat", "quick", "planted"):
@@ -445,6 +609,8 @@ def main(argv=None) -> int:
     sub.choices["processes"].add_argument("--processes", type=int, default=5)
     sub.choices["processes"].add_argument("--threads", type=int, default=2)
     sub.choices["processes"].add_argument("--budget", type=float, default=1.0)
+    sub.choices["duet"].add_argument("--processes", type=int, default=5)
+    sub.choices["duet"].add_argument("--seconds", type=float, default=3.0)
     sub.choices["gate"].add_argument("--runs", type=int, default=60)
     sub.choices["gate"].add_argument("--planted-runs", type=int, default=10)
     sub.choices["gate"].add_argument("--slowdowns", default="1.05,1.10,1.15,1.25")
@@ -455,7 +621,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
     {"repeat": repeat, "quick": quick, "planted": planted, "processes": processes, "gate": gate,
-     "table": table}[args.part](args)
+     "duet": duet, "table": table}[args.part](args)
     return 0
 
 

@@ -51,3 +51,26 @@ def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
 def test_every_table_says_what_to_run_when_nothing_was_measured(tmp_path):
     for kind in vs.TABLES:
         assert "not measured: run `" in vs.markdown(kind, tmp_path)
+
+
+def test_duet_table_gives_each_modes_ratio_width_and_spread_against_its_errors():
+    """Two processes of each mode: per-round ratios near 0.5 (interleaved, noisy) and near
+    0.8 (duet, quiet); the table reads each mode's ratios, and the duet's narrower interval
+    and spread in its own units."""
+    import random
+
+    rng = random.Random(0)
+    row = vs.DUET_ROWS[0]
+
+    def run(mode, process, ratio, noise):
+        base = [1e-3 * (1 + rng.gauss(0, noise)) for _ in range(200)]
+        return {"row": list(row), "mode": mode, "process": process, "baseline": base,
+                "variant": [b * ratio * (1 + rng.gauss(0, noise)) for b in base]}
+
+    document = [run("interleaved", 0, 0.5, 0.05), run("interleaved", 1, 0.5, 0.05),
+                run("duet", 0, 0.8, 0.005), run("duet", 1, 0.8, 0.005)]
+    table = {r["mode"]: r for r in vs.duet_table(document)}
+    assert [round(x, 2) for x in table["interleaved"]["ratios"]] == [0.5, 0.5]
+    assert [round(x, 2) for x in table["duet"]["ratios"]] == [0.8, 0.8]
+    assert table["duet"]["half_width"] < table["interleaved"]["half_width"] / 5
+    assert table["duet"]["rounds"] == 200 and table["duet"]["processes"] == 2
