@@ -186,25 +186,35 @@ def planted_table(rows: list[dict]) -> list[dict]:
 
 # --------------------------------------------------------------------------- processes
 
-WORKER = r'''
-import gc, json, math, random, sys, time
+#: the start of every worker: argv[1] the row (finding, case, variant) as JSON, argv[2] the
+#: torch threads; its baseline's and variant's calls built from seed 0, first calls not made
+ROW_CALLS = r"""
+import gc, json, math, os, random, sys, time
 import torch
-import torch.utils.benchmark as tb
 torch.set_num_threads(int(sys.argv[2]))
 from harness import findings as registry
-from harness.measure.estimate import rounds_estimate
-from harness.measure.timing import CpuClock, Sampling, measure_interleaved
 finding_id, case_label, variant = json.loads(sys.argv[1])
 finding = registry.planned(registry.select([finding_id])[0], False)
 case = next(c for c in finding.cases(False) if c.label == case_label)
 inputs = finding.build(case, torch.device("cpu"), 0)
 calls = {"baseline": finding.make_call(finding.baseline, inputs),
          "variant": finding.make_call(variant, inputs)}
+"""
+
+#: the harness's own interleaved rounds of `calls`: argv[3] seconds of sampling, at most
+#: argv[4] rounds
+INTERLEAVED_ROUNDS = r"""
+from harness.measure.estimate import rounds_estimate
+from harness.measure.timing import CpuClock, Sampling, measure_interleaved
 ours = measure_interleaved(calls, CpuClock(), finding=finding_id, case=case_label,
                            reference="baseline",
                            sampling=Sampling(time_budget_s=float(sys.argv[3]), min_rounds=8,
-                                             max_rounds=400, sequential=False,
+                                             max_rounds=int(sys.argv[4]), sequential=False,
                                              seed=random.randrange(1 << 30)))
+"""
+
+WORKER = ROW_CALLS + INTERLEAVED_ROUNDS + r"""
+import torch.utils.benchmark as tb
 estimate = rounds_estimate(ours["variant"].samples, ours["baseline"].samples)
 empty = lambda: None
 timers = {name: tb.Timer("fn()", globals={"fn": fn}) for name, fn in
@@ -225,7 +235,7 @@ print(json.dumps({"log_ratio": estimate.log_ratio, "se": estimate.se,
                   "reference_corrected": corrected,
                   "reference_empty_s": reference["empty"],
                   "call_overhead_s": ours["variant"].call_overhead_s}))
-'''
+"""
 
 
 def processes(args) -> None:
@@ -238,7 +248,7 @@ def processes(args) -> None:
         if (row, index) in done_jobs:
             continue
         done = _python("-c", WORKER, json.dumps(row), str(args.threads), str(args.budget),
-                       timeout=600)
+                       "400", timeout=600)
         if done.returncode != 0:
             raise SystemExit(f"{row}: {done.stderr[-2000:]}")
         results.append({"row": list(row), "process": index,
@@ -433,18 +443,8 @@ DUET_ROWS = (
 
 #: a duet worker: pinned to one core, one torch thread, the row's calls built from seed 0;
 #: reads "name number" lines and answers the seconds per call of `number` calls of `name`
-DUET_WORKER = r"""
-import gc, json, os, sys, time
-import torch
-os.sched_setaffinity(0, {int(sys.argv[2])})
-torch.set_num_threads(1)
-from harness import findings as registry
-finding_id, case_label, variant = json.loads(sys.argv[1])
-finding = registry.planned(registry.select([finding_id])[0], False)
-case = next(c for c in finding.cases(False) if c.label == case_label)
-inputs = finding.build(case, torch.device("cpu"), 0)
-calls = {"baseline": finding.make_call(finding.baseline, inputs),
-         "variant": finding.make_call(variant, inputs)}
+DUET_WORKER = ROW_CALLS + r"""
+os.sched_setaffinity(0, {int(sys.argv[3])})
 def sample(fn, number):
     start = time.perf_counter()
     for _ in range(number):
@@ -465,24 +465,7 @@ for line in sys.stdin:
 """
 
 #: one interleaved process: the harness's own rounds, one thread, for the same seconds
-INTERLEAVED_WORKER = r"""
-import json, random, sys
-import torch
-torch.set_num_threads(1)
-from harness import findings as registry
-from harness.measure.estimate import rounds_estimate
-from harness.measure.timing import CpuClock, Sampling, measure_interleaved
-finding_id, case_label, variant = json.loads(sys.argv[1])
-finding = registry.planned(registry.select([finding_id])[0], False)
-case = next(c for c in finding.cases(False) if c.label == case_label)
-inputs = finding.build(case, torch.device("cpu"), 0)
-calls = {"baseline": finding.make_call(finding.baseline, inputs),
-         "variant": finding.make_call(variant, inputs)}
-ours = measure_interleaved(calls, CpuClock(), finding=finding_id, case=case_label,
-                           reference="baseline",
-                           sampling=Sampling(time_budget_s=float(sys.argv[2]), min_rounds=8,
-                                             max_rounds=100000, sequential=False,
-                                             seed=random.randrange(1 << 30)))
+INTERLEAVED_WORKER = ROW_CALLS + INTERLEAVED_ROUNDS + r"""
 print(json.dumps({"variant": ours["variant"].samples, "baseline": ours["baseline"].samples}))
 """
 
@@ -490,7 +473,7 @@ print(json.dumps({"variant": ours["variant"].samples, "baseline": ours["baseline
 def _duet_process(row: tuple, seconds: float) -> dict:
     """Two workers, one per core, for `seconds` of rounds: in round k the worker on core
     k % 2 samples the baseline and the other the variant, both at one signal."""
-    workers = [subprocess.Popen([sys.executable, "-c", DUET_WORKER, json.dumps(row), str(core)],
+    workers = [subprocess.Popen([sys.executable, "-c", DUET_WORKER, json.dumps(row), "1", str(core)],
                                 cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True) for core in (0, 1)]
     try:
@@ -532,8 +515,8 @@ def duet(args) -> None:
         if mode == "duet":
             samples = _duet_process(row, args.seconds)
         else:
-            done = _python("-c", INTERLEAVED_WORKER, json.dumps(row), str(args.seconds),
-                           timeout=600)
+            done = _python("-c", INTERLEAVED_WORKER, json.dumps(row), "1", str(args.seconds),
+                           "100000", timeout=600)
             if done.returncode != 0:
                 raise SystemExit(f"{row}: {done.stderr[-2000:]}")
             samples = json.loads(done.stdout.strip().splitlines()[-1])
