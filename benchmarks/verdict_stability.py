@@ -302,6 +302,13 @@ def _merge_gate(saved: list[dict], chunk: list[dict]) -> list[dict]:
     return list(by_condition.values())
 
 
+def _planted_count(counts: dict[str, int], slowdown: str) -> int:
+    """Gate runs saved for one planted slowdown ("1.10"), whose condition reads
+    "<target> 1.1x slower"."""
+    suffix = f" {float(slowdown):g}x slower"
+    return sum(n for condition, n in counts.items() if condition.endswith(suffix))
+
+
 def gate(args) -> None:
     """Gate runs in chunks (each a `harness.gate.quality` invocation), merged into
     gate-runs.json after each chunk: a stopped benchmark keeps every chunk it finished,
@@ -311,8 +318,11 @@ def gate(args) -> None:
         saved = _load(args.out, "gate-runs") or []
         counts = {s["condition"]: len(s["exit_codes"]) for s in saved}
         unchanged = max(0, args.runs - counts.get("unchanged", 0))
-        planted = max(0, args.planted_runs - min(
-            (n for c, n in counts.items() if c != "unchanged"), default=0))
+        # each slowdown asked for goes on to its own count (a second call may add slowdowns)
+        needed = {s: args.planted_runs - _planted_count(counts, s)
+                  for s in args.slowdowns.split(",")}
+        lacking = [s for s, n in needed.items() if n > 0]
+        planted = min((needed[s] for s in lacking), default=0)
         if not unchanged and not planted:
             return
         chunk = args.out / "gate-chunk.json"
@@ -320,7 +330,7 @@ def gate(args) -> None:
             [sys.executable, "-m", "harness.gate.quality", "--counters-runs", "0",
              "--invariant-runs", "0", "--ab-runs", str(min(unchanged, args.chunk)),
              "--ab-planted-runs", str(min(planted, args.planted_chunk)),
-             "--ab-slowdowns", args.slowdowns, "--json", str(chunk)],
+             "--ab-slowdowns", ",".join(lacking) or args.slowdowns, "--json", str(chunk)],
             cwd=REPO, text=True, stdout=subprocess.PIPE)
         if done.returncode != 0:
             raise SystemExit(f"harness.gate.quality failed ({done.returncode})")

@@ -48,6 +48,14 @@ def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
     assert "| scan 1.15x slower | at least 90% | 1 | 1 (100%) | 70 |" in table
 
 
+def test_a_second_gate_call_counts_each_slowdown_it_asks_for_on_its_own():
+    """Saved: 10 runs at 1.15x; a call asking 1.05 and 1.10 still has them all to run."""
+    counts = {"unchanged": 60, "scan 1.15x slower": 10, "scan 1.1x slower": 2}
+    assert vs._planted_count(counts, "1.15") == 10
+    assert vs._planted_count(counts, "1.10") == 2
+    assert vs._planted_count(counts, "1.05") == 0
+
+
 def test_every_table_says_what_to_run_when_nothing_was_measured(tmp_path):
     for kind in vs.TABLES:
         assert "not measured: run `" in vs.markdown(kind, tmp_path)
