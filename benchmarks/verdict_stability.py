@@ -309,6 +309,27 @@ def _planted_count(counts: dict[str, int], slowdown: str) -> int:
     return sum(n for condition, n in counts.items() if condition.endswith(suffix))
 
 
+def _gate_plan(counts: dict[str, int], runs: int, planted_runs: int,
+               slowdowns: str) -> tuple[int, int, list[str]]:
+    """What the next chunk still has to run, from the saved runs per condition: unchanged
+    runs, planted runs per slowdown, and the slowdowns short of `planted_runs` (each goes
+    on to its own count, so a second call may add slowdowns)."""
+    factors: dict[float, str] = {}
+    for text in slowdowns.split(","):
+        try:
+            factor = float(text)
+        except ValueError:
+            factor = math.nan
+        if not factor > 1:
+            raise SystemExit(f"--slowdowns: expected factors above 1, comma-separated; got "
+                             f"{text!r}")
+        factors.setdefault(factor, text)  # "1.1" and "1.10" are one condition
+    needed = {text: planted_runs - _planted_count(counts, text) for text in factors.values()}
+    lacking = [text for text, n in needed.items() if n > 0]
+    return (max(0, runs - counts.get("unchanged", 0)),
+            min((needed[text] for text in lacking), default=0), lacking)
+
+
 def gate(args) -> None:
     """Gate runs in chunks (each a `harness.gate.quality` invocation), merged into
     gate-runs.json after each chunk: a stopped benchmark keeps every chunk it finished,
@@ -317,12 +338,8 @@ def gate(args) -> None:
     for _ in range(max(args.runs, args.planted_runs)):
         saved = _load(args.out, "gate-runs") or []
         counts = {s["condition"]: len(s["exit_codes"]) for s in saved}
-        unchanged = max(0, args.runs - counts.get("unchanged", 0))
-        # each slowdown asked for goes on to its own count (a second call may add slowdowns)
-        needed = {s: args.planted_runs - _planted_count(counts, s)
-                  for s in args.slowdowns.split(",")}
-        lacking = [s for s, n in needed.items() if n > 0]
-        planted = min((needed[s] for s in lacking), default=0)
+        unchanged, planted, lacking = _gate_plan(counts, args.runs, args.planted_runs,
+                                                 args.slowdowns)
         if not unchanged and not planted:
             return
         chunk = args.out / "gate-chunk.json"
@@ -451,23 +468,27 @@ DUET_ROWS = (
     ("B4-DRL-03", "num_envs=4,max_steps=25,dones=episode", "mask"),
 )
 
-#: a duet worker: pinned to one core, one torch thread, the row's calls built from seed 0;
-#: reads "name number" lines and answers the seconds per call of `number` calls of `name`
-DUET_WORKER = ROW_CALLS + r"""
+#: a duet worker: pinned to CPU argv[3] before it loads anything, one torch thread, the
+#: row's calls built from seed 0; first prints each call's seconds (the fastest of 5
+#: samples of at least 1 ms), then reads "name number" lines and answers the seconds per
+#: call of `number` calls of `name`
+DUET_WORKER = r"""
+import os, sys
 os.sched_setaffinity(0, {int(sys.argv[3])})
+""" + ROW_CALLS + r"""
 def sample(fn, number):
     start = time.perf_counter()
     for _ in range(number):
         fn()
     return (time.perf_counter() - start) / number
-numbers = {}
-for name, fn in calls.items():  # first calls, then calls per sample for 1 ms, as the harness
+per_call = {}
+for name, fn in calls.items():
     fn(); fn()
     number = 1
     while sample(fn, number) * number < 1e-3 and number < 1 << 16:
         number *= 2
-    numbers[name] = number
-print(json.dumps(numbers), flush=True)
+    per_call[name] = min(sample(fn, number) for _ in range(5))
+print(json.dumps(per_call), flush=True)
 gc.disable()
 for line in sys.stdin:
     name, number = line.split()
@@ -480,15 +501,29 @@ print(json.dumps({"variant": ours["variant"].samples, "baseline": ours["baseline
 """
 
 
+def _answer(worker: subprocess.Popen) -> str:
+    """The worker's next line; a worker that died is an error, not an empty answer."""
+    line = worker.stdout.readline()
+    if not line:
+        raise SystemExit(f"duet: a worker exited ({worker.wait()}) before answering; its "
+                         "error is above")
+    return line
+
+
 def _duet_process(row: tuple, seconds: float) -> dict:
-    """Two workers, one per core, for `seconds` of rounds: in round k the worker on core
-    k % 2 samples the baseline and the other the variant, both at one signal."""
-    workers = [subprocess.Popen([sys.executable, "-c", DUET_WORKER, json.dumps(row), "1", str(core)],
-                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True) for core in (0, 1)]
+    """Two workers, one per CPU, for `seconds` of rounds: in round k the worker on the
+    first CPU samples the baseline when k is even and the variant when it is odd, the
+    other worker the other one, both at one signal. Each sample of either call lasts
+    about as long (the longer call, at least 1 ms), so neither runs a tail alone."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    workers = [subprocess.Popen([sys.executable, "-c", DUET_WORKER, json.dumps(row), "1",
+                                 str(cpu)], cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True) for cpu in cpus]
     try:
-        numbers = [json.loads(w.stdout.readline()) for w in workers]
-        number = {name: max(n[name] for n in numbers) for name in numbers[0]}
+        per_call = [json.loads(_answer(w)) for w in workers]
+        slowest = {name: max(p[name] for p in per_call) for name in per_call[0]}
+        length = max(1e-3, *slowest.values())
+        number = {name: max(1, round(length / t)) for name, t in slowest.items()}
         samples = {"baseline": [], "variant": []}
         started = time.perf_counter()
         k = 0
@@ -498,7 +533,7 @@ def _duet_process(row: tuple, seconds: float) -> dict:
                 worker.stdin.write(f"{name} {number[name]}\n")
                 worker.stdin.flush()
             for worker, name in zip(workers, roles):
-                samples[name].append(float(worker.stdout.readline()))
+                samples[name].append(float(_answer(worker)))
             k += 1
         return samples
     finally:
@@ -550,12 +585,12 @@ def duet_table(document: list[dict]) -> list[dict]:
             logs = [e.log_ratio for e in estimates]
             halves = [e.interval()[1] / e.ratio - 1 for e in estimates]
             spread = statistics.stdev(logs) if len(logs) > 1 else float("nan")
-            mean_se = statistics.fmean(e.se for e in estimates)
+            rms_se = math.sqrt(statistics.fmean(e.se ** 2 for e in estimates))
             out.append({"row": "/".join(row), "mode": mode, "processes": len(runs),
                         "rounds": statistics.median(len(r["variant"]) for r in runs),
                         "ratios": [math.exp(x) for x in logs],
                         "half_width": statistics.median(halves),
-                        "spread_over_se": spread / mean_se if mean_se > 0 else float("nan")})
+                        "spread_over_se": spread / rms_se if rms_se > 0 else float("nan")})
     return out
 
 

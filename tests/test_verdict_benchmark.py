@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import verdict_stability as vs
 
 
@@ -48,12 +50,17 @@ def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
     assert "| scan 1.15x slower | at least 90% | 1 | 1 (100%) | 70 |" in table
 
 
-def test_a_second_gate_call_counts_each_slowdown_it_asks_for_on_its_own():
-    """Saved: 10 runs at 1.15x; a call asking 1.05 and 1.10 still has them all to run."""
-    counts = {"unchanged": 60, "scan 1.15x slower": 10, "scan 1.1x slower": 2}
-    assert vs._planted_count(counts, "1.15") == 10
-    assert vs._planted_count(counts, "1.10") == 2
-    assert vs._planted_count(counts, "1.05") == 0
+def test_a_second_gate_call_goes_on_to_each_slowdowns_own_count():
+    """Saved: 60 unchanged runs, 10 at 1.15x, 1 at 1.10x; a second call asking 3 runs of
+    1.05, 1.10 (spelt twice) and 1.15 has 1.05 and 1.10 left (a chunk runs at most 2 of
+    each, the fewer runs either lacks) and no run of 1.15."""
+    counts = {"unchanged": 60, "scan 1.15x slower": 10, "scan 1.1x slower": 1}
+    assert vs._gate_plan(counts, 60, 3, "1.05,1.10,1.1,1.15") == (0, 2, ["1.05", "1.10"])
+    assert vs._gate_plan(counts, 62, 10, "1.15") == (2, 0, [])
+    assert vs._gate_plan({}, 6, 1, "1.15") == (6, 1, ["1.15"])
+    for bad in ("0.9", "x", ""):
+        with pytest.raises(SystemExit, match="--slowdowns"):
+            vs._gate_plan(counts, 60, 3, bad)
 
 
 def test_every_table_says_what_to_run_when_nothing_was_measured(tmp_path):
@@ -63,8 +70,9 @@ def test_every_table_says_what_to_run_when_nothing_was_measured(tmp_path):
 
 def test_duet_table_gives_each_modes_ratio_width_and_spread_against_its_errors():
     """Two processes of each mode: per-round ratios near 0.5 (interleaved, noisy) and near
-    0.8 (duet, quiet); the table reads each mode's ratios, and the duet's narrower interval
-    and spread in its own units."""
+    0.8 and 0.88 (duet, quiet, a 10% offset between its processes); the table reads each
+    mode's ratios, the duet's narrower interval, and its processes' spread, many of their
+    standard errors where the interleaved ones' is within a few."""
     import random
 
     rng = random.Random(0)
@@ -76,9 +84,10 @@ def test_duet_table_gives_each_modes_ratio_width_and_spread_against_its_errors()
                 "variant": [b * ratio * (1 + rng.gauss(0, noise)) for b in base]}
 
     document = [run("interleaved", 0, 0.5, 0.05), run("interleaved", 1, 0.5, 0.05),
-                run("duet", 0, 0.8, 0.005), run("duet", 1, 0.8, 0.005)]
+                run("duet", 0, 0.8, 0.005), run("duet", 1, 0.88, 0.005)]
     table = {r["mode"]: r for r in vs.duet_table(document)}
     assert [round(x, 2) for x in table["interleaved"]["ratios"]] == [0.5, 0.5]
-    assert [round(x, 2) for x in table["duet"]["ratios"]] == [0.8, 0.8]
+    assert [round(x, 2) for x in table["duet"]["ratios"]] == [0.8, 0.88]
+    assert table["duet"]["spread_over_se"] > 10 > 4 > table["interleaved"]["spread_over_se"]
     assert table["duet"]["half_width"] < table["interleaved"]["half_width"] / 5
     assert table["duet"]["rounds"] == 200 and table["duet"]["processes"] == 2

@@ -183,7 +183,11 @@ class Finding:
     """Round k of every variant does the same work (e.g. iteration k of trainers built from
     one seed, which follow one trajectory): one call per sample, no calibration, and each
     ratio's interval is taken over the per-round ratios, so that what changes from one
-    round to the next cancels out instead of widening the interval."""
+    round to the next cancels out instead of widening the interval. The placebo of a
+    paired finding runs on a second build of its own; every other finding's placebo calls
+    the baseline's code on the variants' inputs, so where calls advance state (an env that
+    trains, a batch iterator) their cost must not drift as calls accumulate, or the
+    finding is paired."""
     sample_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
     """(variant, inputs) -> numbers about the call just sampled, read outside the timed
     region (e.g. that iteration's seconds per phase). Each sample row keeps them; each

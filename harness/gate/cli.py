@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--findings", nargs="+", metavar="ID",
                    help="gated findings for the counters and A/B checks (default: those of "
                         "your findings modules; else counters: every gated built-in one, "
-                        "A/B: the findings modules' harness.Defaults.ab_findings, for the "
-                        "built-in ones B4-CR-03)")
+                        "A/B: the built-in module's harness.Defaults.ab_findings, "
+                        "B4-CR-03)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
                         "own findings; repeatable), after those named in pyproject.toml")

@@ -167,8 +167,9 @@ def plant_target() -> PlantTarget:
 
 def ab_options() -> gate_ab.ABOptions:
     """Check c's options as `python -m harness.gate --against HEAD` picks them in this
-    project (its findings: the findings modules' `Defaults.ab_findings`), so that the
-    rates measured are the gate's own."""
+    project (with no findings module named, the built-in `Defaults.ab_findings`), so
+    that the rates measured are the gate's own. Check c plants and times this
+    harness's own tree, so the options name no project's modules."""
     return gate_cli.ab_options(gate_cli.parse(["--against", "HEAD"]))[0]
 
 
@@ -197,7 +198,7 @@ def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
     with gate_ab.worktree(repo, commit) as unchanged, \
             tempfile.TemporaryDirectory(prefix="gate-quality-") as folder:
         conditions = [("unchanged", unchanged, runs, False)]
-        for factor in slowdowns:
+        for factor in slowdowns if planted_runs else ():
             tree = planted_copy(unchanged, Path(folder) / f"tree-{factor:g}", factor)
             conditions.append((f"{plant_target().key} {factor:g}x slower", tree, planted_runs,
                                True))

@@ -210,9 +210,11 @@ class ProcessNoise:
         (3e-8, 0.08), (2e-6, 0.02), (2e-4, 0.012), (2e-3, 0.004))
     """(seconds per call, standard deviation of the log ratio's offset), by seconds."""
     same_code_sd: float = 0.004
-    """The offset between two copies of the same code on copies of the same inputs (the
-    placebo): code placement is shared, so only data placement differs (measured: 0.1-0.6%
-    whatever the call's length)."""
+    """The offset between two calls of the same code (the placebo): code placement is
+    shared, and data placement too where the placebo shares the variants' inputs (every
+    finding but a paired one). Measured with the placebo on a copy of the inputs: 0.1-0.6%
+    whatever the call's length; kept as the bound for the shared case, whose offset is
+    smaller."""
 
     def __post_init__(self) -> None:
         points = self.anchors
