@@ -35,7 +35,7 @@ docs quote. Parts, in the order the docs give them:
 
 Run it on an idle machine: every part measures time. Measured on the 2-core development
 CPU: `repeat` takes about 2.3 minutes a run, `quick` 40 s a run, `planted` 3 minutes,
-`processes` about 12 minutes, `gate` about 85 s a gate run (six worker sessions, each
+`processes` about 12 minutes, `gate` 71-81 s a gate run (six worker sessions, each
 timing both trees' 24 B4-CR-03 cells and compiling the `compiled` GAE for each).
 """
 
@@ -356,12 +356,22 @@ def gate(args) -> None:
         chunk.unlink()
 
 
+def _slowdown(condition: str) -> float:
+    """1.0 for "unchanged", 1.15 for "scan 1.15x slower"."""
+    return 1.0 if condition == "unchanged" else float(condition.rsplit(" ", 2)[-2][:-1])
+
+
 def gate_table(document: list[dict]) -> list[dict]:
+    """Per condition, by planted slowdown (unchanged first): gate runs, how many failed the
+    gate, with the 95% Wilson interval of that rate, and the median seconds per run."""
+    from harness.measure.stats import wilson_interval
+
     out = []
-    for scenario in document:
+    for scenario in sorted(document, key=lambda s: _slowdown(s["condition"])):
         runs = len(scenario["exit_codes"])
         flagged = sum(code == 1 for code in scenario["exit_codes"])
         out.append({"condition": scenario["condition"], "runs": runs, "flagged": flagged,
+                    "rate_interval": wilson_interval(flagged, runs) if runs else None,
                     "seconds": statistics.median(scenario["seconds"]) if runs else None})
     return out
 
@@ -447,14 +457,16 @@ def _gate_table(folder: Path) -> list[str]:
     document = _load(folder, "gate-runs")
     if not document:
         return ["(not measured: run `gate`)"]
-    lines = ["| gate check c on | bar | gate runs | failed the gate | seconds per run |",
-             "|---|---|---|---|---|"]
+    lines = ["| gate check c on | bar | gate runs | failed the gate | 95% interval of the rate "
+             "| seconds per run |", "|---|---|---|---|---|---|"]
     for r in gate_table(document):
         bar = "at most 1 in 60" if "unchanged" in r["condition"] else (
             "at least 90%" if "1.15x" in r["condition"] else "-")
         seconds = f"{r['seconds']:.0f}" if r["seconds"] is not None else "-"
+        low, high = r["rate_interval"] or (math.nan, math.nan)
         lines.append(f"| {r['condition']} | {bar} | {r['runs']} | {r['flagged']} "
-                     f"({_pct(r['flagged'], r['runs'], 0)}) | {seconds} |")
+                     f"({_pct(r['flagged'], r['runs'], 0)}) | {100 * low:.0f}-{100 * high:.0f}% "
+                     f"| {seconds} |")
     return lines
 
 

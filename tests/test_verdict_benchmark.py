@@ -46,8 +46,12 @@ def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
     assert all(len(s["rows"]) == len(s["exit_codes"]) for s in merged)
     (tmp_path / "gate-runs.json").write_text(json.dumps(merged))
     table = vs.markdown("gate-power", tmp_path)
-    assert "| unchanged | at most 1 in 60 | 3 | 1 (33%) | 90 |" in table
-    assert "| scan 1.15x slower | at least 90% | 1 | 1 (100%) | 70 |" in table
+    assert "| unchanged | at most 1 in 60 | 3 | 1 (33%) | 6-79% | 90 |" in table
+    assert "| scan 1.15x slower | at least 90% | 1 | 1 (100%) | 21-100% | 70 |" in table
+    # by slowdown, unchanged first, whatever order the chunks saved them in
+    merged.append({**merged[1], "condition": "scan 1.05x slower"})
+    order = [r["condition"] for r in vs.gate_table(merged)]
+    assert order == ["unchanged", "scan 1.05x slower", "scan 1.15x slower"]
 
 
 def test_a_second_gate_call_goes_on_to_each_slowdowns_own_count():
