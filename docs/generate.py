@@ -27,7 +27,7 @@ Kinds:
   finding-list    every built-in finding with its ticket, variants and provenance, from the
                   registry (`harness.review`)
   targets         the GAE targets table of that run (`harness.review.gae_tools.targets`)
-  stability, planted, processes, gate-power, run-times
+  stability, planted, processes, gate-power, run-times, duet
                   the verdict benchmark's tables, from the reduced results committed in
                   benchmarks/results/ (`benchmarks/verdict_stability.py`)
 
@@ -181,7 +181,7 @@ KINDS = {
     "finding-list": _finding_list,
     "targets": _targets,
     **{kind: (lambda kind=kind: _benchmark(kind))
-       for kind in ("stability", "planted", "processes", "gate-power", "run-times")},
+       for kind in ("stability", "planted", "processes", "gate-power", "run-times", "duet")},
 }
 
 
