@@ -26,6 +26,16 @@ def test_stability_counts_changed_and_moved_words_between_consecutive_runs():
     assert s["moved_examples"] == ["A/n=1/x: faster -> slower"]
 
 
+def test_moved_rows_are_listed_in_row_order_whatever_the_hash_seed():
+    """The docs quote the list, and `docs/generate.py --check` compares it across
+    processes: it must not follow a set's hash-seeded order."""
+    names = [f"F{i}" for i in range(8)]
+    runs = [{"rows": [_row(n, "v", "faster") for n in reversed(names)]},
+            {"rows": [_row(n, "v", "slower") for n in names]}]
+    assert vs.stability(runs)["moved_examples"] == [
+        f"{n}/n=1/v: faster -> slower" for n in names]
+
+
 def test_placebos_count_words_of_placebo_rows_only():
     rows = [_row("A", "placebo", "same", placebo=True), _row("B", "placebo", "slower", 1.07, True),
             _row("C", "placebo", "inconclusive", placebo=True), _row("A", "x", "faster", 0.5)]
