@@ -302,11 +302,9 @@ def _merge_gate(saved: list[dict], chunk: list[dict]) -> list[dict]:
     return list(by_condition.values())
 
 
-def _planted_count(counts: dict[str, int], slowdown: str) -> int:
-    """Gate runs saved for one planted slowdown ("1.10"), whose condition reads
-    "<target> 1.1x slower"."""
-    suffix = f" {float(slowdown):g}x slower"
-    return sum(n for condition, n in counts.items() if condition.endswith(suffix))
+def _slowdown(condition: str) -> float:
+    """1.0 for "unchanged", 1.15 for "scan 1.15x slower"."""
+    return 1.0 if condition == "unchanged" else float(condition.rsplit(" ", 2)[-2][:-1])
 
 
 def _gate_plan(counts: dict[str, int], runs: int, planted_runs: int,
@@ -324,7 +322,8 @@ def _gate_plan(counts: dict[str, int], runs: int, planted_runs: int,
             raise SystemExit(f"--slowdowns: expected factors above 1, comma-separated; got "
                              f"{text!r}")
         factors.setdefault(factor, text)  # "1.1" and "1.10" are one condition
-    needed = {text: planted_runs - _planted_count(counts, text) for text in factors.values()}
+    saved = {_slowdown(condition): n for condition, n in counts.items()}
+    needed = {text: planted_runs - saved.get(factor, 0) for factor, text in factors.items()}
     lacking = [text for text, n in needed.items() if n > 0]
     return (max(0, runs - counts.get("unchanged", 0)),
             min((needed[text] for text in lacking), default=0), lacking)
@@ -354,11 +353,6 @@ def gate(args) -> None:
         print(done.stdout)
         _save(args.out, "gate-runs", _merge_gate(saved, json.loads(chunk.read_text())))
         chunk.unlink()
-
-
-def _slowdown(condition: str) -> float:
-    """1.0 for "unchanged", 1.15 for "scan 1.15x slower"."""
-    return 1.0 if condition == "unchanged" else float(condition.rsplit(" ", 2)[-2][:-1])
 
 
 def gate_table(document: list[dict]) -> list[dict]:
