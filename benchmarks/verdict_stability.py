@@ -11,6 +11,11 @@ docs quote. Parts, in the order the docs give them:
         run time;
     python benchmarks/verdict_stability.py quick --runs 3 OUT
         `--quick` runs, reports included: their run time;
+    python benchmarks/verdict_stability.py noise OUT
+        from `repeat`'s runs, the rows whose ratios move between runs more than their
+        intervals say, written to harness/review/between_runs.json (`--to`), where the
+        built-in findings read them: those rows' intervals carry that spread, and the
+        cells where it can change a word are measured in 2 processes (`--processes`);
     python benchmarks/verdict_stability.py planted OUT
         one run of benchmarks/planted_findings.py: a +10% planted slowdown should read
         slower, a +3% one never faster;
@@ -88,7 +93,7 @@ def _load(out: Path, name: str):
 
 #: the fields of a summary row the tables read (the rest is left out of the saved results)
 ROW_FIELDS = ("finding", "case", "variant", "verdict", "placebo", "headline", "ratio",
-              "ci_low", "ci_high", "status")
+              "ci_low", "ci_high", "status", "log_se", "process_sd", "processes")
 
 
 def _summary_rows(results: Path) -> list[dict]:
@@ -159,6 +164,80 @@ def placebos(runs: list[dict]) -> dict:
             "decisive_examples": [f"{r['finding']} {r['case']}: {r['verdict']} {r['ratio']:.3g} "
                                   f"[{r['ci_low']:.3g}-{r['ci_high']:.3g}]" for r in rows
                                   if r["verdict"] in ("faster", "slower")]}
+
+
+# ----------------------------------------------------------------------------- noise
+
+#: where the built-in findings read the rows measured to move between processes
+BETWEEN_RUNS = REPO / "harness" / "review" / "between_runs.json"
+#: a row is declared when its ratio's spread between runs exceeds its in-run standard
+#: error by this factor (10 runs estimate a standard deviation to about +-25%)
+EXCESS = 1.5
+#: how far (in between-run standard deviations) a row's ratio may wander either way:
+#: a cell whose rows can reach a word boundary that far is measured in more processes
+REACH = 2.0
+
+
+def between_runs(runs: list[dict], margin: float = 0.05, processes: int = 2) -> dict:
+    """finding -> case -> {"sd": {variant: sd}, "processes": n} from repeated default runs.
+
+    Per row (placebo rows aside): the spread of its log ratio across runs, as a robust
+    standard deviation (1.4826 times the median absolute deviation: one disturbed run, such
+    as a first run that read two rows 2-3x off, does not make it), against the in-run
+    standard error of one run (log units; from its interval where an older run did not
+    record it). Rows whose spread exceeds `EXCESS` times that error are
+    declared with that spread (scaled by the square root of the processes a run combined,
+    to one process's offset); a cell whose declared rows' median +- `REACH` spreads crosses
+    a word's boundary (1 + margin either way) gets `processes`.
+    """
+    logs: dict[tuple, list[float]] = {}
+    errors: dict[tuple, list[float]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            if row.get("placebo") or not row.get("ratio") or row.get("verdict") not in (
+                    *DECISIVE, "inconclusive"):
+                continue
+            key = (row["finding"], row["case"], row["variant"])
+            scale = math.sqrt(row.get("processes") or 1)
+            logs.setdefault(key, []).append(math.log(row["ratio"]))
+            se = row.get("log_se") or math.log(row["ci_high"] / row["ci_low"]) / 2 / 1.96
+            errors.setdefault(key, []).append(se * scale)
+    boundary = math.log(1 + margin)
+    table: dict[str, dict] = {}
+    for key in sorted(logs):
+        values = logs[key]
+        if len(values) < 5:
+            continue
+        centre = statistics.median(values)
+        spread = 1.4826 * statistics.median(abs(v - centre) for v in values)
+        error = math.sqrt(statistics.fmean(e * e for e in errors[key]))
+        if spread <= EXCESS * error:
+            continue
+        finding, case, variant = key
+        scale = math.sqrt(max(r.get("processes") or 1 for run in runs for r in run["rows"]
+                              if (r["finding"], r["case"], r["variant"]) == key))
+        cell = table.setdefault(finding, {}).setdefault(case, {"sd": {}, "processes": 1})
+        cell["sd"][variant] = round(spread * scale, 3)
+        if any(centre - REACH * spread < b < centre + REACH * spread
+               for b in (-boundary, boundary)):
+            cell["processes"] = processes
+    return table
+
+
+def noise(args) -> None:
+    """The rows of `repeat`'s runs whose ratios move between processes: written where the
+    built-in findings read them (`--to`)."""
+    runs = _load(args.out, "repeat")
+    if not runs:
+        raise SystemExit(f"noise: expected {args.out / 'repeat.json'} (run `repeat` first)")
+    document = {"measured": f"{len(runs)} default runs of one commit, one after the other "
+                            "(benchmarks/verdict_stability.py repeat)",
+                "findings": between_runs(runs, processes=args.processes)}
+    args.to.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    cells = [c for f in document["findings"].values() for c in f.values()]
+    print(f"{args.to}: {sum(len(c['sd']) for c in cells)} rows in {len(cells)} cells, "
+          f"{sum(c['processes'] > 1 for c in cells)} cells in {args.processes} processes",
+          file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- planted
@@ -632,7 +711,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     sub = p.add_subparsers(dest="part", required=True)
-    for name in ("repeat", "quick", "planted", "processes", "gate", "duet", "table"):
+    for name in ("repeat", "quick", "noise", "planted", "processes", "gate", "duet", "table"):
         part = sub.add_parser(name)
         part.add_argument("out", type=Path)
         if name in ("repeat", "quick", "planted"):
@@ -640,6 +719,10 @@ def main(argv=None) -> int:
                               help="more options for harness.run")
     sub.choices["repeat"].add_argument("--runs", type=int, default=10)
     sub.choices["quick"].add_argument("--runs", type=int, default=3)
+    sub.choices["noise"].add_argument("--to", type=Path, default=BETWEEN_RUNS)
+    sub.choices["noise"].add_argument("--processes", type=int, default=2,
+                                      help="processes for a cell whose words the noise can "
+                                           "change")
     sub.choices["processes"].add_argument("--processes", type=int, default=5)
     sub.choices["processes"].add_argument("--threads", type=int, default=2)
     sub.choices["processes"].add_argument("--budget", type=float, default=1.0)
@@ -654,7 +737,7 @@ def main(argv=None) -> int:
                                      help="gate runs per slowdown per saved chunk")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
-    {"repeat": repeat, "quick": quick, "planted": planted, "processes": processes, "gate": gate,
+    {"repeat": repeat, "quick": quick, "noise": noise, "planted": planted, "processes": processes, "gate": gate,
      "duet": duet, "table": table}[args.part](args)
     return 0
 

@@ -3,6 +3,7 @@
 The public API, for declaring findings of your own (see `harness.findings`)::
 
     from harness import Case, Finding, max_abs_difference, register
+    from harness import CaseNoise  # optional: a cell's measured noise between processes
     from harness import Defaults, PlantTarget, set_defaults  # optional: the commands' defaults
 
 A module of yours that calls `register` is measured by
@@ -17,7 +18,7 @@ import importlib
 from typing import Any
 
 #: the public names: frozen by tests/harness/test_public_api.py
-__all__ = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
+__all__ = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
            "set_defaults"]
 
 

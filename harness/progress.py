@@ -39,6 +39,13 @@ class Progress:
         if self._bar is not None:
             self._bar.set_description(label)
 
+    def note(self, text: str) -> None:
+        """Say what a long piece of work outside the steps is doing (one line)."""
+        if self._bar is not None:
+            self._bar.set_description(text)
+        else:
+            print(text, file=self.stream, flush=True)
+
     def step(self, label: str, detail: str = "") -> None:
         """One step done: advance the bar, or print `[ k/total] label: seconds (detail)`."""
         self.done += 1

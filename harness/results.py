@@ -83,7 +83,7 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "n": int, "median_s": float, "iqr_s": float, "first_call_s": float,
     "ratio": float, "ci_low": float, "ci_high": float, "ci_level": float, "speedup": float,
     "ci_halfwidth": float, "margin": float, "pvalue": float, "log_se": float, "df": float,
-    "process_sd": float, "rounds_to_decide": int, "max_error": float,
+    "process_sd": float, "processes": int, "process_note": str, "rounds_to_decide": int, "max_error": float,
     "op_calls": int, "host_syncs": int, "allocations": int, "allocated_bytes": int,
     "kernel_launches": int, "peak_bytes": int, "error": str, "reason": str,
 }
@@ -93,6 +93,7 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
 METADATA_FIELDS: dict[str, type] = {
     "status": str, "run_id": str, "created": str, "quick": bool, "seed": int,
     "time_budget_s": float, "precision": float, "margin": float, "placebo": str,
+    "processes": int,
     "profile": bool, "findings": list, "options": dict, "cells_total": int,
     "cells_done": int, "world_size": int, "device": str, "device_name": str,
     "cpu_model": str, "python": str, "torch": str, "cuda": str, "threads": int,

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from harness import explain, findings as registry
-from harness import options, ranks
+from harness import options, ranks, replica
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
 )
@@ -46,7 +46,8 @@ MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--
                        "time_budget": "--time-budget", "precision": "--precision",
                        "margin": "--margin", "placebo": "--placebo",
                        "no_profile": "--no-profile", "sources": "--sources",
-                       "seed": "--seed", "threads": "--threads"}
+                       "seed": "--seed", "threads": "--threads",
+                       "processes": "--processes"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the baseline is also timed against a second copy of itself, "
                         "the run's measured noise floor (default: each finding's headline "
                         "cell)")
+    p.add_argument("--processes", type=options.at_least(1), default=None, metavar="N",
+                   help="fresh processes for each cell whose ratios are known to move "
+                        "between processes (a finding's between_runs; B4-CR-03's largest "
+                        "cases): its budget shared out over N processes and their rounds "
+                        "combined (default: the count each such cell declares; 1: the run's "
+                        "own process only)")
     p.add_argument("--out", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
     p.add_argument("--resume", metavar="RUN",
@@ -194,12 +201,17 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
     if getattr(args, "sources", False) and args.no_profile:
         raise UsageError("--sources: expected with the profiling pass (it splits the counters "
                          "the profiler counts); got it with --no-profile")
+    processes = getattr(args, "processes", None)
+    if processes is not None and processes > registry.CaseNoise.MAX_PROCESSES:
+        raise UsageError(f"--processes: expected an integer from 1 to "
+                         f"{registry.CaseNoise.MAX_PROCESSES}; got {processes}")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
         min_samples=5 if args.quick else 8, precision=args.precision, margin=args.margin,
         placebo=args.placebo, profile=not args.no_profile,
         sources=bool(getattr(args, "sources", False)),
+        processes=processes,
     )
 
 
@@ -377,7 +389,7 @@ def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWr
     metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
                 "seed": options.seed, "time_budget_s": options.time_budget_s,
                 "precision": options.precision, "margin": options.margin,
-                "placebo": options.placebo,
+                "placebo": options.placebo, "processes": options.processes,
                 "process_noise": dataclasses.asdict(options.process_noise),
                 "profile": options.profile, "findings": [f.id for f in selected],
                 "finding_info": {f.id: finding_info(f, options) for f in selected},
@@ -491,6 +503,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
                    if launch.distributed else {})
     with Progress(len(mine), "cell") as progress:
+        replicas = _replicas(writer, selected, options, mine, launch, label, progress)
         for position, (finding_index, case_index) in enumerate(mine):
             finding = selected[finding_index]
             case = finding.cases(options.quick)[case_index]
@@ -499,7 +512,8 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                      if options.profile and case_index == 0 else None)
             try:
                 cell = CaseRun(finding, case, options,
-                               headline=case.label == headline_label(finding, options)).run(trace)
+                               headline=case.label == headline_label(finding, options),
+                               replicas=replicas.get((finding.id, case.label), ())).run(trace)
             except Exception as err:
                 if not launch.distributed:
                     raise
@@ -519,6 +533,27 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                     seconds=cell.seconds, **fingerprint, **extra))
             progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
     return None
+
+
+def _replicas(writer: RunWriter, selected, options: RunOptions, mine, launch: ranks.Launch,
+              label: str, progress: Progress) -> dict[tuple[str, str], list[dict]]:
+    """The cells of `mine` measured in more than one process (`RunOptions.cell_processes`),
+    measured first in their replica processes (`harness.replica`)."""
+    cells = []
+    for finding_index, case_index in mine:
+        finding = selected[finding_index]
+        case = finding.cases(options.quick)[case_index]
+        processes = options.cell_processes(finding, case)
+        if processes > 1:
+            cells.append((finding.id, case.label,
+                          case.label == headline_label(finding, options), processes))
+    if not cells:
+        return {}
+    modules = writer.metadata.get("options", {}).get("findings_module")
+    return replica.replicas_for(
+        cells, writer.folder,
+        lambda some: replica.ReplicaSpec.of(some, options, torch.get_num_threads(), modules),
+        label=f"rank{launch.rank}-" if launch.distributed else "", progress=progress.note)
 
 
 def _sources(finding, cell: CaseRun, options: RunOptions) -> dict[str, list[dict] | str]:

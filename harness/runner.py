@@ -22,7 +22,7 @@ import math
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from harness.findings import PLACEBO, Case, Finding
 from harness.measure.decision import (
     DEFAULT_MARGIN, Word, claim_word, decide, lean, rounds_to_decide, word_p_value,
 )
-from harness.measure.estimate import ProcessNoise, rounds_estimate
+from harness.measure.estimate import ProcessNoise, paired_estimate
 from harness.measure.stats import Verdict, paired_difference_ci
 from harness.measure.timing import (
     Measurement, Sampling, VariantError, make_clock, measure_interleaved,
@@ -78,23 +78,48 @@ class RunOptions:
     """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
     None: no bandwidth floor in the rows."""
 
-    def sampling(self, finding: Finding) -> Sampling:
-        """The sampling of `finding`'s cells under these options."""
+    processes: int | None = None
+    """Fresh processes for each cell a finding declares noisy between processes
+    (`Finding.between_runs`); None: the count each such cell declares. Other cells are
+    measured in the run's own process only."""
+
+    def cell_processes(self, finding: Finding, case: Case) -> int:
+        """How many fresh processes measure `finding` at `case` (1: the run's own only)."""
+        noise = finding.between_runs.get(case.label)
+        if noise is None:
+            return 1
+        return noise.processes if self.processes is None else self.processes
+
+    def sampling(self, finding: Finding, case: Case | None = None) -> Sampling:
+        """The sampling of `finding`'s cells under these options; at `case`, its budget is
+        shared out over the cell's processes and its declared noise is in the stop rule."""
+        shares = 1 if case is None else self.cell_processes(finding, case)
+        declared = {} if case is None else self.declared_sd(finding, case)
         return Sampling(
-            time_budget_s=self.time_budget_s * finding.budget_factor,
+            time_budget_s=self.time_budget_s * finding.budget_factor / shares,
             min_rounds=self.min_samples, max_rounds=self.max_samples,
             # paired: every variant makes the same calls, one per sample
             min_sample_time=None if finding.paired else 1e-3,
             warmup_budget_s=math.inf if finding.paired else 0.1,
             sequential=self.precision > 0, precision=self.precision,
             margin=finding.margin or self.margin, seed=self.seed, paired=finding.paired,
-            process_sd=self.process_sd)
+            process_sd=lambda variant, seconds: self.process_sd(variant, seconds, declared))
 
-    def process_sd(self, variant: str, seconds: float) -> float:
-        """The per-process offset (log units) of `variant`'s ratio for calls of `seconds`
-        (the placebo runs the baseline's own code: `ProcessNoise.same_code_sd`)."""
+    @staticmethod
+    def declared_sd(finding: Finding, case: Case) -> dict[str, float]:
+        """variant -> the measured offset between processes `finding` declares at `case`."""
+        noise = finding.between_runs.get(case.label)
+        return {} if noise is None else dict(noise.sd)
+
+    def process_sd(self, variant: str, seconds: float,
+                   declared: dict[str, float] | None = None) -> float:
+        """The per-process offset (log units) of `variant`'s ratio for calls of `seconds`:
+        the model's, or the one the finding measured for the cell (`declared`) where that
+        is larger (the placebo runs the baseline's own code: `ProcessNoise.same_code_sd`)."""
         noise = self.process_noise
-        return noise.same_code_sd if variant == PLACEBO else noise(seconds)
+        if variant == PLACEBO:
+            return noise.same_code_sd
+        return max(noise(seconds), (declared or {}).get(variant, 0.0))
 
 
 def describe_error(err: BaseException) -> str:
@@ -110,9 +135,13 @@ class CaseRun:
     """Everything measured for one finding x case; `summary` and `samples` are the rows."""
 
     def __init__(self, finding: Finding, case: Case, options: RunOptions,
-                 headline: bool = False) -> None:
+                 headline: bool = False, replicas: Sequence[dict] = ()) -> None:
         self.finding, self.case, self.options = finding, case, options
         self.headline = headline
+        self.replicas = tuple(replicas)
+        """This cell as other fresh processes measured it (`harness.replica`), each
+        `{"samples": {variant: [seconds per call, one per round]}}` or `{"error": why}`:
+        combined with this process's rounds into each ratio."""
         """Whether this is the finding's headline case (`Finding.headline_case`)."""
         placebo = options.placebo == "all" or (headline and options.placebo == "headline")
         self.variants: tuple[str, ...] = finding.variants + ((PLACEBO,) if placebo else ())
@@ -265,7 +294,7 @@ class CaseRun:
         f = self.finding
         while self._active():
             calls = {v: self._call(v) for v in self._active()}
-            sampling = self.options.sampling(f)
+            sampling = self.options.sampling(f, self.case)
             if PLACEBO in calls and len(calls) > 1:  # the placebo brings its own share
                 own = len(calls) - 1
                 sampling = dataclasses.replace(
@@ -355,17 +384,37 @@ class CaseRun:
                     cell["reason"] = (f"stands in for the baseline {self.finding.baseline}, "
                                       "not timed in this case")
                 continue
-            cell.update(self._words(m, base, variant))
+            cell.update(self._words(m, base, variant, reference))
         self._compare_sample_metrics(reference, timed)
 
-    def _words(self, m: Measurement, base: Measurement, variant: str) -> dict:
+    def _processes(self, variant: str, reference: str) -> tuple[list[tuple], list[str]]:
+        """`(variant samples, reference samples)` of each other process that timed both,
+        paired by round, and why any other process adds nothing."""
+        paired, missing = [], []
+        for index, replica in enumerate(self.replicas, start=2):
+            samples = replica.get("samples", {})
+            if "error" in replica:
+                missing.append(f"process {index}: {replica['error']}")
+            elif variant in samples and reference in samples:
+                own = samples[variant]
+                paired.append((own, samples[reference][:len(own)]))
+            else:
+                why = replica.get("failed", {}).get(variant) or replica.get("failed", {}).get(
+                    reference) or "not timed there"
+                missing.append(f"process {index}: {why}")
+        return paired, missing
+
+    def _words(self, m: Measurement, base: Measurement, variant: str, reference: str) -> dict:
         """The ratio of `m` to `base` over the rounds `m` was sampled in (a variant that
-        stopped early is compared with the baseline's samples of the same rounds), its
-        interval at the level its checks used, its word and, for a claim that states a
-        factor, the claim's word."""
+        stopped early is compared with the baseline's samples of the same rounds), combined
+        with the cell's other processes where it has any, its interval at the level its
+        checks used, its word and, for a claim that states a factor, the claim's word."""
         margin = self.finding.margin or self.options.margin
-        process_sd = self.options.process_sd(variant, min(m.median, base.median))
-        estimate = rounds_estimate(m.samples, base.samples[:m.n], process_sd=process_sd)
+        process_sd = self.options.process_sd(variant, min(m.median, base.median),
+                                              self.options.declared_sd(self.finding, self.case))
+        others, missing = self._processes(variant, reference)
+        estimate = paired_estimate([(m.samples, base.samples[:m.n]), *others],
+                                   process_sd=process_sd)
         low, high = estimate.interval(m.confidence)
         word = decide(low, high, margin)
         fields = dict(ratio=estimate.ratio, ci_low=low, ci_high=high, ci_level=m.confidence,
@@ -373,7 +422,10 @@ class CaseRun:
                       ci_halfwidth=(high - low) / 2.0 / estimate.ratio,
                       verdict=Verdict(word.value), margin=margin, interval="paired",
                       log_se=estimate.se, df=estimate.df, process_sd=process_sd,
+                      processes=estimate.processes,
                       pvalue=word_p_value(estimate, word, margin))
+        if missing:
+            fields["process_note"] = "; ".join(missing)
         if word is Word.INCONCLUSIVE:
             fields.update(lean=lean(estimate.ratio, margin).value,
                           rounds_to_decide=rounds_to_decide(estimate, m.confidence, margin))

@@ -16,7 +16,7 @@ from harness import Case, Finding, max_abs_difference, register
 from harness import findings as registry
 
 #: what a user may import from `harness`; changing it breaks their finding modules
-PUBLIC_NAMES = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
+PUBLIC_NAMES = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
                 "set_defaults"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
@@ -24,7 +24,8 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "margin",
                   "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
                   "long", "duration_s",
-                  "ticket", "reviewed", "fix", "premise", "ours", "notes", "gated")
+                  "ticket", "reviewed", "fix", "premise", "ours", "notes", "gated",
+                  "between_runs")
 
 
 def test_the_public_names_are_frozen_and_are_the_registry_s_own():

@@ -11,6 +11,7 @@ from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.copies import copies_metric
 from harness.review.findings.trainer_size import nearest_trainer_size
+from harness.review.findings.measured_noise import between_runs
 
 VARIANTS = ("per_tensor", "flat")
 STATE_DIM, HIDDEN = 218, 128
@@ -90,6 +91,7 @@ def batch_difference(output: dict, reference: dict) -> float:
 
 register(Finding(
     id="AUDIT-1.3-batched-transfer",
+    between_runs=between_runs("AUDIT-1.3-batched-transfer"),
     title="get_batched_sequences to the device: one .to() per tensor vs one flat copy",
     claim="The dictionary comprehension pattern with 20+ .to() calls may not be optimal ... "
           "If ever called in a tight loop, consider batching transfers or using pinned memory",

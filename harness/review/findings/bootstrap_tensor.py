@@ -15,6 +15,7 @@ from esper.training.trainer import TrainConfig
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.copies import copies_metric
 from harness.review.findings.trainer_size import nearest_trainer_size
+from harness.review.findings.measured_noise import between_runs
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -80,6 +81,7 @@ def _extra(variant: str, inputs: dict) -> dict[str, float]:
 
 register(Finding(
     id="H4-bootstrap-tensor",
+    between_runs=between_runs("H4-bootstrap-tensor"),
     title="Bootstrap values at an episode's end: per env a new tensor, a batch-1 forward and "
           "a read vs a pre-allocated state buffer vs one packed forward",
     claim="For truncated episodes (every episode ends truncated), this creates a new tensor "

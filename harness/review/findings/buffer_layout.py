@@ -10,6 +10,7 @@ import torch
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from harness.findings import Case, Finding, max_abs_difference, register
 from harness.review.findings.trainer_size import nearest_trainer_size
+from harness.review.findings.measured_noise import between_runs
 
 VARIANTS = ("env_major", "time_major")
 STATE_DIM, HIDDEN, LAYERS = 218, 128, 1
@@ -128,6 +129,7 @@ def _difference(output, reference) -> float:
 
 register(Finding(
     id="AUDIT-4.3-buffer-layout",
+    between_runs=between_runs("AUDIT-4.3-buffer-layout"),
     title="Buffer layout: env-major [num_envs, max_steps, ...] vs time-major [max_steps, num_envs, ...]",
     claim="the [num_envs, max_steps, ...] layout ... for batched network evaluation in "
           "get_batched_sequences ... may not be the most cache-friendly layout; consider "

@@ -11,6 +11,7 @@ from harness.review.findings import peers
 from harness.measure.bandwidth import gae_min_bytes
 from harness.findings import Case, Finding, register
 from harness.review.findings.trainer_size import nearest_trainer_size
+from harness.review.findings.measured_noise import between_runs
 
 GAMMA, LAMBDA = 0.995, 0.98
 #: the per-env Python loop costs ~40-50 us per step on a CPU: skip it past ~0.5 s a call
@@ -123,6 +124,7 @@ def _skip(variant: str, case: Case, device: torch.device,
 
 register(Finding(
     id="B4-CR-03",
+    between_runs=between_runs("B4-CR-03"),
     title="GAE: per-env Python loop vs vectorized methods",
     claim="GAE computation uses O(envs * steps) Python loop - could be ~4x faster with "
           "tensor operations",

@@ -17,6 +17,7 @@ from harness.findings import Case, Finding, register
 from harness.review.findings.copies import copies_metric
 from harness.review.findings.inference_mode import germinate
 from harness.review.findings.trainer_size import nearest_trainer_size
+from harness.review.findings.measured_noise import between_runs
 
 #: a small host: the envs are only asked for their masks, never trained
 _HOST = EnvConfig(train_batches=1, batch_size=8, val_size=8)
@@ -62,6 +63,7 @@ def masks_difference(output: dict, reference: dict) -> float:
 
 register(Finding(
     id="H5-mask-stacking",
+    between_runs=between_runs("H5-mask-stacking"),
     title="A step's action masks: built on the device and stacked per head vs copied row by "
           "row into pre-allocated tensors vs one packed transfer",
     claim="This creates intermediate lists and stacks tensors inside a dict comprehension "

@@ -1,0 +1,184 @@
+"""A replica: cells of a run measured again in a fresh process, for their ratios' sake.
+
+Some ratios move from one fresh process to the next by more than rounds inside one
+process can see (measured: a finding declares such cells in `Finding.between_runs`). The
+run measures each of them in its own process and in `processes - 1` replicas, each a
+fresh `python -m harness.replica` with the run's options, the cell's sampling budget
+shared out between them; `harness.runner.CaseRun` then combines every process's paired
+rounds (`harness.measure.estimate.paired_estimate`).
+
+One replica measures every such cell of the run in one process (one torch start and one
+set of first compilations), before the run measures its own share. Its output is kept
+in the run folder (`replicas/`), written atomically as soon as it is measured, so a
+resumed run measures only what is missing. A replica that fails costs its cells only
+their extra processes: each row says so in `process_note`.
+
+Input: one JSON argument (`ReplicaSpec`). Output: one JSON object on stdout,
+`{"cells": [{"finding", "case", "samples": {variant: [seconds, ...]}, "failed":
+{variant: error}}]}` (samples: one per round, in round order), or a cell with `"error"`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: the folder of a run that holds its replicas' output
+FOLDER = "replicas"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What one replica process measures, and how (the run's own options)."""
+
+    cells: tuple[tuple[str, str, bool], ...]
+    """(finding id, case label, headline) of each cell, in the run's order."""
+    findings_modules: tuple[str, ...] = ()
+    device: str = "cpu"
+    quick: bool = False
+    seed: int = 0
+    time_budget_s: float = 1.0
+    min_samples: int = 8
+    max_samples: int = 200
+    margin: float = 0.05
+    precision: float = 0.03
+    placebo: str = "headline"
+    processes: int | None = None
+    threads: int = 1
+    parent: int | None = None
+    """The run's pid: the replica stops when that process is gone."""
+
+    @classmethod
+    def of(cls, cells: Sequence[tuple[str, str, bool]], options, threads: int,
+           findings_modules: Sequence[str] | None) -> "ReplicaSpec":
+        """The replica of `cells` under `options` (`harness.runner.RunOptions`)."""
+        return cls(cells=tuple(tuple(c) for c in cells),
+                   findings_modules=tuple(findings_modules or ()), device=str(options.device),
+                   quick=options.quick, seed=options.seed, time_budget_s=options.time_budget_s,
+                   min_samples=options.min_samples, max_samples=options.max_samples,
+                   margin=options.margin, precision=options.precision,
+                   placebo=options.placebo, processes=options.processes, threads=threads,
+                   parent=os.getpid())
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """No replica outlives the run that started it, even one killed outright: on Linux
+    the kernel kills this process when its parent dies (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        sys.exit(f"the run that started this replica (pid {parent}) is gone")
+
+
+def measure(spec: ReplicaSpec) -> dict:
+    """In the replica process: each cell of `spec` measured as the run measures it, without
+    the profiling pass. Returns the output document (module docstring)."""
+    import torch
+
+    from harness import findings as registry
+    from harness.measure.timing import pinned_threads
+    from harness.runner import CaseRun, RunOptions
+
+    for module in spec.findings_modules:
+        registry.load_findings_module(module)
+    options = RunOptions(
+        device=torch.device(spec.device), quick=spec.quick, seed=spec.seed,
+        time_budget_s=spec.time_budget_s, min_samples=spec.min_samples,
+        max_samples=spec.max_samples, margin=spec.margin, precision=spec.precision,
+        placebo=spec.placebo, processes=spec.processes, profile=False)
+    cells = []
+    with pinned_threads(spec.threads):
+        for finding_id, label, headline in spec.cells:
+            entry = {"finding": finding_id, "case": label}
+            try:
+                finding = registry.planned(registry.select([finding_id])[0], spec.quick)
+                case = next(c for c in finding.cases(spec.quick) if c.label == label)
+                cell = CaseRun(finding, case, options, headline=headline).run()
+            except Exception as err:  # one cell that cannot run is that cell's, said
+                entry["error"] = f"{type(err).__name__}: {err}"
+            else:
+                entry["samples"] = {v: list(m.samples) for v, m in cell.measurements.items()}
+                entry["failed"] = {v: row.get("error") or row.get("reason") or row["status"]
+                                   for v, row in cell.cells.items()
+                                   if v not in cell.measurements and row.get("status")}
+            cells.append(entry)
+    return {"cells": cells}
+
+
+def run_replica(spec: ReplicaSpec, path: Path) -> dict[tuple[str, str], dict]:
+    """Start one replica of `spec`, wait for it, and keep its output at `path` (atomic).
+    Returns (finding id, case label) -> that cell's entry; where the replica itself failed,
+    every cell's entry is `{"error": why}`."""
+    from harness.exits import run_group
+    from harness.ranks import solo_environment
+    from harness.results import atomic_write_text
+
+    done = run_group([sys.executable, "-m", "harness.replica",
+                      json.dumps(dataclasses.asdict(spec))], env=solo_environment())
+    try:
+        if done.returncode != 0:
+            raise ValueError(f"exited with {done.returncode}")
+        document = json.loads(done.stdout)
+        cells = document["cells"]
+    except (ValueError, KeyError, TypeError) as err:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        why = f"the replica process failed ({err}: {tail[0]})"
+        cells = [{"finding": f, "case": c, "error": why} for f, c, _ in spec.cells]
+        document = {"cells": cells}
+    atomic_write_text(path, json.dumps(document))
+    return {(c["finding"], c["case"]): c for c in cells}
+
+
+def load_replica(path: Path) -> dict[tuple[str, str], dict]:
+    """A replica's kept output, as `run_replica` returns it; {} where none is readable."""
+    try:
+        cells = json.loads(Path(path).read_text())["cells"]
+        return {(c["finding"], c["case"]): c for c in cells}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def replicas_for(cells: Sequence[tuple[str, str, bool, int]], folder: Path, spec_of: Callable,
+                 label: str = "", progress: Callable[[str], None] | None = None
+                 ) -> dict[tuple[str, str], list[dict]]:
+    """The replicas of a run's cells (finding id, case label, headline, processes): replica
+    k (k = 1, 2, ...) measures the cells with more than k processes, unless `folder`
+    already holds its output for all of them (a resumed run). `spec_of(cells)` is the
+    spec of a replica of those cells; `label` tells ranks apart in file names. Returns
+    (finding id, case label) -> each replica's entry for that cell, in replica order."""
+    found: dict[tuple[str, str], list[dict]] = {(f, c): [] for f, c, _, _ in cells}
+    rounds = max((p for *_, p in cells), default=1)
+    for k in range(1, rounds):
+        mine = [(f, c, h) for f, c, h, p in cells if p > k]
+        path = Path(folder) / FOLDER / f"{label}replica{k}.json"
+        kept = load_replica(path)
+        if not all((f, c) in kept for f, c, _ in mine):
+            if progress is not None:
+                progress(f"replica {k} of {rounds - 1}: {len(mine)} cells in a fresh process")
+            kept = run_replica(spec_of(mine), path)
+        for f, c, _ in mine:
+            found[(f, c)].append(kept.get((f, c), {"error": "not measured by the replica"}))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m harness.replica SPEC_JSON", file=sys.stderr)
+        return 2
+    raw = json.loads(argv[0])
+    spec = ReplicaSpec(**{**raw, "cells": tuple(tuple(c) for c in raw["cells"])})
+    _die_with_parent(spec.parent)
+    print(json.dumps(measure(spec)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
