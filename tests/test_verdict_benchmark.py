@@ -105,3 +105,55 @@ def test_duet_table_gives_each_modes_ratio_width_and_spread_against_its_errors()
     assert table["duet"]["spread_over_se"] > 10 > 4 > table["interleaved"]["spread_over_se"]
     assert table["duet"]["half_width"] < table["interleaved"]["half_width"] / 5
     assert table["duet"]["rounds"] == 200 and table["duet"]["processes"] == 2
+
+
+def _noisy_runs(ratios: dict[str, list[float]], halfwidth: float = 0.02) -> list[dict]:
+    """Runs whose row `variant` read ratios[variant][k] in run k, each +-`halfwidth`."""
+    count = len(next(iter(ratios.values())))
+    return [{"rows": [{**_row("F", v, "inconclusive", r[k]), "ci_low": r[k] * (1 - halfwidth),
+                       "ci_high": r[k] * (1 + halfwidth)} for v, r in ratios.items()]}
+            for k in range(count)]
+
+
+def test_between_runs_declares_rows_that_move_more_than_their_intervals_say():
+    steady = [1.50, 1.51, 1.49, 1.50, 1.52, 1.48, 1.50, 1.51, 1.49, 1.50]
+    # one disturbed run (the first) reads 3x: a robust spread does not declare the row
+    disturbed = [4.5, *steady[1:]]
+    # moving 10% between runs around 0.97, within reach of the 0.952 boundary
+    moving = [0.97 * f for f in (0.9, 1.1, 1.0, 0.85, 1.15, 1.05, 0.95, 1.0, 0.9, 1.1)]
+    # moving as much, but far from every boundary: declared, left to one process
+    far = [0.3 * f for f in (0.9, 1.1, 1.0, 0.85, 1.15, 1.05, 0.95, 1.0, 0.9, 1.1)]
+    table = vs.between_runs(_noisy_runs({"steady": steady, "disturbed": disturbed,
+                                         "moving": moving}))
+    assert list(table["F"]["n=1"]["sd"]) == ["moving"]
+    assert 0.07 < table["F"]["n=1"]["sd"]["moving"] < 0.15
+    assert table["F"]["n=1"]["processes"] == 2
+    far_table = vs.between_runs(_noisy_runs({"far": far}))
+    assert far_table["F"]["n=1"]["processes"] == 1 and "far" in far_table["F"]["n=1"]["sd"]
+    assert vs.between_runs(_noisy_runs({"moving": moving[:4]})) == {}  # too few runs
+
+
+def test_a_row_combined_over_processes_is_declared_at_one_process_s_spread():
+    moving = [0.97 * f for f in (0.9, 1.1, 1.0, 0.85, 1.15, 1.05, 0.95, 1.0, 0.9, 1.1)]
+    one = vs.between_runs(_noisy_runs({"moving": moving}, halfwidth=0.005))
+    runs = _noisy_runs({"moving": moving}, halfwidth=0.005)
+    for run in runs:
+        run["rows"][0]["processes"] = 4
+    four = vs.between_runs(runs)
+    assert four["F"]["n=1"]["sd"]["moving"] == pytest.approx(
+        2 * one["F"]["n=1"]["sd"]["moving"], abs=2e-3)
+
+
+def test_the_committed_between_runs_table_is_what_the_built_in_findings_declare():
+    from harness import findings as registry
+    from harness.review.findings.measured_noise import BETWEEN_RUNS
+
+    registry.select(None)
+    table = json.loads(BETWEEN_RUNS.read_text())["findings"]
+    assert table, "between_runs.json lists no cells"
+    for finding_id, cells in table.items():
+        declared = registry.FINDINGS[finding_id].between_runs
+        assert {label: (dict(n.sd), n.processes) for label, n in declared.items()} == {
+            label: (cell["sd"], cell["processes"]) for label, cell in cells.items()}
+        labels = {c.label for c in registry.FINDINGS[finding_id].cases(False)}
+        assert set(cells) <= labels, f"{finding_id}: cells that are no default case"

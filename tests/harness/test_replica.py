@@ -1,0 +1,178 @@
+"""Cells measured in more than one fresh process: `Finding.between_runs`, the replica
+processes (`harness.replica`) and how the runner combines their rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from harness import findings as registry
+from harness.findings import Case, CaseNoise, Finding
+from harness.measure.estimate import ProcessNoise, paired_estimate
+from harness.replica import ReplicaSpec, load_replica, replicas_for, run_replica
+from harness.results import load_run
+from harness.run import main
+from harness.runner import CaseRun, RunOptions
+
+MODULE = "tests.findings_modules.noisy_cells"
+
+
+def _finding(**changes) -> Finding:
+    fields = dict(
+        id="NOISE-unit", title="t", claim="c", variants=("sum", "double"), baseline="sum",
+        cases=lambda quick: [Case.of(n=4096)],
+        build=lambda case, device, seed: torch.arange(case["n"], dtype=torch.float64),
+        make_call=lambda v, x: (lambda: x.sum()) if v == "sum" else (lambda: (x + x).sum() / 2),
+        check=registry.max_abs_difference)
+    return Finding(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("table, field", [
+    ({"n=4096": {"sd": {"triple": 0.1}}}, "between_runs['n=4096'].sd"),
+    ({"n=4096": {"sd": {"double": 1.5}}}, "between_runs['n=4096'].sd['double']"),
+    ({"n=4096": {"sd": {"double": float("nan")}}}, "between_runs['n=4096'].sd['double']"),
+    ({"n=4096": {"sd": {}, "processes": 0}}, "between_runs['n=4096'].processes"),
+    ({"n=4096": {"sd": {}, "processes": 9}}, "between_runs['n=4096'].processes"),
+    ({"n=4096": {"sd": {}, "processes": True}}, "between_runs['n=4096'].processes"),
+    ({"n=4096": {"sd": {}, "spread": 2}}, "between_runs['n=4096']"),
+    ({"n=4096": 0.1}, "between_runs['n=4096']"),
+    ([("n=4096", 0.1)], "between_runs"),
+])
+def test_a_bad_between_runs_declaration_fails_at_registration_naming_the_field(table, field):
+    with pytest.raises(ValueError) as caught:
+        _finding(between_runs=table)
+    assert f"'NOISE-unit': {field}: expected" in str(caught.value)
+
+
+def test_a_between_runs_dict_becomes_case_noise():
+    finding = _finding(between_runs={"n=4096": {"sd": {"double": 0.1}, "processes": 3}})
+    assert finding.between_runs == {"n=4096": CaseNoise({"double": 0.1}, 3)}
+
+
+def test_run_options_share_the_budget_and_carry_the_declared_spread():
+    finding = _finding(between_runs={"n=4096": CaseNoise({"double": 0.2}, processes=2)})
+    noisy, quiet = Case.of(n=4096), Case.of(n=64)
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=1.0)
+    assert options.cell_processes(finding, noisy) == 2
+    assert options.cell_processes(finding, quiet) == 1
+    assert dataclasses.replace(options, processes=1).cell_processes(finding, noisy) == 1
+    assert dataclasses.replace(options, processes=4).cell_processes(finding, quiet) == 1
+    assert options.sampling(finding, noisy).time_budget_s == pytest.approx(0.5)
+    assert options.sampling(finding, quiet).time_budget_s == pytest.approx(1.0)
+    model = ProcessNoise()(1e-5)
+    sampling = options.sampling(finding, noisy)
+    assert sampling.process_sd("double", 1e-5) == 0.2  # declared, above the model
+    assert sampling.process_sd("sum", 1e-5) == model  # not declared: the model
+    assert options.sampling(finding, quiet).process_sd("double", 1e-5) == model
+
+
+def _replica_of(cell: CaseRun, scale: float) -> dict:
+    """A second process's rounds of `cell`: its own samples with the variant `scale`x
+    slower, standing in for a replica process (whose real run the tests below make)."""
+    samples = {v: list(m.samples) for v, m in cell.measurements.items()}
+    samples["double"] = [s * scale for s in samples["double"]]
+    return {"samples": samples}
+
+
+def test_the_runner_combines_its_rounds_with_the_replicas_two_level(one_thread):
+    finding = _finding(between_runs={"n=4096": CaseNoise({"double": 0.2}, processes=2)})
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.1, min_samples=5,
+                         profile=False, placebo="none")
+    alone = CaseRun(finding, Case.of(n=4096), options).run()
+    replica = _replica_of(alone, 1.3)
+    cell = CaseRun(finding, Case.of(n=4096), options, replicas=[replica]).run()
+    (row,) = [r for r in cell.summary if r["variant"] == "double"]
+    own = (cell.measurements["double"].samples,
+           cell.measurements["sum"].samples[:cell.measurements["double"].n])
+    other = (replica["samples"]["double"], replica["samples"]["sum"][:len(replica["samples"]["double"])])
+    expected = paired_estimate([own, other], process_sd=0.2)
+    assert row["processes"] == 2 and row["process_sd"] == 0.2
+    assert row["ratio"] == pytest.approx(expected.ratio)
+    low, high = expected.interval(row["ci_level"])
+    assert (row["ci_low"], row["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    # the replica read the variant 30% slower: the combined ratio lies between the two
+    own_ratio = float(np.exp(np.mean(np.log(own[0]) - np.log(own[1]))))
+    assert own_ratio < row["ratio"] < 1.3 * own_ratio * 1.05
+
+
+def test_a_replica_that_failed_leaves_the_row_to_its_own_process_and_says_so(one_thread):
+    finding = _finding(between_runs={"n=4096": CaseNoise({"double": 0.2}, processes=3)})
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=5,
+                         profile=False, placebo="none")
+    alone = CaseRun(finding, Case.of(n=4096), options).run()
+    missing_variant = {"samples": {"sum": list(alone.measurements["sum"].samples)},
+                       "failed": {"double": "RuntimeError: boom"}}
+    cell = CaseRun(finding, Case.of(n=4096), options,
+                   replicas=[{"error": "the replica process failed (exited with 1)"},
+                             missing_variant]).run()
+    (row,) = [r for r in cell.summary if r["variant"] == "double"]
+    assert row["processes"] == 1
+    assert row["process_note"] == ("process 2: the replica process failed (exited with 1); "
+                                   "process 3: RuntimeError: boom")
+
+
+def test_kept_replicas_are_not_measured_again(tmp_path):
+    kept = {"cells": [{"finding": "F", "case": "a", "samples": {"x": [1.0, 2.0]}, "failed": {}}]}
+    (tmp_path / "replicas").mkdir()
+    (tmp_path / "replicas" / "replica1.json").write_text(json.dumps(kept))
+
+    def never(cells):
+        raise AssertionError(f"a replica of {cells} was started again")
+
+    found = replicas_for([("F", "a", False, 2), ("F", "b", False, 1)], tmp_path, never)
+    assert found == {("F", "a"): [kept["cells"][0]], ("F", "b"): []}
+
+
+def test_a_replica_that_cannot_start_its_findings_is_an_error_per_cell_kept_on_disk(tmp_path):
+    spec = ReplicaSpec(cells=(("NOISE-tiny", "n=4096", False),),
+                       findings_modules=("tests.findings_modules.no_such_module",),
+                       parent=None)
+    found = run_replica(spec, tmp_path / "replica1.json")
+    (entry,) = found.values()
+    assert entry["error"].startswith("the replica process failed (exited with 1: ")
+    assert "no_such_module" in entry["error"]
+    assert load_replica(tmp_path / "replica1.json") == found
+
+
+def test_a_run_measures_a_declared_cell_in_a_replica_and_combines_it(tmp_path, capsys):
+    code = main(["--findings-module", MODULE, "--time-budget", "0.1", "--device", "cpu",
+                 "--no-report", "--threads", "1", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    run = load_run(None, tmp_path)
+    assert "replica 1 of 1: 1 cells in a fresh process" in capsys.readouterr().err
+    rows = run.summary.set_index(["case", "variant"])
+    assert rows.loc[("n=4096", "double"), "processes"] == 2
+    assert rows.loc[("n=4096", "double"), "process_sd"] == 0.2
+    assert rows.loc[("n=64", "double"), "processes"] == 1  # not declared: one process
+    (kept,) = load_replica(run.folder / "replicas" / "replica1.json").values()
+    assert kept["case"] == "n=4096" and len(kept["samples"]["double"]) >= 5
+    # the row is the two processes' estimate: its own rounds (journaled) and the replica's
+    samples = run.rows[run.rows["case"] == "n=4096"]
+    own = [samples[samples["variant"] == v].sort_values("round")["seconds"].to_numpy()
+           for v in ("double", "sum")]
+    other = [np.asarray(kept["samples"][v]) for v in ("double", "sum")]
+    expected = paired_estimate([(own[0], own[1][:len(own[0])]),
+                                (other[0], other[1][:len(other[0])])], process_sd=0.2)
+    assert rows.loc[("n=4096", "double"), "ratio"] == pytest.approx(expected.ratio)
+    assert run.metadata["processes"] is None
+
+
+def test_processes_one_measures_every_cell_in_the_runs_own_process(tmp_path):
+    code = main(["--findings-module", MODULE, "--time-budget", "0.05", "--device", "cpu",
+                 "--no-report", "--processes", "1", "--out", str(tmp_path)])
+    assert code == 0
+    run = load_run(None, tmp_path)
+    assert not (run.folder / "replicas").exists()
+    assert set(run.summary["processes"].dropna()) == {1}
+    assert run.metadata["processes"] == 1
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two"])
+def test_a_bad_processes_option_exits_2_naming_it(value, capsys):
+    assert main(["--findings-module", MODULE, "--processes", value, "--no-report"]) == 2
+    assert "--processes: expected an integer" in capsys.readouterr().err
