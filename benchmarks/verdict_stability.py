@@ -692,6 +692,19 @@ def _duet_table(folder: Path) -> list[str]:
     return lines
 
 
+def between_runs_table() -> str:
+    """The committed `BETWEEN_RUNS` table as markdown: what the run declares."""
+    document = json.loads(BETWEEN_RUNS.read_text())
+    lines = [f"Measured from {document['measured']}.", "",
+             "| finding | case | processes | rows declared (spread between processes) |",
+             "|---|---|---|---|"]
+    for finding, cells in document["findings"].items():
+        for case, cell in sorted(cells.items(), key=lambda c: (-c[1]["processes"], c[0])):
+            rows = ", ".join(f"{v} {sd:.1%}" for v, sd in sorted(cell["sd"].items()))
+            lines.append(f"| {finding} | {case} | {cell['processes']} | {rows} |")
+    return "\n".join(lines)
+
+
 TABLES = {"stability": _stability_table, "run-times": _run_times_table,
           "planted": _planted_table, "processes": _processes_table, "gate-power": _gate_table,
           "duet": _duet_table}

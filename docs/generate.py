@@ -30,6 +30,8 @@ Kinds:
   stability, planted, processes, gate-power, run-times, duet
                   the verdict benchmark's tables, from the reduced results committed in
                   benchmarks/results/ (`benchmarks/verdict_stability.py`)
+  between-runs    the cells the built-in findings declare noisy between processes
+                  (harness/review/between_runs.json, `verdict_stability.py noise`)
 
 Exit status: 0 written or current; 1 --check found stale blocks (each named); 2 a marker
 that names an unknown kind, or a block left open.
@@ -166,11 +168,16 @@ def _targets() -> str:
     return markdown(target_cells(load_run(EXAMPLE_RUN).summary)) + "\n"
 
 
-def _benchmark(kind: str) -> str:
+def _verdict_stability():
+    """benchmarks/verdict_stability.py, imported from this repository."""
     sys.path.insert(0, str(REPO))
     from benchmarks import verdict_stability
 
-    return verdict_stability.markdown(kind, BENCHMARK_RESULTS) + "\n"
+    return verdict_stability
+
+
+def _benchmark(kind: str) -> str:
+    return _verdict_stability().markdown(kind, BENCHMARK_RESULTS) + "\n"
 
 
 KINDS = {
@@ -182,6 +189,7 @@ KINDS = {
     "targets": _targets,
     **{kind: (lambda kind=kind: _benchmark(kind))
        for kind in ("stability", "planted", "processes", "gate-power", "run-times", "duet")},
+    "between-runs": lambda: _verdict_stability().between_runs_table() + "\n",
 }
 
 

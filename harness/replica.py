@@ -15,7 +15,8 @@ their extra processes: each row says so in `process_note`.
 
 Input: one JSON argument (`ReplicaSpec`). Output: one JSON object on stdout,
 `{"cells": [{"finding", "case", "samples": {variant: [seconds, ...]}, "failed":
-{variant: error}}]}` (samples: one per round, in round order), or a cell with `"error"`.
+{variant: error}}]}` (samples: one per round, in round order), or a cell with `"error"`;
+the run keeps it with the replica's wall `"seconds"` added.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +122,10 @@ def run_replica(spec: ReplicaSpec, path: Path) -> dict[tuple[str, str], dict]:
     from harness.ranks import solo_environment
     from harness.results import atomic_write_text
 
+    started = time.perf_counter()
     done = run_group([sys.executable, "-m", "harness.replica",
                       json.dumps(dataclasses.asdict(spec))], env=solo_environment())
+    seconds = time.perf_counter() - started
     try:
         if done.returncode != 0:
             raise ValueError(f"exited with {done.returncode}")
@@ -132,6 +136,7 @@ def run_replica(spec: ReplicaSpec, path: Path) -> dict[tuple[str, str], dict]:
         why = f"the replica process failed ({err}: {tail[0]})"
         cells = [{"finding": f, "case": c, "error": why} for f, c, _ in spec.cells]
         document = {"cells": cells}
+    document["seconds"] = seconds
     atomic_write_text(path, json.dumps(document))
     return {(c["finding"], c["case"]): c for c in cells}
 
@@ -143,6 +148,17 @@ def load_replica(path: Path) -> dict[tuple[str, str], dict]:
         return {(c["finding"], c["case"]): c for c in cells}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
+
+
+def kept_seconds(folder: Path) -> list[float]:
+    """The wall seconds of each replica a run's folder keeps (for the run's time line)."""
+    seconds = []
+    for path in sorted((Path(folder) / FOLDER).glob("*.json")):
+        try:
+            seconds.append(float(json.loads(path.read_text())["seconds"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return seconds
 
 
 def replicas_for(cells: Sequence[tuple[str, str, bool, int]], folder: Path, spec_of: Callable,

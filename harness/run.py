@@ -606,7 +606,7 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
     lines = [sampling_line(table, writer.metadata.get("precision", 0.0)),
-             time_line(read_cells(writer.folder))]
+             time_line(read_cells(writer.folder), replica.kept_seconds(writer.folder))]
     trust = reliability(table)
     lines += [trust.placebo_line(), trust.words_line()]
     for line in filter(None, lines):

@@ -35,7 +35,7 @@ from harness.findings import PLACEBO, Case, Finding
 from harness.measure.decision import (
     DEFAULT_MARGIN, Word, claim_word, decide, lean, rounds_to_decide, word_p_value,
 )
-from harness.measure.estimate import ProcessNoise, paired_estimate
+from harness.measure.estimate import PROCESS_SD_DF, ProcessNoise, paired_estimate
 from harness.measure.stats import Verdict, paired_difference_ci
 from harness.measure.timing import (
     Measurement, Sampling, VariantError, make_clock, measure_interleaved,
@@ -138,11 +138,11 @@ class CaseRun:
                  headline: bool = False, replicas: Sequence[dict] = ()) -> None:
         self.finding, self.case, self.options = finding, case, options
         self.headline = headline
+        """Whether this is the finding's headline case (`Finding.headline_case`)."""
         self.replicas = tuple(replicas)
         """This cell as other fresh processes measured it (`harness.replica`), each
         `{"samples": {variant: [seconds per call, one per round]}}` or `{"error": why}`:
         combined with this process's rounds into each ratio."""
-        """Whether this is the finding's headline case (`Finding.headline_case`)."""
         placebo = options.placebo == "all" or (headline and options.placebo == "headline")
         self.variants: tuple[str, ...] = finding.variants + ((PLACEBO,) if placebo else ())
         """The finding's variants, and the placebo where this cell times one."""
@@ -397,6 +397,10 @@ class CaseRun:
                 missing.append(f"process {index}: {replica['error']}")
             elif variant in samples and reference in samples:
                 own = samples[variant]
+                if not 2 <= len(own) <= len(samples[reference]):
+                    missing.append(f"process {index}: {len(own)} rounds, against "
+                                   f"{len(samples[reference])} of {reference}")
+                    continue
                 paired.append((own, samples[reference][:len(own)]))
             else:
                 why = replica.get("failed", {}).get(variant) or replica.get("failed", {}).get(
@@ -414,7 +418,7 @@ class CaseRun:
                                               self.options.declared_sd(self.finding, self.case))
         others, missing = self._processes(variant, reference)
         estimate = paired_estimate([(m.samples, base.samples[:m.n]), *others],
-                                   process_sd=process_sd)
+                                   process_sd=process_sd, prior_df=PROCESS_SD_DF)
         low, high = estimate.interval(m.confidence)
         word = decide(low, high, margin)
         fields = dict(ratio=estimate.ratio, ci_low=low, ci_high=high, ci_level=m.confidence,

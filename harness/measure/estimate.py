@@ -21,7 +21,8 @@ variance is added to the within-process variance; where the same cell was measur
 several processes (the gate's sessions), their estimates are averaged with the variance
 the within-process variances plus `process_sd`^2 predict, unless their spread exceeds
 that prediction (a chi-square test at 5%): then their spread, with P - 1 degrees of
-freedom, is the variance.
+freedom, is the variance. A run's cell measured in two or three processes (its replicas)
+moderates the prediction with their spread instead (`paired_estimate`'s `prior_df`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
-__all__ = ["PairedEstimate", "ProcessNoise", "TRIM", "log_estimate", "log_ratios",
+__all__ = ["PROCESS_SD_DF", "PairedEstimate", "ProcessNoise", "TRIM", "log_estimate", "log_ratios",
            "paired_estimate", "rounds_estimate"]
 
 #: the share of rounds trimmed from each end of the per-round log ratios
 TRIM = 0.2
+#: the degrees of freedom a process offset's standard deviation carries: `ProcessNoise`
+#: was measured from 5 fresh processes per row, a finding's `between_runs` from 10 runs
+#: with a robust estimate (about as efficient as 5 processes' standard deviation)
+PROCESS_SD_DF = 4.0
 
 
 def log_ratios(variant: Sequence[float], baseline: Sequence[float]) -> np.ndarray:
@@ -163,12 +168,22 @@ def rounds_estimate(variant: Sequence[float], baseline: Sequence[float], *,
 
 
 def paired_estimate(processes: Sequence[tuple[Sequence[float], Sequence[float]]], *,
-                    process_sd: float = 0.0) -> PairedEstimate:
+                    process_sd: float = 0.0, prior_df: float | None = None) -> PairedEstimate:
     """The estimate from one or more processes, each `(variant [n_p], baseline [n_p])`
-    seconds per call paired by round (module docstring for how they combine)."""
+    seconds per call paired by round (module docstring for how they combine).
+
+    `prior_df`: the degrees of freedom `process_sd` carries, for a few processes (a run's
+    cell and its replicas): their spread then moderates the predicted variance instead of
+    replacing it, as `(prior_df * predicted + (P - 1) * spread) / (prior_df + P - 1)`
+    with `prior_df + P - 1` degrees of freedom, never below the prediction. With two
+    processes the spread alone would carry one degree of freedom (a t quantile of 12.7
+    at 95%), so one pair that disagrees would leave no word at all. None: the chi-square
+    rule (the gate's sessions, three or more)."""
     if not processes:
         raise ValueError("processes: expected at least one (variant, baseline) pair of "
                          "sample lists; got none")
+    if prior_df is not None and not (math.isfinite(prior_df) and prior_df > 0):
+        raise ValueError(f"prior_df: expected None or degrees of freedom > 0; got {prior_df!r}")
     if not (math.isfinite(process_sd) and process_sd >= 0):
         raise ValueError(f"process_sd: expected a finite standard deviation >= 0 (log units); "
                          f"got {process_sd!r}")
@@ -182,7 +197,13 @@ def paired_estimate(processes: Sequence[tuple[Sequence[float], Sequence[float]]]
     # Welch-Satterthwaite: process_sd is a measured constant, so only `within` carries df
     carried = float(np.sum(within ** 2 / dfs))
     model_df = min(predicted ** 2 * count ** 2 / carried, 1e6) if carried > 0 else 1e6
-    if count >= 2:
+    if count >= 2 and prior_df is not None:
+        spread = float(np.var(thetas, ddof=1))
+        moderated = (prior_df * predicted + (count - 1) * spread) / (prior_df + count - 1)
+        if moderated > predicted:
+            return PairedEstimate(float(thetas.mean()), math.sqrt(moderated / count),
+                                  float(prior_df + count - 1), rounds, count)
+    elif count >= 2:
         spread = float(np.var(thetas, ddof=1))
         # the processes disagree more than the model allows (a chi-square test at 5%):
         # their own spread, with count - 1 degrees of freedom, is the variance

@@ -145,11 +145,15 @@ STOPPED_BY = {"precision_reached": "precision reached", "time_budget": "budget s
 
 
 def sampling_cell(row: dict) -> str:
-    """`34 (precision reached)`: samples taken and why sampling stopped; '-' if untimed."""
+    """`34 (precision reached)`: samples taken and why sampling stopped, and how many
+    processes the row combines where more than one; '-' if untimed."""
     if not present(row.get("n")):
         return "-"
     why = STOPPED_BY.get(row.get("stopped_by"), row.get("stopped_by"))
-    return f"{int(row['n'])} ({why})" if present(why) else f"{int(row['n'])}"
+    notes = [why] if present(why) else []
+    if present(row.get("processes")) and row["processes"] > 1:
+        notes.append(f"{int(row['processes'])} processes")
+    return f"{int(row['n'])} ({'; '.join(notes)})" if notes else f"{int(row['n'])}"
 
 
 def interval_cell(row: dict) -> str:

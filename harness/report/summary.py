@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -94,6 +95,11 @@ def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
     cells = f"{len(ends)} timed cell" + ("" if len(ends) == 1 else "s")
     mode = "" if precision > 0 else "fixed budget (--precision 0), "
     line = f"sampling: {mode}{cells}" + (f": {told}" if told else "")
+    if "processes" in timed.columns:
+        combined = timed[timed.processes.fillna(1) > 1].groupby(["finding", "case"]).processes.max()
+        if len(combined):
+            line += (f"; {len(combined)} cell{'' if len(combined) == 1 else 's'} combined "
+                     f"{int(combined.max())} processes")
     spread = float((timed.iqr_s / timed.median_s).median())
     line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
     if spread > NOISY_SPREAD:
@@ -107,11 +113,12 @@ _STAGES = (("time", "sampling"), ("check", "first calls and checks"), ("profile"
            ("build", "building inputs"), ("extra", "other measures"))
 
 
-def time_line(cells: list[dict]) -> str | None:
+def time_line(cells: list[dict], replicas: Sequence[float] = ()) -> str | None:
     """Where a run's seconds went, from its journaled cells' `seconds`: 'time: 95 s
-    sampling, 20 s first calls and checks, 22 s profiling, 3 s building inputs'. The
-    budget bounds sampling; first calls (compiling) and profiling are reported apart.
-    None for runs that journaled no stage times."""
+    sampling, 20 s first calls and checks, 22 s profiling, 3 s building inputs', and the
+    wall seconds of its `replicas` (fresh processes measuring cells again,
+    `harness.replica`). The budget bounds sampling; first calls (compiling) and profiling
+    are reported apart. None for runs that journaled no stage times."""
     totals: dict[str, float] = {}
     for cell in cells:
         for stage, seconds in (cell.get("seconds") or {}).items():
@@ -119,4 +126,8 @@ def time_line(cells: list[dict]) -> str | None:
     if not totals:
         return None
     parts = [f"{totals[key]:.0f} s {words}" for key, words in _STAGES if totals.get(key, 0) >= 0.5]
+    if replicas:
+        count = len(replicas)
+        parts.append(f"{sum(replicas):.0f} s in {count} replica process"
+                     + ("" if count == 1 else "es"))
     return "time: " + (", ".join(parts) or "under a second")

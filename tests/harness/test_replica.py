@@ -13,7 +13,7 @@ import torch
 
 from harness import findings as registry
 from harness.findings import Case, CaseNoise, Finding
-from harness.measure.estimate import ProcessNoise, paired_estimate
+from harness.measure.estimate import PROCESS_SD_DF, ProcessNoise, paired_estimate
 from harness.replica import ReplicaSpec, load_replica, replicas_for, run_replica
 from harness.results import load_run
 from harness.run import main
@@ -90,7 +90,7 @@ def test_the_runner_combines_its_rounds_with_the_replicas_two_level(one_thread):
     own = (cell.measurements["double"].samples,
            cell.measurements["sum"].samples[:cell.measurements["double"].n])
     other = (replica["samples"]["double"], replica["samples"]["sum"][:len(replica["samples"]["double"])])
-    expected = paired_estimate([own, other], process_sd=0.2)
+    expected = paired_estimate([own, other], process_sd=0.2, prior_df=PROCESS_SD_DF)
     assert row["processes"] == 2 and row["process_sd"] == 0.2
     assert row["ratio"] == pytest.approx(expected.ratio)
     low, high = expected.interval(row["ci_level"])
@@ -157,7 +157,8 @@ def test_a_run_measures_a_declared_cell_in_a_replica_and_combines_it(tmp_path, c
            for v in ("double", "sum")]
     other = [np.asarray(kept["samples"][v]) for v in ("double", "sum")]
     expected = paired_estimate([(own[0], own[1][:len(own[0])]),
-                                (other[0], other[1][:len(other[0])])], process_sd=0.2)
+                                (other[0], other[1][:len(other[0])])], process_sd=0.2,
+                               prior_df=PROCESS_SD_DF)
     assert rows.loc[("n=4096", "double"), "ratio"] == pytest.approx(expected.ratio)
     assert run.metadata["processes"] is None
 
@@ -176,3 +177,24 @@ def test_processes_one_measures_every_cell_in_the_runs_own_process(tmp_path):
 def test_a_bad_processes_option_exits_2_naming_it(value, capsys):
     assert main(["--findings-module", MODULE, "--processes", value, "--no-report"]) == 2
     assert "--processes: expected an integer" in capsys.readouterr().err
+
+
+def test_kept_seconds_reads_each_replicas_wall_time(tmp_path):
+    from harness.replica import kept_seconds
+
+    (tmp_path / "replicas").mkdir()
+    (tmp_path / "replicas" / "replica1.json").write_text(json.dumps({"cells": [], "seconds": 7.5}))
+    (tmp_path / "replicas" / "replica2.json").write_text("{not json")
+    assert kept_seconds(tmp_path) == [7.5]
+    assert kept_seconds(tmp_path / "nowhere") == []
+
+
+def test_a_replica_with_too_few_rounds_adds_nothing_and_says_so(one_thread):
+    finding = _finding(between_runs={"n=4096": CaseNoise({"double": 0.2}, processes=2)})
+    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=5,
+                         profile=False, placebo="none")
+    short = {"samples": {"sum": [1e-5, 1e-5, 1e-5], "double": [2e-5]}}
+    cell = CaseRun(finding, Case.of(n=4096), options, replicas=[short]).run()
+    (row,) = [r for r in cell.summary if r["variant"] == "double"]
+    assert row["processes"] == 1
+    assert row["process_note"] == "process 2: 1 rounds, against 3 of sum"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.measure.estimate import (
-    PairedEstimate, ProcessNoise, log_estimate, log_ratios, paired_estimate, rounds_estimate,
+    PROCESS_SD_DF, PairedEstimate, ProcessNoise, log_estimate, log_ratios, paired_estimate, rounds_estimate,
 )
 
 
@@ -41,12 +41,13 @@ def synthetic_process(rng, ratio: float, rounds: int, process_sd: float, phi: fl
 
 
 def coverage(processes: int, rounds: int, process_sd: float, trials: int = 1500,
-             seed: int = 0) -> float:
+             seed: int = 0, prior_df: float | None = None) -> float:
     rng = np.random.default_rng(seed)
     hits = 0
     for _ in range(trials):
         runs = [synthetic_process(rng, 0.8, rounds, process_sd) for _ in range(processes)]
-        low, high = paired_estimate(runs, process_sd=process_sd).interval(0.95)
+        low, high = paired_estimate(runs, process_sd=process_sd,
+                                    prior_df=prior_df).interval(0.95)
         hits += low <= 0.8 <= high
     return hits / trials
 
@@ -61,6 +62,38 @@ def coverage(processes: int, rounds: int, process_sd: float, trials: int = 1500,
 def test_95_percent_intervals_cover_the_true_ratio_93_to_97_percent_of_the_time(
         processes, rounds, process_sd):
     assert 0.93 <= coverage(processes, rounds, process_sd) <= 0.97
+
+
+@pytest.mark.parametrize("process_sd", [0.01, 0.05])
+def test_a_run_s_cell_in_two_processes_with_a_prior_covers_93_to_98_percent(process_sd):
+    """A run's cell and its replica (`prior_df`): the predicted variance is never lowered,
+    so the interval errs wide, a little."""
+    assert 0.93 <= coverage(2, 40, process_sd, prior_df=PROCESS_SD_DF) <= 0.98
+
+
+def test_a_pair_that_disagrees_moderates_the_prediction_rather_than_replacing_it():
+    rng = np.random.default_rng(5)
+    runs = []
+    for offset in (0.8, 1.0):  # 22% apart, where 5% is predicted
+        base = np.exp(rng.normal(-7, 0.01, 40))
+        runs.append((base * offset * np.exp(rng.normal(0, 0.01, 40)), base))
+    own = [rounds_estimate(v, b) for v, b in runs]
+    predicted = np.mean([e.se ** 2 for e in own]) + 0.05 ** 2
+    spread = np.var([e.log_ratio for e in own], ddof=1)
+    moderated = paired_estimate(runs, process_sd=0.05, prior_df=4)
+    assert moderated.df == 5 and moderated.processes == 2
+    assert moderated.se == pytest.approx(math.sqrt((4 * predicted + spread) / 5 / 2))
+    # the chi-square rule would leave the spread alone, with 1 degree of freedom
+    replaced = paired_estimate(runs, process_sd=0.05)
+    assert replaced.df == 1
+    low, high = moderated.interval(0.95)
+    wide_low, wide_high = replaced.interval(0.95)
+    assert math.log(high / low) < math.log(wide_high / wide_low) / 3
+    # processes that agree keep the prediction: never narrower
+    agreeing = [runs[0], (runs[0][0] * 1.001, runs[0][1])]
+    kept = paired_estimate(agreeing, process_sd=0.05, prior_df=4)
+    assert kept.se == pytest.approx(math.sqrt(
+        (np.mean([rounds_estimate(v, b).se ** 2 for v, b in agreeing]) + 0.05 ** 2) / 2))
 
 
 def test_one_process_ignoring_its_offset_would_cover_too_rarely():
@@ -154,6 +187,9 @@ def test_paired_estimate_rejects_no_processes_and_a_bad_offset():
         paired_estimate([])
     with pytest.raises(ValueError, match=r"process_sd: expected a finite standard deviation"):
         paired_estimate([([1.0, 1.0], [1.0, 1.0])], process_sd=float("nan"))
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match=r"prior_df: expected None or degrees of freedom"):
+            paired_estimate([([1.0, 1.0], [1.0, 1.0])], prior_df=bad)
 
 
 def test_process_noise_falls_with_call_length_and_is_validated():

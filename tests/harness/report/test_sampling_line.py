@@ -53,3 +53,28 @@ def test_older_runs_that_stopped_at_a_precision_still_read():
                                                                    "needs_cuda")])])
 def test_nothing_timed_gives_no_line(rows):
     assert sampling_line(rows, precision=0.03) is None
+
+
+def test_cells_combined_over_processes_are_counted():
+    rows = pd.DataFrame([
+        {**row("A", "c1", "x", "time_budget"), "processes": 2},
+        {**row("A", "c1", "y", "time_budget"), "processes": 2},
+        {**row("A", "c2", "x", "decided"), "processes": 1},
+        {**row("B", "c1", "x", "decided")},
+    ])
+    line = sampling_line(rows, precision=0.03)
+    assert "; 1 cell combined 2 processes; timing spread" in line
+
+
+def test_a_rows_sampling_cell_names_its_processes_and_the_time_line_its_replicas():
+    from harness.report.data import sampling_cell
+    from harness.report.summary import time_line
+
+    assert sampling_cell({"n": 40, "stopped_by": "time_budget", "processes": 2}) == (
+        "40 (budget spent; 2 processes)")
+    assert sampling_cell({"n": 40, "stopped_by": "time_budget", "processes": 1}) == (
+        "40 (budget spent)")
+    cells = [{"seconds": {"time": 10.0, "check": 2.0}}]
+    assert time_line(cells) == "time: 10 s sampling, 2 s first calls and checks"
+    assert time_line(cells, [6.4, 5.9]) == ("time: 10 s sampling, 2 s first calls and checks, "
+                                            "12 s in 2 replica processes")
