@@ -11,7 +11,7 @@ docs quote. Parts, in the order the docs give them:
         run time;
     python benchmarks/verdict_stability.py quick --runs 3 OUT
         `--quick` runs, reports included: their run time;
-    python benchmarks/verdict_stability.py noise OUT
+    python benchmarks/verdict_stability.py noise --commit REV OUT
         from `repeat`'s runs, the rows whose ratios move between runs more than their
         intervals say, written to harness/review/between_runs.json (`--to`), where the
         built-in findings read them: those rows' intervals carry that spread, and the
@@ -230,7 +230,7 @@ def noise(args) -> None:
     runs = _load(args.out, "repeat")
     if not runs:
         raise SystemExit(f"noise: expected {args.out / 'repeat.json'} (run `repeat` first)")
-    document = {"measured": f"{len(runs)} default runs of one commit, one after the other "
+    document = {"measured": f"{len(runs)} default runs at {args.commit}, one after the other "
                             "(benchmarks/verdict_stability.py repeat)",
                 "findings": between_runs(runs, processes=args.processes)}
     args.to.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
@@ -733,6 +733,8 @@ def main(argv=None) -> int:
     sub.choices["repeat"].add_argument("--runs", type=int, default=10)
     sub.choices["quick"].add_argument("--runs", type=int, default=3)
     sub.choices["noise"].add_argument("--to", type=Path, default=BETWEEN_RUNS)
+    sub.choices["noise"].add_argument("--commit", required=True,
+                                      help="the commit `repeat` ran, said with the table")
     sub.choices["noise"].add_argument("--processes", type=int, default=2,
                                       help="processes for a cell whose words the noise can "
                                            "change")

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,3 +202,58 @@ def test_a_replica_with_too_few_rounds_adds_nothing_and_says_so(one_thread):
     (row,) = [r for r in cell.summary if r["variant"] == "double"]
     assert row["processes"] == 1
     assert row["process_note"] == "process 2: 1 rounds, against 3 of sum"
+
+
+def _replicas_of(pid: int) -> list[int]:
+    """Pids of live `harness.replica` processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if b"harness.replica" in command and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_run_stopped_while_its_replica_measures_leaves_no_replica_behind(tmp_path, signum):
+    """SIGTERM: the run kills the replica's process group and exits 143; SIGKILL: the
+    kernel kills the replica with its parent (PR_SET_PDEATHSIG). Either way a resumed run
+    measures the replica again and completes."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "harness.run", "--findings-module", MODULE, "--time-budget", "1",
+         "--device", "cpu", "--no-report", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    replicas = []
+    while not replicas and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.05)
+        replicas = _replicas_of(run.pid)
+    assert replicas, "no replica process started"
+    time.sleep(0.5)
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL), err
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in replicas) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in replicas), "the replica outlived its run"
+    assert main(["--resume", "latest", "--out", str(tmp_path)]) == 0
+    resumed = load_run(None, tmp_path)
+    assert resumed.metadata["status"] == "complete"
+    assert resumed.summary.set_index(["case", "variant"]).loc[("n=4096", "double"), "processes"] == 2
