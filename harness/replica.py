@@ -72,7 +72,9 @@ class ReplicaSpec:
 
 def _die_with_parent(parent: int | None) -> None:
     """No replica outlives the run that started it, even one killed outright: on Linux
-    the kernel kills this process when its parent dies (PR_SET_PDEATHSIG)."""
+    the kernel kills this process when its parent dies (PR_SET_PDEATHSIG). (The gate's
+    worker does the same on its own: it runs as a script that imports nothing of the
+    harness before it has set up the trees it compares.)"""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:
