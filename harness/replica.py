@@ -32,6 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.exits import UsageError, command
+from harness.findings import FindingsModuleError
+
 #: the folder of a run that holds its replicas' output
 FOLDER = "replicas"
 
@@ -186,15 +189,28 @@ def replicas_for(cells: Sequence[tuple[str, str, bool, int]], folder: Path, spec
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _spec(argv: list[str]) -> ReplicaSpec:
+    """The one argument, a `ReplicaSpec` as JSON; UsageError naming what is wrong."""
     if len(argv) != 1:
-        print("usage: python -m harness.replica SPEC_JSON", file=sys.stderr)
-        return 2
-    raw = json.loads(argv[0])
-    spec = ReplicaSpec(**{**raw, "cells": tuple(tuple(c) for c in raw["cells"])})
+        raise UsageError(f"expected one argument, a replica spec as JSON (python -m "
+                         f"harness.replica SPEC_JSON); got {len(argv)}")
+    try:
+        raw = json.loads(argv[0])
+        return ReplicaSpec(**{**raw, "cells": tuple(tuple(c) for c in raw["cells"])})
+    except (ValueError, TypeError, KeyError) as err:
+        raise UsageError(f"SPEC_JSON: expected the fields of harness.replica.ReplicaSpec; "
+                         f"got {argv[0][:200]!r} ({type(err).__name__}: {err})") from err
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    spec = _spec(sys.argv[1:] if argv is None else argv)
     _die_with_parent(spec.parent)
-    print(json.dumps(measure(spec)))
+    try:
+        document = measure(spec)
+    except FindingsModuleError as err:  # the run's own --findings-module, not importable here
+        raise UsageError(str(err)) from err
+    print(json.dumps(document))
     return 0
 
 

@@ -138,7 +138,8 @@ def test_a_replica_that_cannot_start_its_findings_is_an_error_per_cell_kept_on_d
                        parent=None)
     found = run_replica(spec, tmp_path / "replica1.json")
     (entry,) = found.values()
-    assert entry["error"].startswith("the replica process failed (exited with 1: ")
+    assert entry["error"].startswith("the replica process failed (exited with 2: error: "
+                                     "--findings-module tests.findings_modules.no_such_module")
     assert "no_such_module" in entry["error"]
     assert load_replica(tmp_path / "replica1.json") == found
 
@@ -257,3 +258,16 @@ def test_a_run_stopped_while_its_replica_measures_leaves_no_replica_behind(tmp_p
     resumed = load_run(None, tmp_path)
     assert resumed.metadata["status"] == "complete"
     assert resumed.summary.set_index(["case", "variant"]).loc[("n=4096", "double"), "processes"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "expected one argument, a replica spec as JSON"),
+    (["{not json"], "SPEC_JSON: expected the fields of harness.replica.ReplicaSpec"),
+    (['{"cells": [], "colour": 1}'], "SPEC_JSON: expected the fields"),
+    (['{"seed": 1}'], "SPEC_JSON: expected the fields"),
+])
+def test_a_bad_replica_spec_exits_2_naming_it(argv, message, capsys):
+    from harness.replica import main as replica_main
+
+    assert replica_main(argv) == 2
+    assert message in capsys.readouterr().err
