@@ -15,7 +15,10 @@ docs quote. Parts, in the order the docs give them:
         from `repeat`'s runs, the rows whose ratios move between runs more than their
         intervals say, written to harness/review/between_runs.json (`--to`), where the
         built-in findings read them: those rows' intervals carry that spread, and the
-        cells where it can change a word are measured in 2 processes (`--processes`);
+        cells where it can change a word are measured in 2 processes (`--processes`).
+        Derive it from runs of one process each (`repeat --run-args --processes 1`): a
+        row two processes combined spreads less, and its cell would drop out of the table
+        that put it there;
     python benchmarks/verdict_stability.py planted OUT
         one run of benchmarks/planted_findings.py: a +10% planted slowdown should read
         slower, a +3% one never faster;
@@ -185,23 +188,24 @@ def between_runs(runs: list[dict], margin: float = 0.05, processes: int = 2) -> 
     standard deviation (1.4826 times the median absolute deviation: one disturbed run, such
     as a first run that read two rows 2-3x off, does not make it), against the in-run
     standard error of one run (log units; from its interval where an older run did not
-    record it). Rows whose spread exceeds `EXCESS` times that error are
-    declared with that spread (scaled by the square root of the processes a run combined,
-    to one process's offset); a cell whose declared rows' median +- `REACH` spreads crosses
+    record it), both of the row's estimate as the runs combined it. Rows whose spread
+    exceeds `EXCESS` times that error are declared with that spread, scaled by the square
+    root of the processes a run combined (to one process's offset); a cell whose declared rows' median +- `REACH` spreads crosses
     a word's boundary (1 + margin either way) gets `processes`.
     """
     logs: dict[tuple, list[float]] = {}
     errors: dict[tuple, list[float]] = {}
+    combined: dict[tuple, int] = {}  # the most processes a run combined into the row
     for run in runs:
         for row in run["rows"]:
             if row.get("placebo") or not row.get("ratio") or row.get("verdict") not in (
                     *DECISIVE, "inconclusive"):
                 continue
             key = (row["finding"], row["case"], row["variant"])
-            scale = math.sqrt(row.get("processes") or 1)
             logs.setdefault(key, []).append(math.log(row["ratio"]))
             se = row.get("log_se") or math.log(row["ci_high"] / row["ci_low"]) / 2 / 1.96
-            errors.setdefault(key, []).append(se * scale)
+            errors.setdefault(key, []).append(se)
+            combined[key] = max(combined.get(key, 1), int(row.get("processes") or 1))
     boundary = math.log(1 + margin)
     table: dict[str, dict] = {}
     for key in sorted(logs):
@@ -214,10 +218,8 @@ def between_runs(runs: list[dict], margin: float = 0.05, processes: int = 2) -> 
         if spread <= EXCESS * error:
             continue
         finding, case, variant = key
-        scale = math.sqrt(max(r.get("processes") or 1 for run in runs for r in run["rows"]
-                              if (r["finding"], r["case"], r["variant"]) == key))
         cell = table.setdefault(finding, {}).setdefault(case, {"sd": {}, "processes": 1})
-        cell["sd"][variant] = round(spread * scale, 3)
+        cell["sd"][variant] = round(spread * math.sqrt(combined[key]), 3)
         if any(centre - REACH * spread < b < centre + REACH * spread
                for b in (-boundary, boundary)):
             cell["processes"] = processes
@@ -752,8 +754,8 @@ def main(argv=None) -> int:
                                      help="gate runs per slowdown per saved chunk")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
-    {"repeat": repeat, "quick": quick, "noise": noise, "planted": planted, "processes": processes, "gate": gate,
-     "duet": duet, "table": table}[args.part](args)
+    {"repeat": repeat, "quick": quick, "noise": noise, "planted": planted,
+     "processes": processes, "gate": gate, "duet": duet, "table": table}[args.part](args)
     return 0
 
 
