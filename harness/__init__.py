@@ -18,8 +18,8 @@ import importlib
 from typing import Any
 
 #: the public names: frozen by tests/harness/test_public_api.py
-__all__ = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
-           "set_defaults"]
+__all__ = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+           "register", "set_defaults"]
 
 
 def __getattr__(name: str) -> Any:

@@ -86,18 +86,28 @@ def _integer(text: str, expected: str) -> int:
     return int(text)
 
 
-def at_least(low: int, what: str = "an integer") -> Callable[[str], int]:
-    """An integer >= `low`."""
-    expected = f"{what} >= {low}"
+def _integers(low: int, high: int | None, expected: str, name: str) -> Callable[[str], int]:
+    """An integer >= `low` (and <= `high` unless None), named `name` to argparse."""
 
     def parse(text: str) -> int:
         value = _integer(text, expected)
-        if value < low:
+        if value < low or (high is not None and value > high):
             raise _bad(expected, text)
         return value
 
-    parse.__name__ = f"integer >= {low}"  # argparse names a type by its __name__
+    parse.__name__ = name  # argparse names a type by its __name__
     return parse
+
+
+def at_least(low: int, what: str = "an integer") -> Callable[[str], int]:
+    """An integer >= `low`."""
+    return _integers(low, None, f"{what} >= {low}", f"integer >= {low}")
+
+
+def integer_from(low: int, high: int) -> Callable[[str], int]:
+    """An integer from `low` to `high`, both included."""
+    expected = f"an integer from {low} to {high}"
+    return _integers(low, high, expected, expected)
 
 
 positive_int = at_least(1)

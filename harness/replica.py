@@ -32,8 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.exits import UsageError, command
-from harness.findings import FindingsModuleError
+import torch
+
+from harness import findings as registry
+from harness.exits import UsageError, command, run_group
+from harness.measure.timing import pinned_threads
+from harness.ranks import solo_environment
+from harness.results import atomic_write_text
+from harness.runner import CaseRun, RunOptions
 
 #: the folder of a run that holds its replicas' output
 FOLDER = "replicas"
@@ -87,12 +93,6 @@ def _die_with_parent(parent: int | None) -> None:
 def measure(spec: ReplicaSpec) -> dict:
     """In the replica process: each cell of `spec` measured as the run measures it, without
     the profiling pass. Returns the output document (module docstring)."""
-    import torch
-
-    from harness import findings as registry
-    from harness.measure.timing import pinned_threads
-    from harness.runner import CaseRun, RunOptions
-
     for module in spec.findings_modules:
         registry.load_findings_module(module)
     options = RunOptions(
@@ -106,7 +106,9 @@ def measure(spec: ReplicaSpec) -> dict:
             entry = {"finding": finding_id, "case": label}
             try:
                 finding = registry.planned(registry.select([finding_id])[0], spec.quick)
-                case = next(c for c in finding.cases(spec.quick) if c.label == label)
+                case = next((c for c in finding.cases(spec.quick) if c.label == label), None)
+                if case is None:
+                    raise ValueError(f"{finding_id} has no case {label!r} here")
                 cell = CaseRun(finding, case, options, headline=headline).run()
             except Exception as err:  # one cell that cannot run is that cell's, said
                 entry["error"] = f"{type(err).__name__}: {err}"
@@ -123,10 +125,6 @@ def run_replica(spec: ReplicaSpec, path: Path) -> dict[tuple[str, str], dict]:
     """Start one replica of `spec`, wait for it, and keep its output at `path` (atomic).
     Returns (finding id, case label) -> that cell's entry; where the replica itself failed,
     every cell's entry is `{"error": why}`."""
-    from harness.exits import run_group
-    from harness.ranks import solo_environment
-    from harness.results import atomic_write_text
-
     started = time.perf_counter()
     done = run_group([sys.executable, "-m", "harness.replica",
                       json.dumps(dataclasses.asdict(spec))], env=solo_environment())
@@ -208,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(spec.parent)
     try:
         document = measure(spec)
-    except FindingsModuleError as err:  # the run's own --findings-module, not importable here
+    except registry.FindingsModuleError as err:  # the run's own --findings-module, not importable here
         raise UsageError(str(err)) from err
     print(json.dumps(document))
     return 0

@@ -83,7 +83,8 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "n": int, "median_s": float, "iqr_s": float, "first_call_s": float,
     "ratio": float, "ci_low": float, "ci_high": float, "ci_level": float, "speedup": float,
     "ci_halfwidth": float, "margin": float, "pvalue": float, "log_se": float, "df": float,
-    "process_sd": float, "processes": int, "process_note": str, "rounds_to_decide": int, "max_error": float,
+    "process_sd": float, "processes": int, "process_note": str, "rounds_to_decide": int,
+    "max_error": float,
     "op_calls": int, "host_syncs": int, "allocations": int, "allocated_bytes": int,
     "kernel_launches": int, "peak_bytes": int, "error": str, "reason": str,
 }

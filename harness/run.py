@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the baseline is also timed against a second copy of itself, "
                         "the run's measured noise floor (default: each finding's headline "
                         "cell)")
-    p.add_argument("--processes", type=options.at_least(1), default=None, metavar="N",
+    p.add_argument("--processes", type=options.integer_from(1, registry.CaseNoise.MAX_PROCESSES),
+                   default=None, metavar="N",
                    help="fresh processes for each cell whose ratios are known to move "
                         "between processes (a finding's between_runs; B4-CR-03's largest "
                         "cases): its budget shared out over N processes and their rounds "
@@ -201,17 +202,13 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
     if getattr(args, "sources", False) and args.no_profile:
         raise UsageError("--sources: expected with the profiling pass (it splits the counters "
                          "the profiler counts); got it with --no-profile")
-    processes = getattr(args, "processes", None)
-    if processes is not None and processes > registry.CaseNoise.MAX_PROCESSES:
-        raise UsageError(f"--processes: expected an integer from 1 to "
-                         f"{registry.CaseNoise.MAX_PROCESSES}; got {processes}")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
         min_samples=5 if args.quick else 8, precision=args.precision, margin=args.margin,
         placebo=args.placebo, profile=not args.no_profile,
         sources=bool(getattr(args, "sources", False)),
-        processes=processes,
+        processes=getattr(args, "processes", None),
     )
 
 

@@ -90,13 +90,13 @@ class RunOptions:
             return 1
         return noise.processes if self.processes is None else self.processes
 
-    def sampling(self, finding: Finding, case: Case | None = None) -> Sampling:
-        """The sampling of `finding`'s cells under these options; at `case`, its budget is
-        shared out over the cell's processes and its declared noise is in the stop rule."""
-        shares = 1 if case is None else self.cell_processes(finding, case)
-        declared = {} if case is None else self.declared_sd(finding, case)
+    def sampling(self, finding: Finding, case: Case) -> Sampling:
+        """The sampling of `finding` at `case` under these options: its budget shared out
+        over the cell's processes, its declared noise in the stop rule."""
+        declared = self.declared_sd(finding, case)
         return Sampling(
-            time_budget_s=self.time_budget_s * finding.budget_factor / shares,
+            time_budget_s=(self.time_budget_s * finding.budget_factor
+                           / self.cell_processes(finding, case)),
             min_rounds=self.min_samples, max_rounds=self.max_samples,
             # paired: every variant makes the same calls, one per sample
             min_sample_time=None if finding.paired else 1e-3,

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
-__all__ = ["PROCESS_SD_DF", "PairedEstimate", "ProcessNoise", "TRIM", "log_estimate", "log_ratios",
-           "paired_estimate", "rounds_estimate"]
+__all__ = ["PROCESS_SD_DF", "PairedEstimate", "ProcessNoise", "TRIM", "log_estimate",
+           "log_ratios", "paired_estimate", "rounds_estimate"]
 
 #: the share of rounds trimmed from each end of the per-round log ratios
 TRIM = 0.2
@@ -197,17 +197,16 @@ def paired_estimate(processes: Sequence[tuple[Sequence[float], Sequence[float]]]
     # Welch-Satterthwaite: process_sd is a measured constant, so only `within` carries df
     carried = float(np.sum(within ** 2 / dfs))
     model_df = min(predicted ** 2 * count ** 2 / carried, 1e6) if carried > 0 else 1e6
-    if count >= 2 and prior_df is not None:
+    if count >= 2:
         spread = float(np.var(thetas, ddof=1))
-        moderated = (prior_df * predicted + (count - 1) * spread) / (prior_df + count - 1)
-        if moderated > predicted:
-            return PairedEstimate(float(thetas.mean()), math.sqrt(moderated / count),
-                                  float(prior_df + count - 1), rounds, count)
-    elif count >= 2:
-        spread = float(np.var(thetas, ddof=1))
+        if prior_df is not None:  # a few processes: their spread moderates the prediction
+            moderated = (prior_df * predicted + (count - 1) * spread) / (prior_df + count - 1)
+            if moderated > predicted:
+                return PairedEstimate(float(thetas.mean()), math.sqrt(moderated / count),
+                                      float(prior_df + count - 1), rounds, count)
         # the processes disagree more than the model allows (a chi-square test at 5%):
         # their own spread, with count - 1 degrees of freedom, is the variance
-        if spread > predicted * scipy_stats.chi2.ppf(0.95, count - 1) / (count - 1):
+        elif spread > predicted * scipy_stats.chi2.ppf(0.95, count - 1) / (count - 1):
             return PairedEstimate(float(thetas.mean()), math.sqrt(spread / count),
                                   float(count - 1), rounds, count)
     return PairedEstimate(float(thetas.mean()), math.sqrt(predicted / count), model_df,

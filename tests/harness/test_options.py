@@ -20,6 +20,7 @@ from harness.exits import UsageError
     (options.positive_int, {"1": 1, "16": 16, " 3 ": 3},
      ["0", "-3", "1.5", "", "1e3", "\u0661", "1_000"]),
     (options.count, {"0": 0, "7": 7}, ["-1", "x"]),
+    (options.integer_from(1, 8), {"1": 1, "8": 8}, ["0", "9", "-1", "2.0", "\u0661"]),
     (options.seed, {"0": 0, str(2**32 - 1): 2**32 - 1}, ["-1", str(2**32), "1e23", "0x10"]),
 ])
 def test_each_parser_takes_what_it_names_and_refuses_the_rest(parse, good, bad):
@@ -34,7 +35,8 @@ def test_each_parser_takes_what_it_names_and_refuses_the_rest(parse, good, bad):
 @given(st.text(max_size=12))
 def test_no_text_makes_a_parser_raise_anything_but_its_own_error(text):
     for parse in (options.seconds, options.fraction, options.fraction_or_zero, options.factor,
-                  options.positive_int, options.count, options.seed):
+                  options.positive_int, options.count, options.seed,
+                  options.integer_from(1, 8)):
         try:
             value = parse(text)
         except argparse.ArgumentTypeError:

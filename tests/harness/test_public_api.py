@@ -16,8 +16,8 @@ from harness import Case, Finding, max_abs_difference, register
 from harness import findings as registry
 
 #: what a user may import from `harness`; changing it breaks their finding modules
-PUBLIC_NAMES = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference", "register",
-                "set_defaults"]
+PUBLIC_NAMES = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+                "register", "set_defaults"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",

@@ -8,6 +8,7 @@ cell in. Each finding passes its part as `Finding.between_runs`.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -15,7 +16,13 @@ from pathlib import Path
 BETWEEN_RUNS = Path(__file__).resolve().parents[1] / "between_runs.json"
 
 
+@functools.cache
+def _measured() -> dict[str, dict]:
+    """The file's findings, read once for every finding that asks."""
+    return json.loads(BETWEEN_RUNS.read_text())["findings"]
+
+
 def between_runs(finding_id: str) -> dict[str, dict]:
     """case label -> {"sd": {variant: sd, log units}, "processes": n} measured for
     `finding_id`; {} where nothing was measured to move."""
-    return json.loads(BETWEEN_RUNS.read_text())["findings"].get(finding_id, {})
+    return _measured().get(finding_id, {})
