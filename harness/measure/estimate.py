@@ -40,8 +40,8 @@ __all__ = ["PROCESS_SD_DF", "PairedEstimate", "ProcessNoise", "TRIM", "log_estim
 #: the share of rounds trimmed from each end of the per-round log ratios
 TRIM = 0.2
 #: the degrees of freedom a process offset's standard deviation carries: `ProcessNoise`
-#: was measured from 5 fresh processes per row, a finding's `between_runs` from 10 runs
-#: with a robust estimate (about as efficient as 5 processes' standard deviation)
+#: was measured from 5 fresh processes per row, a finding's `between_runs` as a standard
+#: deviation over 9 runs (counted as 4: a rare mode, one run in ten, is poorly estimated)
 PROCESS_SD_DF = 4.0
 
 
