@@ -181,7 +181,7 @@ EXCESS = 1.5
 REACH = 2.0
 #: runs left out at the start of a set: the first run after a fresh clone reads more rows
 #: off than any other (18-24 of 238 rows beyond 5 robust deviations in three sets, where
-#: the median run reads 4-7), as a warm-up does
+#: the median run reads 3-6), as a warm-up does
 WARM_UP_RUNS = 1
 #: the fewest runs, warm-up aside, a row's spread is taken from
 MIN_RUNS = 5
