@@ -13,9 +13,10 @@ docs quote. Parts, in the order the docs give them:
         `--quick` runs, reports included: their run time;
     python benchmarks/verdict_stability.py noise --commit REV OUT
         from `repeat`'s runs after the first (a warm-up), the rows whose ratios move
-        between runs (their standard deviation) more than their intervals say, written to harness/review/between_runs.json (`--to`), where the
-        built-in findings read them: those rows' intervals carry that spread, and the
-        cells where it can change a word are measured in 2 processes (`--processes`).
+        between runs (their standard deviation) more than their intervals say, written
+        to harness/review/between_runs.json (`--to`), where the built-in findings read
+        them: those rows' intervals carry that spread, and the cells where it can
+        change a word are measured in 2 processes (`--processes`).
         Derive it from runs of one process each (`repeat --run-args --processes 1`): a
         row two processes combined spreads less, and its cell would drop out of the table
         that put it there;
