@@ -403,8 +403,7 @@ class Finding:
             if not isinstance(label, str) or not label:
                 self._bad("between_runs", "case labels (str) as keys", label)
             if isinstance(noise, dict):
-                unknown = sorted(set(noise) - {"sd", "processes"})
-                if unknown:
+                if "sd" not in noise or set(noise) - {"sd", "processes"}:
                     self._bad(where, "a CaseNoise or a dict of sd and processes", noise)
                 noise = CaseNoise(**noise)
             if not isinstance(noise, CaseNoise):

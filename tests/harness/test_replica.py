@@ -44,6 +44,7 @@ def _finding(**changes) -> Finding:
     ({"n=4096": {"sd": {}, "processes": 9}}, "between_runs['n=4096'].processes"),
     ({"n=4096": {"sd": {}, "processes": True}}, "between_runs['n=4096'].processes"),
     ({"n=4096": {"sd": {}, "spread": 2}}, "between_runs['n=4096']"),
+    ({"n=4096": {"processes": 2}}, "between_runs['n=4096']"),
     ({"n=4096": 0.1}, "between_runs['n=4096']"),
     ([("n=4096", 0.1)], "between_runs"),
 ])
