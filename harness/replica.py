@@ -43,6 +43,12 @@ from harness.runner import CaseRun, RunOptions
 
 #: the folder of a run that holds its replicas' output
 FOLDER = "replicas"
+#: the `RunOptions` fields a replica takes from the run as they are; of the others it
+#: takes the device by name, and leaves profiling, sources and the bandwidth floor off
+#: (its samples are all the run reads) and the process noise at its default (no option
+#: changes it)
+CARRIED_OPTIONS = ("quick", "seed", "time_budget_s", "min_samples", "max_samples", "margin",
+                   "precision", "placebo", "processes")
 
 
 @dataclass(frozen=True)
@@ -72,11 +78,8 @@ class ReplicaSpec:
         """The replica of `cells` under `options` (`harness.runner.RunOptions`)."""
         return cls(cells=tuple(tuple(c) for c in cells),
                    findings_modules=tuple(findings_modules or ()), device=str(options.device),
-                   quick=options.quick, seed=options.seed, time_budget_s=options.time_budget_s,
-                   min_samples=options.min_samples, max_samples=options.max_samples,
-                   margin=options.margin, precision=options.precision,
-                   placebo=options.placebo, processes=options.processes, threads=threads,
-                   parent=os.getpid())
+                   threads=threads, parent=os.getpid(),
+                   **{name: getattr(options, name) for name in CARRIED_OPTIONS})
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -95,11 +98,8 @@ def measure(spec: ReplicaSpec) -> dict:
     the profiling pass. Returns the output document (module docstring)."""
     for module in spec.findings_modules:
         registry.load_findings_module(module)
-    options = RunOptions(
-        device=torch.device(spec.device), quick=spec.quick, seed=spec.seed,
-        time_budget_s=spec.time_budget_s, min_samples=spec.min_samples,
-        max_samples=spec.max_samples, margin=spec.margin, precision=spec.precision,
-        placebo=spec.placebo, processes=spec.processes, profile=False)
+    options = RunOptions(device=torch.device(spec.device), profile=False,
+                         **{name: getattr(spec, name) for name in CARRIED_OPTIONS})
     cells = []
     with pinned_threads(spec.threads):
         for finding_id, label, headline in spec.cells:

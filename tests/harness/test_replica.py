@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,9 @@ import torch
 from harness import findings as registry
 from harness.findings import Case, CaseNoise, Finding
 from harness.measure.estimate import PROCESS_SD_DF, ProcessNoise, paired_estimate
-from harness.replica import ReplicaSpec, load_replica, replicas_for, run_replica
+from harness.replica import (
+    CARRIED_OPTIONS, ReplicaSpec, load_replica, replicas_for, run_replica,
+)
 from harness.results import load_run
 from harness.run import main
 from harness.runner import CaseRun, RunOptions
@@ -57,6 +60,21 @@ def test_a_bad_between_runs_declaration_fails_at_registration_naming_the_field(t
 def test_a_between_runs_dict_becomes_case_noise():
     finding = _finding(between_runs={"n=4096": {"sd": {"double": 0.1}, "processes": 3}})
     assert finding.between_runs == {"n=4096": CaseNoise({"double": 0.1}, 3)}
+
+
+def test_a_replica_measures_with_every_option_of_the_run_it_does_not_set_itself():
+    options = RunOptions(device=torch.device("cpu"), quick=True, seed=7, time_budget_s=0.3,
+                         min_samples=5, max_samples=40, margin=0.1, precision=0.01,
+                         placebo="all", processes=3)
+    spec = ReplicaSpec.of([("F", "n=1", True)], options, threads=2, findings_modules=None)
+    assert {name: getattr(spec, name) for name in CARRIED_OPTIONS} == {
+        name: getattr(options, name) for name in CARRIED_OPTIONS}
+    assert (spec.device, spec.threads, spec.parent) == ("cpu", 2, os.getpid())
+    # a new run option must be carried or named here as set by the replica itself
+    set_by_the_replica = {"device", "process_noise", "profile", "sources",
+                          "copy_bandwidth_bytes_per_s"}
+    assert {f.name for f in dataclasses.fields(RunOptions)} == (
+        set(CARRIED_OPTIONS) | set_by_the_replica)
 
 
 def test_run_options_share_the_budget_and_carry_the_declared_spread():
