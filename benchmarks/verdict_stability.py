@@ -206,11 +206,9 @@ def between_runs(runs: list[dict], margin: float = 0.05, processes: int = 2) -> 
     errors: dict[tuple, list[float]] = {}
     combined: dict[tuple, int] = {}  # the most processes a run combined into the row
     for run in runs[WARM_UP_RUNS:]:
-        for row in run["rows"]:
-            if row.get("placebo") or not row.get("ratio") or row.get("verdict") not in (
-                    *DECISIVE, "inconclusive"):
+        for key, row in _words(run["rows"]).items():
+            if not row.get("ratio"):
                 continue
-            key = (row["finding"], row["case"], row["variant"])
             logs.setdefault(key, []).append(math.log(row["ratio"]))
             se = row.get("log_se") or math.log(row["ci_high"] / row["ci_low"]) / 2 / 1.96
             errors.setdefault(key, []).append(se)

@@ -162,6 +162,7 @@ def test_the_committed_between_runs_table_is_what_the_built_in_findings_declare(
     from harness import findings as registry
     from harness.review.findings.measured_noise import BETWEEN_RUNS
 
+    assert vs.BETWEEN_RUNS == BETWEEN_RUNS  # `noise` writes the file the findings read
     registry.select(None)
     table = json.loads(BETWEEN_RUNS.read_text())["findings"]
     assert table, "between_runs.json lists no cells"
