@@ -698,9 +698,8 @@ def select(ids: list[str] | None, include_long: bool = False) -> list[Finding]:
         return [f for f in FINDINGS.values() if include_long or not f.long]
     unknown = [i for i in ids if i not in FINDINGS]
     if unknown:
-        raise ValueError(
-            f"--findings: unknown id(s) {', '.join(unknown)}; known: {', '.join(FINDINGS)}"
-        )
+        named = ", ".join(i if i.isprintable() else repr(i) for i in unknown)  # one line
+        raise ValueError(f"--findings: unknown id(s) {named}; known: {', '.join(FINDINGS)}")
     return [FINDINGS[i] for i in FINDINGS if i in ids]
 
 

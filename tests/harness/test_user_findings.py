@@ -351,3 +351,12 @@ def test_against_a_revision_of_the_users_repository_catches_a_slower_commit(tmp_
     listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                             text=True).stdout
     assert len(listed.splitlines()) == 1  # its worktree was removed
+
+
+@pytest.mark.parametrize("command", ["run", "gate"])
+def test_an_unknown_id_with_a_line_break_is_named_on_the_error_s_one_line(command, capsys):
+    main = run_main if command == "run" else gate.main
+    stop = [] if command == "run" else ["--counters"]
+    assert main([*stop, "--findings", "\n"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --findings: unknown id(s) '\\n'; known: ") and err.count("\n") == 1
