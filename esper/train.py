@@ -189,8 +189,9 @@ def parse_options(argv: list[str] | None) -> Options:
     nothing is built or written before every option has been checked."""
     args = build_parser().parse_args(argv)
     for name, value in vars(args).items():
-        # argparse (3.11) reads `--envs=--` as an empty list: '--' ends the options
-        if value is not None and not isinstance(value, str):
+        # `--envs=--`: argparse 3.11 reads an empty list ('--' ends the options), 3.12 the
+        # string '--'; both are one answer, never a file named '--'
+        if value == "--" or (value is not None and not isinstance(value, str)):
             raise UsageError(f"--{name}: expected one value; got {value!r}")
     if not args.variants.strip():
         raise UsageError(f"--variants: expected 'original', 'optimized' or axis=value pairs; "

@@ -7,12 +7,20 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from esper.gae import DEVICE_TYPES, METHODS
+
 #: The GAE method whose first call per dtype (and the first that needs a backward)
 #: compiles with torch.compile: 10-18 s each on the 2-core CPU with a cold inductor cache,
 #: 1-3 s with a warm one. Its graph is one per process and dtype, so a session pays it
 #: once whatever runs it; the tests where it runs are marked `slow`, so that
 #: `pytest -m "not slow"` never compiles.
 COMPILED = "compiled"
+
+#: the methods that take CPU tensors on this machine (`triton` only under Triton's
+#: interpreter); on a CUDA machine the others are tested on CUDA tensors
+CPU_METHODS = [m for m in METHODS if "cpu" in DEVICE_TYPES[m]]
+#: the methods that take CUDA tensors where torch has a GPU (`triton` only there)
+CUDA_METHODS = [m for m in METHODS if "cuda" in DEVICE_TYPES[m]]
 
 
 def method_params(methods) -> list:

@@ -66,6 +66,7 @@ from esper.env.config import EnvConfig
 from esper.env.mask_batch import MaskBatcher
 from esper.env.pool import EnvBatches
 from esper.env.vectorized import VectorizedMorphoEnv
+from esper import gae
 from esper.rollout.buffer import RolloutBuffer
 from esper.rollout.device_spans import DeviceSpans
 from esper.variants import Variants
@@ -233,6 +234,11 @@ class VectorizedTrainer:
     def __init__(self, config: TrainConfig, device: torch.device | str = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
+        runs_on = gae.DEVICE_TYPES.get(config.variants.gae, ())
+        if self.device.type not in runs_on:  # else it fails an iteration in, in the kernel
+            raise ValueError(f"VectorizedTrainer: config.variants.gae: {config.variants.gae!r} "
+                             f"runs on {', '.join(runs_on) or 'no device of this machine'}; "
+                             f"got device {self.device.type}")
         torch.manual_seed(config.seed)
         self.streams: list | None = None
         self.env_streams: int | None = None

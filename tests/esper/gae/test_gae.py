@@ -17,9 +17,11 @@ from esper.gae.inputs import device_count_check
 from esper.gae.methods import TABLE, _load
 from esper.gae.reference import reference_gae
 from harness.measure.counters import profile_call
-from tests.gae_inputs import COMPILED, make_case, method_params
+from tests.gae_inputs import COMPILED, CPU_METHODS, CUDA_METHODS, make_case, method_params
 
-FAST_METHODS = [m for m in METHODS if m != "loop"]
+#: the methods these tests call on CPU tensors (on a CUDA machine `triton` is tested on
+#: CUDA tensors, at the end of this file)
+FAST_METHODS = [m for m in CPU_METHODS if m != "loop"]
 #: the fast methods but the compiled one, whose property test is its own (`slow`)
 UNCOMPILED_FAST = [m for m in FAST_METHODS if m != COMPILED]
 RESETS = ["clone", "mask"]
@@ -39,7 +41,7 @@ def assert_matches_reference(case, method, reset, gamma, lam, dtype, counts_as_t
         assert err <= TOLERANCE[dtype] * scale, f"{method}/{reset}: max error {err} (scale {scale})"
 
 
-@pytest.mark.parametrize("method", method_params(METHODS))
+@pytest.mark.parametrize("method", method_params(CPU_METHODS))
 def test_hand_checked_vector(method):
     """ESPER_NOTES.md: gamma .9, lambda .5 -> A [1.0625, 0.75, 11.8575, 4.85]."""
     args = (
@@ -59,7 +61,7 @@ def test_hand_checked_vector(method):
         torch.testing.assert_close(ret, expected + args[1], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("method", method_params(METHODS))
+@pytest.mark.parametrize("method", method_params(CPU_METHODS))
 def test_interior_truncation_cuts_the_trace(method):
     """Truncated at t=1 mid-row: A_1 bootstraps from b_1 and A_0 does not see A_2."""
     rewards = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
@@ -135,7 +137,7 @@ def test_float32_long_rows(method, trace):
     assert_matches_reference(case, method, "mask", gamma, lam, torch.float32)
 
 
-@pytest.mark.parametrize("method", method_params(METHODS))
+@pytest.mark.parametrize("method", method_params(CPU_METHODS))
 def test_outputs_zero_past_step_counts_and_dtype_kept(method):
     case = make_case(5, 30, seed=1, dtype=torch.float32, step_counts=[0, 30, 7, 1, 29])
     adv, ret = compute_gae(*case.args(), gamma=0.99, gae_lambda=0.95, method=method)
@@ -145,9 +147,17 @@ def test_outputs_zero_past_step_counts_and_dtype_kept(method):
 
 
 def _syncs(method, reset="mask"):
+    """The counters of one call after a first one: a first call of `compiled` compiles,
+    and compiling reads values (4 host reads seen on a GPU machine's CPU, where no other
+    test of the worker had compiled first)."""
     case = make_case(4, 25, seed=2, p_done=0.2, stale_padding=False, step_counts=[25] * 4)
-    return profile_call(lambda: compute_gae(*case.args(counts_as_tensor=True), gamma=0.99,
-                                            gae_lambda=0.95, method=method, reset=reset))
+
+    def call():
+        return compute_gae(*case.args(counts_as_tensor=True), gamma=0.99, gae_lambda=0.95,
+                           method=method, reset=reset)
+
+    call()
+    return profile_call(call)
 
 
 @pytest.mark.parametrize("method", method_params(FAST_METHODS))
@@ -246,7 +256,7 @@ def _with_counts(case, counts):
     return (*case.args()[:5], counts)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", CPU_METHODS)
 @pytest.mark.parametrize("counts", [[9, 4], [-1, 4], [5, 4]], ids=["past", "negative", "one-past"])
 @pytest.mark.parametrize("kind", ["list", "int64", "int32"])
 def test_out_of_range_step_counts_are_rejected(method, counts, kind):
@@ -315,7 +325,7 @@ def test_non_tensors_and_integer_rewards_are_rejected(mutate, field):
         compute_gae(*args, gamma=0.9, gae_lambda=0.9)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", CPU_METHODS)
 @pytest.mark.parametrize("num_envs, max_steps", [(3, 0), (0, 5), (0, 0)])
 def test_empty_inputs_give_empty_outputs(method, num_envs, max_steps):
     """`batched` with 0 steps raised IndexError where the others returned an empty result."""
@@ -332,7 +342,7 @@ def test_empty_inputs_give_empty_outputs(method, num_envs, max_steps):
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
-@pytest.mark.parametrize("method", method_params(METHODS))
+@pytest.mark.parametrize("method", method_params(CPU_METHODS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_is_computed_in_float32(method, dtype):
     """numba/auto said only "NotImplementedError: float16". Every method now computes
@@ -355,7 +365,7 @@ def test_unsupported_float_dtypes_are_rejected_listing_the_working_ones():
         compute_gae(*args, case.step_counts, gamma=0.9, gae_lambda=0.9)
 
 
-DIFFERENTIABLE = [m for m in METHODS if m not in NON_DIFFERENTIABLE]
+DIFFERENTIABLE = [m for m in CPU_METHODS if m not in NON_DIFFERENTIABLE]
 
 
 def _grads(method, dtype=torch.float64):
@@ -383,7 +393,7 @@ def test_differentiable_methods_give_the_gradients_of_the_loop(method):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("method", sorted(NON_DIFFERENTIABLE & set(METHODS)))
+@pytest.mark.parametrize("method", sorted(NON_DIFFERENTIABLE & set(CPU_METHODS)))
 def test_non_differentiable_methods_refuse_inputs_that_require_grad(method):
     """numba computes outside autograd: it used to drop the gradient silently."""
     case = make_case(2, 5, seed=0)
@@ -462,3 +472,27 @@ def test_one_meta_input_among_real_ones_is_named_by_compute_gae(index, name):
     args[index] = args[index].to("meta")
     with pytest.raises(ValueError, match=rf"^compute_gae: {name}" + META):
         compute_gae(*args, gamma=0.9, gae_lambda=0.9)
+
+
+# ------------------------------------------------------------------- on CUDA tensors
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", CUDA_METHODS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("counts_as_tensor", [False, True])
+def test_cuda_methods_equal_the_reference_on_cuda_tensors(method, dtype, counts_as_tensor):
+    """Every method that takes CUDA tensors (`triton` among them) against the float64
+    reference computed on the CPU, on stale padding and mixed terminals: float64/float32
+    within `TOLERANCE` x scale, 16-bit inputs within one rounding of the result on top of
+    float32's tolerance (they are computed in float32)."""
+    case = make_case(7, 40, seed=11, dtype=dtype, p_done=0.2, p_trunc=0.1,
+                     step_counts=[40, 0, 17, 1, 39, 40, 25])
+    args = [t.cuda() if isinstance(t, torch.Tensor) else t for t in case.args(counts_as_tensor)]
+    adv, ret = compute_gae(*args, gamma=0.99, gae_lambda=0.95, method=method)
+    want_adv, want_ret = reference_gae(*case.args(), gamma=0.99, gae_lambda=0.95)
+    assert adv.device.type == ret.device.type == "cuda" and adv.dtype == ret.dtype == dtype
+    rounding = UNIT_ROUNDOFF.get(dtype, 0.0)
+    tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
+    for got, want in ((adv.cpu(), want_adv), (ret.cpu(), want_ret)):
+        bound = rounding * want.abs() + tolerance * max(1.0, want.abs().max().item())
+        assert ((got.double() - want).abs() <= bound).all(), (got.double() - want).abs().max()

@@ -31,12 +31,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper.gae import DEVICE_TYPES, FLOAT_DTYPES, METHODS, NON_DIFFERENTIABLE, compute_gae
+from esper.gae import FLOAT_DTYPES, NON_DIFFERENTIABLE, compute_gae
 from esper.gae.reference import reference_gae
-from tests.gae_inputs import make_case, method_params
+from tests.gae_inputs import CPU_METHODS, make_case, method_params
 
 REPO = Path(__file__).resolve().parents[3]
-CPU_METHODS = [m for m in METHODS if "cpu" in DEVICE_TYPES[m]]
 #: examples per method: a few seconds each; compiled compiles a graph per dtype and for
 #: autograd, and Triton's interpreter runs a kernel in Python
 EXAMPLES = {"compiled": 15, "triton": 12, "loop": 60}

@@ -115,8 +115,8 @@ def original_outcomes() -> list[dict[str, float]]:
     pytest.param(v, marks=pytest.mark.slow) if v.gae == COMPILED else v for v in ALL_VARIANTS
 ], ids=Variants.spec)
 def test_every_variant_combination_trains_end_to_end(variants, original_outcomes):
-    if variants.gae not in esper.gae.METHODS:
-        pytest.skip(f"gae={variants.gae} does not run on this machine")
+    if "cpu" not in esper.gae.DEVICE_TYPES.get(variants.gae, ()):
+        pytest.skip(f"gae={variants.gae} does not run on the CPU of this machine")
     _, stats = run(small_config(variants), 2)
     for s, reference in zip(stats, original_outcomes):
         assert set(PHASES) <= set(s.phase_seconds)
@@ -124,6 +124,18 @@ def test_every_variant_combination_trains_end_to_end(variants, original_outcomes
         assert math.isfinite(s.mean_return)
         # the variants change speed, never results
         assert outcome(s) == pytest.approx(reference, abs=1e-5)
+
+
+def test_a_gae_method_that_does_not_run_on_the_device_is_refused_by_name(monkeypatch):
+    """`triton` takes CUDA tensors only: a CPU trainer with gae=triton used to fail in its
+    first GAE call, an iteration in, from inside the kernel's wrapper. Without a GPU triton
+    is in neither table, so both are patched to what a CUDA machine holds (where the real
+    kernel runs, `test_gae.py` calls it on CUDA tensors)."""
+    monkeypatch.setitem(esper.gae.DEVICE_TYPES, "triton", ("cuda",))
+    monkeypatch.setitem(AXES, "gae", (*AXES["gae"], "triton"))
+    config = small_config(dataclasses.replace(Variants.original(), gae="triton"))
+    with pytest.raises(ValueError, match=r"variants\.gae: 'triton' runs on cuda; got device cpu"):
+        VectorizedTrainer(config)
 
 
 def test_original_and_optimized_variants_give_the_same_losses_and_returns(original_outcomes):
