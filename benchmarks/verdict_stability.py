@@ -14,7 +14,7 @@ docs quote. Parts, in the order the docs give them:
     python benchmarks/verdict_stability.py noise --commit REV OUT
         from `repeat`'s runs after the first (a warm-up), the rows whose ratios move
         between runs (their standard deviation) more than their intervals say, written
-        to harness/review/between_runs.json (`--to`), where the built-in findings read
+        to esper_review/between_runs.json (`--to`), where the built-in findings read
         them: those rows' intervals carry that spread, and the cells where it can
         change a word are measured in 2 processes (`--processes`).
         Derive it from runs of one process each (`repeat --run-args --processes 1`): a
@@ -173,7 +173,7 @@ def placebos(runs: list[dict]) -> dict:
 # ----------------------------------------------------------------------------- noise
 
 #: where the built-in findings read the rows measured to move between processes
-BETWEEN_RUNS = REPO / "harness" / "review" / "between_runs.json"
+BETWEEN_RUNS = REPO / "esper_review" / "between_runs.json"
 #: a row is declared when its ratio's spread between runs exceeds its in-run standard
 #: error by this factor (9 runs estimate a standard deviation to about +-25%)
 EXCESS = 1.5

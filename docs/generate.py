@@ -21,17 +21,17 @@ Kinds:
   help MODULE     the `--help` of a command (its `build_parser()`), 96 columns wide
   variants        esper's reviewed axes, from `esper.variants` (values and docstrings)
   finding-fields  the public `Finding` fields, from their docstrings
-  findings [long] the built-in findings with the verdict of the committed example run
+  findings [long] the review's findings with the verdict of the committed example run
                   (results/example/run.json, rendered the way the report does), or of the
                   committed run of the long findings (results/long/run.json)
-  finding-list    every built-in finding with its ticket, variants and provenance, from the
-                  registry (`harness.review`)
-  targets         the GAE targets table of that run (`harness.review.gae_tools.targets`)
+  finding-list    every finding of the review with its ticket, variants and provenance, from the
+                  registry (`esper_review`)
+  targets         the GAE targets table of that run (`esper_review.gae_tools.targets`)
   stability, planted, processes, gate-power, run-times, duet
                   the verdict benchmark's tables, from the reduced results committed in
                   benchmarks/results/ (`benchmarks/verdict_stability.py`)
-  between-runs    the cells the built-in findings declare noisy between processes
-                  (harness/review/between_runs.json, `verdict_stability.py noise`)
+  between-runs    the cells the review's findings declare noisy between processes
+                  (esper_review/between_runs.json, `verdict_stability.py noise`)
 
 Exit status: 0 written or current; 1 --check found stale blocks (each named); 2 a marker
 that names an unknown kind, or a block left open.
@@ -147,10 +147,11 @@ def _findings(name: str = "example") -> str:
 def _finding_list() -> str:
     from harness import findings as registry
 
+    registry.load_findings_module("esper_review")  # the findings pyproject.toml names
     lines = ["| finding | ticket | variants (baseline first; ours marked) | the baseline "
              "reproduces | the review's fix | where the premise does not hold |",
              "|---|---|---|---|---|---|"]
-    for finding in registry.select(None, include_long=True):  # the review's, in report order
+    for finding in registry.select(None, include_long=True, modules=["esper_review"]):
         names = [finding.baseline, *[v for v in finding.variants if v != finding.baseline]]
         variants = ", ".join(f"`{v}`" + (" (ours)" if v in finding.ours else "")
                              + (" (peer)" if v in finding.peers else "") for v in names)
@@ -163,7 +164,7 @@ def _finding_list() -> str:
 
 def _targets() -> str:
     from harness.results import load_run
-    from harness.review.gae_tools.targets import markdown, target_cells
+    from esper_review.gae_tools.targets import markdown, target_cells
 
     return markdown(target_cells(load_run(EXAMPLE_RUN).summary)) + "\n"
 

@@ -5,19 +5,20 @@
     esper-bench gate [OPTIONS]     = python -m harness.gate     (CI gate)
     esper-bench bisect [OPTIONS]   = python -m harness.bisect   (first changed commit)
 
-and the commands the findings modules add (`harness.Defaults.commands`; the built-in
-findings: `train` = python -m esper.train, and the GAE tools `crossovers`, `floor`,
-`targets`). Each subcommand calls the same `main` as its `python -m` form, with the same
-options and exit codes; `esper-bench SUBCOMMAND --help` shows them. `esper-bench
---version` prints the installed version.
+and the commands the project's findings modules add (`harness.Defaults.commands`, for
+the modules the nearest pyproject.toml names). Each subcommand calls the same `main` as
+its `python -m` form, with the same options and exit codes; `esper-bench SUBCOMMAND
+--help` shows them. `esper-bench --version` prints the installed version. As with
+`python -m`, modules import from the current folder first.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-from harness.exits import version
+from harness.exits import command, version
 
 #: subcommand -> module whose `main(argv)` it calls
 SUBCOMMANDS = {
@@ -29,18 +30,28 @@ SUBCOMMANDS = {
 
 
 def subcommands() -> dict[str, str]:
-    """The harness's subcommands and those the findings modules add (never replacing one)."""
+    """The harness's subcommands and those the project's findings modules add (never
+    replacing one)."""
     from harness.findings import defaults  # late: --version must not load torch
+    from harness.project import load_findings
 
-    added = {name: module for name, module in defaults().commands if name not in SUBCOMMANDS}
+    _, modules = load_findings(None, required=False)
+    added = {name: module for name, module in defaults(modules).commands
+             if name not in SUBCOMMANDS}
     return {**SUBCOMMANDS, **added}
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--version":
         print(f"esper-bench {version()}")
         return 0
+    # as `python -m harness.run` does: the project's modules import from the current folder
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    if argv and argv[0] in SUBCOMMANDS:  # no findings module is imported to find it
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     commands = subcommands()
     usage = f"usage: esper-bench {{{','.join(commands)}}} [OPTIONS]"
     if not argv or argv[0] in ("-h", "--help"):

@@ -3,7 +3,7 @@
 When a cell's counters changed (against a baseline file, another commit, another run),
 the cell is profiled once more with its counted events split by site
 (`harness.measure.sources.attribute_call`), and each changed counter becomes a sentence:
-`host syncs 0 -> 4: +4 aten::item at esper/rollout/buffer.py:212 in add()`.
+`host syncs 0 -> 4: +4 aten::item at mylib/buffer.py:212 in add()`.
 
 The project's own files are those of the git repository (else the folder) holding the
 module that defines the finding's calls; the harness's own package and the Python

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import findings as registry
 from harness.exits import UsageError
 
 if sys.version_info >= (3, 11):
@@ -101,3 +103,35 @@ def load_project_config(start: Path | None = None) -> ProjectConfig:
         raise UsageError(f"{path}: expected a readable TOML file; got "
                          f"{type(err).__name__}: {err}") from err
     return parse(path, document)
+
+
+def load_findings(named: Sequence[str] | None, required: bool = True,
+                  with_project: bool = True) -> tuple[ProjectConfig, tuple[str, ...]]:
+    """The project's settings and its findings modules, imported: those the nearest
+    pyproject.toml names (unless not `with_project`: a resumed run's recorded list), then
+    `named` (`--findings-module`, repeatable).
+
+    Every module must import and register at least one finding; else UsageError naming
+    the module and where it was named (the pyproject.toml file, or --findings-module).
+    With `required`, no module at all is a UsageError saying how to name one.
+    """
+    project = load_project_config()
+    from_file = project.findings_modules if with_project else ()
+    modules = tuple(dict.fromkeys([*from_file, *(named or [])]))
+    for module in modules:
+        where = (f"{project.path}: [{TABLE}] findings-modules" if module in from_file
+                 else "--findings-module")
+        try:
+            added = registry.load_findings_module(module)
+        except registry.FindingsModuleError as err:
+            raise UsageError(str(err).replace("--findings-module", where, 1)) from err
+        if not added:
+            raise UsageError(f"{where}: {module}: expected a module that registers findings "
+                             "(harness.register calls at its top level); it registered none")
+    if required and not modules:
+        found = (f"{project.path} names none" if project.path is not None
+                 else f"no pyproject.toml in {Path.cwd()} or its parents")
+        raise UsageError(f"--findings-module: expected a findings module to measure "
+                         f"(--findings-module PKG.MODULE, or findings-modules = "
+                         f"[\"PKG.MODULE\"] in [{TABLE}] of pyproject.toml); got none ({found})")
+    return project, modules

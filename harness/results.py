@@ -98,7 +98,8 @@ METADATA_FIELDS: dict[str, type] = {
     "profile": bool, "findings": list, "options": dict, "cells_total": int,
     "cells_done": int, "world_size": int, "device": str, "device_name": str,
     "cpu_model": str, "python": str, "torch": str, "cuda": str, "threads": int,
-    "platform": str, "git_commit": str, "git_dirty": bool, "command": str, "pid": int,
+    "platform": str, "git_commit": str, "git_dirty": bool, "tool_version": str,
+    "tool_git_commit": str, "command": str, "pid": int,
     "host": str, "process_start": str, "finding_info": dict, "process_noise": dict,
     "copy_bandwidth_bytes_per_s": float, "pyspy": dict, "ranks": list, "warnings": list,
 }
@@ -152,7 +153,9 @@ def migrate(document: dict, path: Path) -> dict:
     it: the one place where older runs are brought up to date. Schema 1 recorded nothing
     of its findings (`finding_info` becomes empty: the report says so) and its rows'
     intervals came from unpaired samples (their words keep their old values, and the
-    report marks them)."""
+    report marks them). Runs before the findings modules' repository became the subject
+    recorded the tool's checkout as `git_commit` and the modules' as `project_git_commit`:
+    the latter becomes `git_commit`, the former `tool_git_commit`."""
     version = document.get("schema_version")
     if version not in READABLE_VERSIONS:
         newer = is_whole(version) and version > SCHEMA_VERSION
@@ -164,6 +167,10 @@ def migrate(document: dict, path: Path) -> dict:
     if version == 1:
         document = {**document, "schema_version": SCHEMA_VERSION,
                     "finding_info": document.get("finding_info") or {}, "migrated_from": 1}
+    if document.get("project_git_commit"):
+        document = {**document, "tool_git_commit": document.get("git_commit"),
+                    "git_commit": document.pop("project_git_commit"),
+                    "git_dirty": document.pop("project_git_dirty", None)}
     return document
 
 
@@ -298,7 +305,7 @@ def _csv_text(rows: list[dict]) -> str:
 
 
 def cell_file_name(finding: str, case: str) -> str:
-    """`B4-CR-03--num_envs=4,max_steps=25--1a2b3c4d.json`: readable, unique per
+    """`MY-rowsums--rows=256,cols=64--1a2b3c4d.json`: readable, unique per
     (finding, case), and safe as a file name whatever characters the case label holds."""
     digest = hashlib.sha1(f"{finding}\0{case}".encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9._=,-]+", "_", f"{finding}--{case}")[:120]

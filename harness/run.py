@@ -23,14 +23,14 @@ import torch
 from harness import explain, findings as registry
 from harness import options, ranks, replica
 from harness.exits import (
-    UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
+    UsageError, add_version, check_writable_folder, command, epilog, signals_deferred, version,
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
 from harness.measure.machine import describe, fingerprint, git_state
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
-from harness.project import load_project_config
+from harness.project import load_findings
 from harness.report.reliability import reliability
 from harness.report.summary import format_seconds, sampling_line, summary_table, time_line
 from harness.results import (
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to run (default auto: cuda when available)")
     p.add_argument("--quick", action="store_true", help="small cases and budgets (CI-sized)")
     p.add_argument("--findings", nargs="+", metavar="ID",
-                   help="only these finding ids (default: those of the findings modules, "
-                        "else every built-in one; long findings run only when named, or with --all)")
+                   help="only these finding ids (default: every finding of the findings "
+                        "modules; long findings run only when named, or with --all)")
     p.add_argument("--all", action="store_true",
                    help="every finding, the long ones too (learning runs; see --list)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the findings and exit")
     p.add_argument("--time-budget", type=options.seconds, default=None, metavar="S",
                    help="the most sampling seconds per cell, a finding x case (default 1.0, "
-                        "quick 0.3; a finding of slow calls may declare a multiple: "
-                        "E2E-iteration 8x)")
+                        "quick 0.3; a finding of slow calls may declare a multiple, "
+                        "its budget_factor)")
     p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="the practical margin of the words: a ratio whose interval lies "
                         "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "
@@ -91,8 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=options.integer_from(1, registry.CaseNoise.MAX_PROCESSES),
                    default=None, metavar="N",
                    help="fresh processes for each cell whose ratios are known to move "
-                        "between processes (a finding's between_runs; B4-CR-03's largest "
-                        "cases): its budget shared out over N processes and their rounds "
+                        "between processes (a finding's between_runs): its budget shared out over N processes and their rounds "
                         "combined (default: the count each such cell declares; 1: the run's "
                         "own process only)")
     p.add_argument("--out", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
@@ -111,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads, fixed for the run (default: torch's current count)")
     p.add_argument("--pyspy", action="store_true",
                    help="also record a py-spy flamegraph of the findings modules' short "
-                        "program (built-in: a few esper.train iterations)")
+                        "program (harness.Defaults.flamegraph)")
     p.add_argument("--no-report", action="store_true", help="do not render the HTML report")
     p.add_argument("--reports", type=options.path, default=None, metavar="DIR",
                    help="report folder root (default: reports/ beside the results folder)")
@@ -139,9 +138,10 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def list_findings(quick: bool) -> str:
+def list_findings(quick: bool, modules: list[str]) -> str:
+    """One entry per finding of the findings modules `modules` (loaded), long ones too."""
     lines = []
-    for f in registry.select(None, include_long=True):
+    for f in registry.select(None, include_long=True, modules=modules):
         try:
             cases = f"{len(f.cases(quick))} cases"
         except Exception as err:  # user code; a run records it as the finding's failed row
@@ -192,7 +192,7 @@ def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device)
         detail = "; ".join(f"{k}: run {a!r}, here {b!r}" for k, (a, b) in different.items())
         raise UsageError(f"--resume {args.resume}: expected the machine the run was measured "
                          f"on; got another ({detail}). Its timings would not be comparable")
-    here = describe(device)["git_commit"]
+    here = code_state(args.findings_module).get("git_commit")
     if metadata.get("git_commit") != here:
         raise UsageError(f"--resume {args.resume}: expected the code the run measured "
                          f"(commit {metadata.get('git_commit')}); got commit {here}")
@@ -212,43 +212,38 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
     )
 
 
-def _select(ids: list[str] | None, modules: list[str] | None,
+def _select(ids: list[str] | None, modules: list[str],
             include_long: bool = False) -> list[registry.Finding]:
-    """The findings to measure, after importing the users' finding modules: `ids`, else
-    the findings of those modules, else every built-in one (long ones only with
-    `include_long`)."""
+    """The findings to measure, of the findings modules `modules` (loaded): `ids`, else
+    every finding of theirs (long ones only with `include_long`, or where they have no
+    other)."""
     if ids and include_long:
         raise UsageError(f"--all: expected without --findings (it names every finding); "
                          f"got --findings {' '.join(ids)}")
+    own = registry.from_modules(modules)
+    if not include_long:
+        own = [i for i in own if not registry.FINDINGS[i].long] or own
     try:
-        for module in modules or ():
-            registry.load_findings_module(module)
-        own = registry.from_modules(modules) if modules and not ids else None
-        if own == []:
-            raise ValueError(f"--findings-module: expected modules that register findings; "
-                             f"{', '.join(modules)} registered none")
-        if own is not None and not include_long:
-            own = [i for i in own if not registry.FINDINGS[i].long] or own
-        return registry.select(ids or own, include_long)
-    except ValueError as err:
+        return registry.select(ids or own, include_long, modules=modules)
+    except ValueError as err:  # names the unknown id, the nearest and the known ones
         raise UsageError(str(err)) from err
 
 
-def _with_project_modules(args: argparse.Namespace) -> None:
-    """--findings-module after the modules named in the nearest pyproject.toml
-    (`[tool.esper-bench] findings-modules`, `harness.project`): recorded with the run's
-    options, so that --resume imports them again."""
-    modules = [*load_project_config().findings_modules, *(args.findings_module or [])]
-    args.findings_module = list(dict.fromkeys(modules)) or None
+def _load_modules(args: argparse.Namespace, resumed: bool) -> None:
+    """Import the findings modules into `args.findings_module`: a new run's are those the
+    nearest pyproject.toml names, then --findings-module; a resumed run's exactly those it
+    recorded with its options (the project's, for a run that recorded none)."""
+    exact = resumed and bool(args.findings_module)
+    _, modules = load_findings(args.findings_module, with_project=not exact)
+    args.findings_module = list(modules)
 
 
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.resume is None:  # a resumed run imports the modules it recorded
-        _with_project_modules(args)
+    if args.resume is None:  # a resumed run imports the modules it recorded, below
+        _load_modules(args, resumed=False)
     if args.list:
-        _select(None, args.findings_module)
-        print(list_findings(args.quick))
+        print(list_findings(args.quick, args.findings_module))
         return 0
     try:
         launch = ranks.Launch.from_environment()
@@ -260,6 +255,7 @@ def _main(argv: list[str] | None = None) -> int:
         folder = resolve_run_folder(args.resume, args.out)
         resumed = load_run(folder)
         args = _recorded_args(args, resumed.metadata)
+        _load_modules(args, resumed=True)
         requested = launch.device(args.device) if launch.distributed else args.device
     device = resolve_device(requested)
     options = _options(args, device)
@@ -393,19 +389,25 @@ def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWr
                 "options": recorded,
                 "cells_total": sum(len(f.cases(options.quick)) for f in selected),
                 "world_size": launch.world_size,
-                **describe(options.device), **_project_state(args.findings_module)}
+                **describe(options.device), **code_state(args.findings_module)}
     return RunWriter.create(args.out, f"{stamp:%Y%m%d-%H%M%S}-{options.device.type}", metadata)
 
 
-def _project_state(modules: list[str] | None) -> dict:
-    """The commit (and dirty flag) of the git repository holding your findings modules:
-    the code a run of them measured, which history orders by and bisects (`git_commit` is
-    the harness's own checkout). Empty for the built-in findings or outside git."""
-    files = [getattr(sys.modules.get(m), "__file__", None) for m in modules or []]
-    if not files or files[0] is None:
-        return {}
-    commit, dirty = git_state(Path(files[0]).resolve().parent)
-    return {} if commit is None else {"project_git_commit": commit, "project_git_dirty": dirty}
+def code_state(modules: list[str]) -> dict:
+    """The code a run measured: `git_commit` and `git_dirty` of the git repository holding
+    the findings modules (absent outside git), which history orders by, compare names and
+    bisect walks; and the measuring tool itself, `tool_version` (and `tool_git_commit`
+    where it runs from a git checkout)."""
+    state: dict = {"tool_version": version()}
+    tool_commit, _ = git_state(Path(__file__).resolve().parent)
+    if tool_commit is not None:
+        state["tool_git_commit"] = tool_commit
+    module = sys.modules.get(modules[0]) if modules else None
+    if getattr(module, "__file__", None):
+        commit, dirty = git_state(Path(module.__file__).resolve().parent)
+        if commit is not None:
+            state.update(git_commit=commit, git_dirty=dirty)
+    return state
 
 
 def _report(folder: Path, reports: Path) -> None:
@@ -584,7 +586,7 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
     if warned:
         writer.metadata["warnings"] = warned
     if pyspy:  # after the timing, so that it disturbs nothing
-        writer.metadata["pyspy"] = record_flamegraph(writer.folder, registry.defaults().flamegraph)
+        writer.metadata["pyspy"] = record_flamegraph(writer.folder, registry.defaults(writer.metadata["options"]["findings_module"]).flamegraph)
         print(f"py-spy: {writer.metadata['pyspy']['status']}: "
               f"{writer.metadata['pyspy']['detail']}", file=sys.stderr)
     with signals_deferred():

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +19,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def outside_the_repository(tmp_path_factory):
+    """The current folder: an empty folder of a user's, outside this repository (whose
+    pyproject.toml names the review's findings module, which would be loaded too). The
+    modules under tests/ still import, here (pytest put the repository on sys.path) and
+    in the processes a test starts (PYTHONPATH). Restored by hand, not by monkeypatch,
+    whose undo of a test's registry edits must not wait for this fixture."""
+    before, path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(tmp_path_factory.mktemp("user-project"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
+    yield Path.cwd()
+    os.chdir(before)
+    if path is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = path

@@ -4,8 +4,10 @@ Read from the import statements themselves (ast), so a lazy import inside a func
 counts too. The rules:
 
 - `esper` (the system under test) never imports `harness`;
-- the core of `harness` (everything but the plug-in `harness.review`) imports neither
-  `esper` nor the plug-in: the review's findings plug in by name, as a user's do;
+- the core, `harness`, imports neither `esper` nor the review's findings module
+  (`esper_review`, a top-level package of its own that plugs in through pyproject.toml
+  as a user's module does), and names neither in a string or template, nor a finding
+  of the review: it loads only what the project configures;
 - `harness.report` imports no findings registry (it renders from a run's files alone),
   and `harness.measure` imports no other part of `harness`;
 - no module imports itself back through others (no import cycle anywhere).
@@ -16,15 +18,18 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
 
 import esper
+import esper_review
 import harness
+from tests.review import review_findings
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = "harness.review"
+PLUGIN = "esper_review"
 
 
 def _modules(package) -> list[str]:
@@ -69,7 +74,7 @@ def _is(name: str, package: str) -> bool:
     return name == package or name.startswith(f"{package}.")
 
 
-@pytest.mark.parametrize("name", _modules(esper) + _modules(harness))
+@pytest.mark.parametrize("name", _modules(esper) + _modules(harness) + _modules(esper_review))
 def test_every_module_imports(name):
     importlib.import_module(name)
 
@@ -78,14 +83,57 @@ def test_esper_never_imports_harness():
     assert _offenders(_sources(ROOT / "esper"), lambda n: _is(n, "harness")) == {}
 
 
-def test_the_core_of_harness_imports_neither_esper_nor_the_plugin():
-    core = [p for p in _sources(ROOT / "harness") if not _is(_module_name(p), PLUGIN)]
-    assert _offenders(core, lambda n: _is(n, "esper") or _is(n, PLUGIN)) == {}
+def test_the_core_imports_neither_esper_nor_the_plugin():
+    assert _offenders(_sources(ROOT / "harness"), lambda n: _is(n, "esper") or _is(n, PLUGIN)) == {}
+
+
+def _texts(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant (docstrings included) of a Python file, or
+    of every line of a template."""
+    if path.suffix != ".py":
+        return list(enumerate(path.read_text().splitlines(), 1))
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def _named_in_strings(folder: Path, names: re.Pattern) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line}: {match.group()}"
+            for path in sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".j2"))
+            for line, text in _texts(path) for match in [names.search(text)] if match]
+
+
+def _plugin_names() -> re.Pattern:
+    """esper and its review, as words (not the product's name, esper-bench), and the ids
+    of the review's findings."""
+    ids = "|".join(re.escape(i) for i in review_findings())
+    return re.compile(rf"\besper(?:_review)?\b(?!-bench)|(?<![\w-])(?:{ids})(?![\w-])")
+
+
+def test_the_core_names_neither_esper_nor_the_plugin_nor_its_findings_in_a_string():
+    assert _named_in_strings(ROOT / "harness", _plugin_names()) == []
+
+
+def test_the_string_check_finds_a_planted_name(tmp_path, monkeypatch):
+    folder = tmp_path / "core"
+    folder.mkdir()
+    (folder / "mod.py").write_text('"""Runs B4-CR-03."""\nX = "esper_review.findings"\n'
+                                   'Y = "esper-bench is fine"\n')
+    (folder / "page.j2").write_text("<p>esper.train</p>\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert _named_in_strings(folder, _plugin_names()) == [
+        "core/mod.py:1: B4-CR-03", "core/mod.py:2: esper_review", "core/page.j2:1: esper"]
 
 
 def test_the_report_renders_from_files_without_a_findings_registry():
     assert _offenders(_sources(ROOT / "harness" / "report"),
                       lambda n: _is(n, "harness.findings") or _is(n, PLUGIN)) == {}
+
+
+def test_the_plugin_is_a_package_of_its_own_that_the_project_names():
+    """Loaded the way a user's module is: by the project's pyproject.toml."""
+    assert not (ROOT / "harness" / "review").exists()
+    from harness.project import load_project_config
+    assert PLUGIN in load_project_config(ROOT).findings_modules
 
 
 def test_measure_imports_no_other_part_of_harness():
@@ -97,7 +145,7 @@ def test_measure_imports_no_other_part_of_harness():
 def _graph() -> dict[str, set[str]]:
     """module -> the modules of esper and harness it imports (a name that is a module's
     attribute, `from a.b import c`, points at `a.b`)."""
-    paths = _sources(ROOT / "esper") + _sources(ROOT / "harness")
+    paths = _sources(ROOT / "esper") + _sources(ROOT / "harness") + _sources(ROOT / PLUGIN)
     known = {_module_name(p) for p in paths}
     graph = {}
     for path in paths:
@@ -166,47 +214,3 @@ def test_esper_top_level_holds_only_its_rooms():
     rooms = sorted(p.name for p in (ROOT / "esper").iterdir()
                    if p.is_dir() and (p / "__init__.py").is_file())
     assert rooms == ["agent", "env", "gae", "rollout", "training"]
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import cycle of `graph` (module -> the modules it imports), or []."""
-    state: dict[str, int] = {}  # 1 on the current path, 2 done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return []
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return []
-
-
-def test_esper_has_no_import_cycle():
-    """Read from every import statement, lazy ones inside functions included (a module
-    named only in a string, as `esper.gae.methods` names its optional methods, is not an
-    import). A package's `__init__` re-exporting its modules is no cycle of theirs."""
-    modules = {_module_name(p): p for p in _sources(ROOT / "esper")}
-    graph = {}
-    for name, path in modules.items():
-        graph[name] = {m for m in _imported_names(path) if m in modules and m != name
-                       and not name.startswith(m + ".")}  # a module's own package
-    assert _cycle(graph) == []

@@ -160,10 +160,10 @@ def test_a_row_combined_over_processes_is_declared_at_one_process_s_spread():
 
 def test_the_committed_between_runs_table_is_what_the_built_in_findings_declare():
     from harness import findings as registry
-    from harness.review.findings.measured_noise import BETWEEN_RUNS
+    from esper_review.findings.measured_noise import BETWEEN_RUNS
 
     assert vs.BETWEEN_RUNS == BETWEEN_RUNS  # `noise` writes the file the findings read
-    registry.select(None)
+    registry.load_findings_module("esper_review")
     table = json.loads(BETWEEN_RUNS.read_text())["findings"]
     assert table, "between_runs.json lists no cells"
     for finding_id, cells in table.items():

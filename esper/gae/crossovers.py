@@ -1,6 +1,6 @@
 """Which GAE method is fastest where: the measured crossover table that `auto` reads.
 
-CPU rows: measured with `python -m harness.review.gae_tools.crossovers` (its default: 1 torch thread)
+CPU rows: measured with `python -m esper_review.gae_tools.crossovers` (its default: 1 torch thread)
 on a 2-core CPU (AMD EPYC, 2 vCPUs, 32 MiB L3), torch 2.13, numba 0.68, idle (an
 earlier run under load gave the same rankings with times up to 2x higher). Median
 microseconds per call, float32, random terminals, gamma 0.995, lambda 0.98 (numba's JIT
@@ -70,7 +70,7 @@ UNBOUNDED = 1 << 62
 
 #: Rows in order; the first row whose bounds hold is used. See the module docstring.
 CROSSOVERS: tuple[Crossover, ...] = (
-    # proposed by `python -m harness.review.gae_tools.crossovers` from the table above
+    # proposed by `python -m esper_review.gae_tools.crossovers` from the table above
     Crossover("cpu", 16, 1024, ("numba", "compiled", "scan", "batched"), True),
     Crossover("cpu", 64, 256, ("numba", "compiled", "scan", "batched"), True),
     Crossover("cpu", 256, 25, ("numba", "compiled", "scan", "batched"), True),

@@ -75,7 +75,7 @@ def check_gae_inputs(
 
     Well-formed CPU inputs (a contiguous int64 count tensor, as a rollout buffer keeps
     them) dispatch no aten op and take about 25 attribute reads, one to two microseconds
-    (`python -m harness.review.gae_tools.floor` times it).
+    (`python -m esper_review.gae_tools.floor` times it).
 
     What is checked where:
 

@@ -24,7 +24,7 @@ CPU tensors only: the kernel gets each tensor's address and reads its memory in 
 `scan` or `triton` there). Handing over addresses, not `.numpy()` views, is what keeps
 the call near its floor at small shapes: a `.numpy()` view dispatches four aten ops and
 costs about as much as the whole kernel at 4 x 25 (eight of them were a third of the
-call); an address is one attribute read (`python -m harness.review.gae_tools.floor`). The
+call); an address is one attribute read (`python -m esper_review.gae_tools.floor`). The
 kernel computes outside autograd, so an input that requires grad (in grad mode) is
 refused too, rather than its gradient dropped; `esper.gae.compute_gae` runs float16 and
 bfloat16 inputs in float32, and this kernel takes float32 and float64.
@@ -49,7 +49,7 @@ from esper.gae.inputs import StepCounts, Tensor, meta_error, refuse_grad, refuse
 
 #: Below this many elements (num_envs * max_steps) the serial kernel runs even with several
 #: torch threads: waking numba's OpenMP pool costs more than the serial kernel spends on a
-#: small batch. Measured with `python -m harness.review.gae_tools.crossovers` (one thread against two at
+#: small batch. Measured with `python -m esper_review.gae_tools.crossovers` (one thread against two at
 #: each shape) on the idle 2-core CPU of esper.gae.crossovers' table, twice: one thread wins up
 #: to 4,096 elements (by ~10%), two from 6,400 up (1.1x at 6,400, 1.8x at 1024 x 1024).
 PARALLEL_MIN_ELEMENTS = 6_400

@@ -5,12 +5,9 @@ a fresh process, with one argument: the JSON of a `ProbeConfig`. It first import
 *installed* harness's counting code (`harness.measure`: the same counter definitions on
 every commit), then the code under test from the commit's tree:
 
-- your findings modules (`findings_modules`): the tree's import folders (`paths`) go
-  first on `sys.path` and the modules are loaded through the installed harness's
-  registry, as `harness.gate --against` does;
-- the built-in findings (none named): every module of the tree's top-level packages
-  (its `harness`, and the code the built-in findings measure) is dropped and the tree's
-  own `harness.findings` (and what it measures) imported instead.
+the findings modules (`findings_modules`): the tree's import folders (`paths`) go first
+on `sys.path` and the modules are loaded through the installed harness's registry, as
+`harness.gate --against` does.
 
 From the tree only the long-stable findings API is used (`select`, `cases`, `build`,
 `make_call`, `skip`, `variants`, and `peers` where the tree has it). Per finding x quick
@@ -28,10 +25,8 @@ the bisect that started it, even one killed outright.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
-import pkgutil
 import signal
 import sys
 from pathlib import Path
@@ -54,31 +49,18 @@ def _error(err: BaseException) -> str:
 
 
 def _registry(config: dict, tree: Path):
-    """The tree's findings registry (module docstring), or the reason there is none."""
-    if config["findings_modules"]:
-        sys.path[:0] = [str((tree / p).resolve()) for p in config["paths"]]
-        from harness import findings as registry  # the installed one: it measures yours
-        for name in config["findings_modules"]:
-            try:
-                registry.load_findings_module(name)
-            except ValueError as err:  # names the module and the cause
-                return None, str(err)
-            where = Path(sys.modules[name].__file__).resolve()
-            if tree not in where.parents:
-                return None, f"{name} came from {where}, not from the commit's tree {tree}"
-        return registry, None
-    packages = {info.name for info in pkgutil.iter_modules([str(tree)])}
-    for name in [n for n in sys.modules if n.split(".")[0] in packages]:
-        del sys.modules[name]
-    sys.path.insert(0, str(tree))
-    try:
-        registry = importlib.import_module("harness.findings")
-        registry.select(None)  # imports the built-in findings, and esper with them
-    except Exception as err:  # this commit's code does not import: skipped, named
-        return None, f"harness.findings does not import: {_error(err)}"
-    where = Path(registry.__file__).resolve()
-    if tree not in where.parents:
-        return None, f"harness.findings came from {where}, not from the commit's tree {tree}"
+    """The installed harness's registry with the tree's findings modules loaded (module
+    docstring), or the reason there is none."""
+    sys.path[:0] = [str((tree / p).resolve()) for p in config["paths"]]
+    from harness import findings as registry  # the installed one: it measures the tree's
+    for name in config["findings_modules"]:
+        try:
+            registry.load_findings_module(name)
+        except ValueError as err:  # names the module and the cause
+            return None, str(err)
+        where = Path(sys.modules[name].__file__).resolve()
+        if tree not in where.parents:
+            return None, f"{name} came from {where}, not from the commit's tree {tree}"
     return registry, None
 
 

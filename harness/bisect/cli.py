@@ -34,7 +34,7 @@ from harness.exits import UsageError
 from harness.gate import ab as gate_ab
 from harness.gate.counters import COUNTERS
 from harness.gate.table import GateRow
-from harness.project import load_project_config
+from harness.project import load_findings
 
 DEFAULT_MARGIN = 0.05
 
@@ -99,28 +99,10 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _modules(args: argparse.Namespace) -> tuple[str, ...]:
-    """Your findings modules (pyproject.toml's, then --findings-module), imported."""
-    modules = tuple(dict.fromkeys([*load_project_config().findings_modules,
-                                   *(args.findings_module or [])]))
-    try:
-        for module in modules:
-            registry.load_findings_module(module)
-    except ValueError as err:  # names the module and the cause
-        raise UsageError(str(err)) from err
-    return modules
-
-
 def _repository(ids: tuple[str, ...]) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
-    """The repository whose commits are bisected, your findings modules that hold `ids`
-    (empty for built-in findings) and the folders they are imported through."""
+    """The repository whose commits are bisected, the findings modules that hold `ids` and
+    the folders they are imported through."""
     origins = tuple(dict.fromkeys(registry.ORIGINS.get(i, "register()") for i in ids))
-    if origins == ("built-in",):
-        return git_commits.repository(gate_ab.CURRENT_TREE, "the built-in findings"), (), (".",)
-    if "built-in" in origins or "register()" in origins:
-        raise UsageError(f"--findings: expected either built-in findings or those of your "
-                         f"findings modules (they come from different repositories); got "
-                         f"{', '.join(ids)}")
     for name in origins:
         file = Path(sys.modules[name].__file__).resolve()
         git_commits.repository(file.parent, f"{name} ({file})")
@@ -138,10 +120,10 @@ def _check(args: argparse.Namespace) -> Setup:
             if value is not None:
                 raise UsageError(f"{name}: expected with --time (it sets the timing check); "
                                  f"got {name} {value} without --time")
-    modules = _modules(args)
+    _, modules = load_findings(args.findings_module)
     ids = tuple(dict.fromkeys(args.findings))
     try:
-        registry.select(list(ids))
+        registry.select(list(ids), modules=modules)
     except ValueError as err:  # the registry names the unknown and the known ids
         raise UsageError(str(err)) from err
     ungated = [i for i in ids if not registry.FINDINGS[i].gated]

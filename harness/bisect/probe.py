@@ -38,8 +38,7 @@ class ProbeConfig:
     findings: tuple[str, ...]
     """Finding ids whose quick cases are counted."""
     findings_modules: tuple[str, ...] = ()
-    """Your findings modules, imported from each commit's tree; empty: the built-in
-    findings of each commit's own harness."""
+    """The findings modules, imported from each commit's tree."""
     paths: tuple[str, ...] = (".",)
     """Folders of the tree, relative to its root, that your modules are imported through."""
     seed: int = 0

@@ -4,11 +4,10 @@ A `Finding` names the claim (an id and the words of whoever made it), the varian
 compared (one is the baseline), the cases (sizes) to run, how inputs are built from a
 case, a device and a seed, how each variant is called, and optionally how its output is
 checked against a reference. `register` adds it to the registry that `harness.run`,
-`harness.report` and `harness.gate` work from. The built-in findings (this project's
-review tickets) are a plug-in, `harness.review`, loaded by name as the default findings
-module (`DEFAULT_FINDINGS_MODULE`); your own go in a module of yours that calls
-`register`, named with `python -m harness.run --findings-module PKG.MODULE` or in your
-`pyproject.toml` (`[tool.esper-bench] findings-modules = [...]`, `harness.project`).
+`harness.report` and `harness.gate` work from. Findings live in modules of yours that
+call `register`, named with `python -m harness.run --findings-module PKG.MODULE` or in
+your `pyproject.toml` (`[tool.esper-bench] findings-modules = [...]`, `harness.project`);
+the harness loads nothing else.
 
 The public names are importable from `harness` itself::
 
@@ -21,6 +20,7 @@ Every field of `Finding` is checked when it is constructed: a wrong one is a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import math
 import re
@@ -38,9 +38,6 @@ from harness.measure.numbers import is_real
 Inputs = Any
 Call = Callable[[], Any]
 
-#: the findings module loaded when none is named: the review of esper, a plug-in that
-#: registers its findings through this same API (named, never imported, by the core)
-DEFAULT_FINDINGS_MODULE = "harness.review"
 #: the variant name of the baseline timed against a second copy of itself (the placebo)
 PLACEBO = "placebo"
 #: a claimed speed-up in a claim's words: "~4x", "up to 25x", "about 3.5x"
@@ -60,10 +57,10 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True)
 class Case:
-    """One size/setting of a finding, e.g. `Case.of(num_envs=4, max_steps=25)`.
+    """One size/setting of a finding, e.g. `Case.of(rows=256, cols=64)`.
 
-    `params` keep their order for display; `case["num_envs"]` reads one. The label
-    (`num_envs=4,max_steps=25`) is the case's identity in results and baselines.
+    `params` keep their order for display; `case["rows"]` reads one. The label
+    (`rows=256,cols=64`) is the case's identity in results and baselines.
     """
 
     params: tuple[tuple[str, Any], ...]
@@ -88,7 +85,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        """`num_envs=4,max_steps=25,dones=episode`: the case's identity in results."""
+        """`rows=256,cols=64,dtype=float32`: the case's identity in results."""
         return ",".join(f"{k}={v}" for k, v in self.params)
 
 
@@ -165,13 +162,13 @@ class Finding:
     """
 
     id: str
-    """The claim's id, e.g. `B4-CR-03`: a letter or digit, then letters, digits, `.`, `_`
+    """The claim's id, e.g. `MY-rowsums`: a letter or digit, then letters, digits, `.`, `_`
     or `-` (it names files); unique among registered findings."""
     title: str
     """One line saying what is compared (the report's heading)."""
     claim: str
-    """The claim under test, quoted short, e.g. "GAE could be ~4x faster with tensor
-    operations" (a factor in it, `~4x`, is held against the measured ratio)."""
+    """The claim under test, quoted short, e.g. "sum(dim=1) could be ~10x faster than
+    a loop over rows" (a factor in it, `~4x`, is held against the measured ratio)."""
     variants: tuple[str, ...]
     """The names of the variants compared (one or more, unique); a list is accepted."""
     baseline: str
@@ -234,7 +231,7 @@ class Finding:
     budget_factor: float = 1.0
     """Multiplies the run's `--time-budget` (sampling seconds per cell) for this finding's
     cells: for a call so slow that the run's budget holds only the minimum rounds
-    (`E2E-iteration`: an iteration takes about 0.5 s), so that adaptive sampling can reach
+    (a training iteration of half a second, say), so that adaptive sampling can reach
     its precision. Sampling still stops as soon as it does."""
     margin: float | None = None
     """The practical margin of this finding's words (a fraction in (0, 1), e.g. 0.1: a
@@ -267,7 +264,7 @@ class Finding:
     """Where the claim comes from (a review ticket, an issue or pull-request link)."""
     reviewed: str = ""
     """The reviewed code the baseline reproduces: file, lines and commit, e.g.
-    "src/esper/simic/agent/rollout_buffer.py:347-416 @599f3895"."""
+    "src/mylib/buffer.py:347-416 @599f3895"."""
     fix: str = ""
     """The fix the proposed variant applies, as the review states it, with where it says so."""
     premise: str = ""
@@ -520,10 +517,10 @@ def max_abs_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
 class PlantTarget:
     """A callable of the code under test that `harness.gate.quality` may wrap to plant a
     known regression (a slowdown, an extra allocation): `module.attribute[key]`, an entry
-    of a dict of functions (e.g. `esper.gae.methods`, `METHODS`, `scan`)."""
+    of a dict of functions (e.g. `mylib.ops`, `KERNELS`, `fast`)."""
 
     module: str
-    """The module that holds the dict, importable by name (e.g. `esper.gae.methods`)."""
+    """The module that holds the dict, importable by name (e.g. `mylib.ops`)."""
     attribute: str
     """The dict's name in that module."""
     key: str
@@ -581,7 +578,7 @@ class Defaults:
         object.__setattr__(self, "commands", pairs)
 
 
-#: findings module (or "built-in") -> what it declared with `set_defaults`
+#: findings module -> what it declared with `set_defaults`
 DEFAULTS: dict[str, Defaults] = {}
 
 
@@ -596,14 +593,12 @@ def set_defaults(defaults: Defaults) -> Defaults:
     return defaults
 
 
-def defaults() -> Defaults:
-    """The defaults in effect: the built-in module's, each field overridden by the last
-    loaded findings module that sets it."""
-    _load_builtin()
+def defaults(modules: Sequence[str]) -> Defaults:
+    """The defaults in effect for the findings modules `modules` (loaded): each field as
+    the last of them that sets it set it (none sets it: the field's default)."""
     merged: dict = {}
-    for origin in ["built-in", *[o for o in DEFAULTS if o != "built-in"]]:
-        found = DEFAULTS.get(origin)
-        if found is None:
+    for origin, found in DEFAULTS.items():
+        if not within(origin, modules):
             continue
         for f in fields(Defaults):
             value = getattr(found, f.name)
@@ -613,16 +608,20 @@ def defaults() -> Defaults:
 
 
 FINDINGS: dict[str, Finding] = {}
-#: finding id -> where it was registered: `built-in`, or the module that registered it
+#: finding id -> the findings module that registered it: the one being loaded by
+#: `load_findings_module`, else the module that called `register`
 ORIGINS: dict[str, str] = {}
+#: ids registered outside `load_findings_module` (a package imported directly): they
+#: belong to the packages that hold their module too
+_DIRECT: set[str] = set()
 _loading: list[str] = []  # the modules being imported for their register calls, innermost last
 
 
 def register(finding: Finding) -> Finding:
     """Add `finding` to the registry (what `harness.run` measures) and return it.
 
-    Its id must be new: a second finding with the id of one already registered (a
-    built-in one included) is a ValueError naming where the first came from.
+    Its id must be new: a second finding with the id of one already registered is a
+    ValueError naming where the first came from.
     """
     if not isinstance(finding, Finding):
         raise ValueError(f"register: finding: expected a Finding; got {type(finding).__name__}")
@@ -633,9 +632,9 @@ def register(finding: Finding) -> Finding:
     FINDINGS[finding.id] = finding
     # the module named to load_findings_module, else the module that called register
     caller = sys._getframe(1).f_globals.get("__name__", "register()")
-    ORIGINS[finding.id] = (_loading[-1] if _loading
-                           else "built-in" if caller.startswith(f"{DEFAULT_FINDINGS_MODULE}.")
-                           else caller)
+    ORIGINS[finding.id] = _loading[-1] if _loading else caller
+    if not _loading:
+        _DIRECT.add(finding.id)
     return finding
 
 
@@ -646,11 +645,10 @@ class FindingsModuleError(ValueError):
 def load_findings_module(name: str) -> list[str]:
     """Import the module `name` (`pkg.module`) for its `register` calls; the ids it added.
 
-    The built-in findings are loaded first, so an id that clashes with one is an error.
-    A module that fails to import registers nothing: what it registered before failing
-    is taken back, and the error names the module and shows the cause.
+    An id that clashes with one registered before is an error. A module that fails to
+    import registers nothing: what it registered before failing is taken back, and the
+    error names the module and shows the cause.
     """
-    _load_builtin()
     if name in sys.modules:  # imported earlier (by an earlier run in this process)
         return from_modules([name])
     before = set(FINDINGS)
@@ -675,8 +673,15 @@ def load_findings_module(name: str) -> list[str]:
 
 def from_modules(modules: Sequence[str]) -> list[str]:
     """The ids of the registered findings that the modules `modules` registered, in
-    registry order."""
-    return [i for i, origin in ORIGINS.items() if origin in modules and i in FINDINGS]
+    registry order: while `load_findings_module` imported them, or, for a package
+    imported directly, from one of its modules."""
+    return [i for i, origin in ORIGINS.items() if i in FINDINGS and (
+        origin in modules or (i in _DIRECT and within(origin, modules)))]
+
+
+def within(module: str, modules: Sequence[str]) -> bool:
+    """Whether `module` is one of `modules` or a submodule of one."""
+    return any(module == m or module.startswith(f"{m}.") for m in modules)
 
 
 def _user_frame(err: BaseException) -> str:
@@ -690,24 +695,20 @@ def _user_frame(err: BaseException) -> str:
     return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
 
 
-def select(ids: list[str] | None, include_long: bool = False) -> list[Finding]:
+def select(ids: list[str] | None, include_long: bool = False,
+           modules: Sequence[str] | None = None) -> list[Finding]:
     """The findings named by `ids`, in registry order; when None, every finding that is
-    not `long` (all of them with `include_long`)."""
-    _load_builtin()
+    not `long` (all of them with `include_long`) of the findings modules `modules` (of
+    the whole registry when None: what earlier runs in this process loaded too). An
+    unknown id is a ValueError naming the nearest one of `modules`' findings."""
+    known = list(from_modules(modules) if modules is not None else FINDINGS)
     if not ids:
-        return [f for f in FINDINGS.values() if include_long or not f.long]
+        return [FINDINGS[i] for i in known if include_long or not FINDINGS[i].long]
     unknown = [i for i in ids if i not in FINDINGS]
     if unknown:
         named = ", ".join(i if i.isprintable() else repr(i) for i in unknown)  # one line
-        raise ValueError(f"--findings: unknown id(s) {named}; known: {', '.join(FINDINGS)}")
+        near = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"--findings: unknown id(s) {named}{hint}; known: "
+                         f"{', '.join(known) or 'none (no findings module loaded)'}")
     return [FINDINGS[i] for i in FINDINGS if i in ids]
-
-
-def _load_builtin() -> None:
-    """Import the default findings module (`DEFAULT_FINDINGS_MODULE`) for its `register`
-    calls, as any findings module is imported; its findings are the built-in ones."""
-    _loading.append("built-in")
-    try:
-        importlib.import_module(DEFAULT_FINDINGS_MODULE)
-    finally:
-        _loading.pop()

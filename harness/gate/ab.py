@@ -16,8 +16,8 @@ says its slowdown exceeds the margin (`threshold`, default 5%), with Holm's corr
 over every cell of the gate run, so that the chance of any false alarm in one gate run is
 at most `alpha` (5%); it improved when the same test says so the other way.
 
-For findings of your own (`ABOptions.findings_modules`), the two trees are your
-repository's working folder and a worktree of REV: from each, the worker imports your
+The two trees are the working folder of the repository holding the findings modules
+(`ABOptions.findings_modules`) and a worktree of REV: from each, the worker imports the
 findings modules and the code they import from the repository, through the folders of
 `sys.path` that lie in it (`user_trees`); the harness doing the measuring is the
 installed one, the same for both.
@@ -57,8 +57,6 @@ from harness.ranks import Spread, solo_environment
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 #: the fewest sessions: the spread of three processes' estimates can say they disagree
 MIN_SESSIONS = 3
-#: the root of the tree this module was imported from: "the current tree"
-CURRENT_TREE = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -86,8 +84,7 @@ class ABOptions:
     seed: int = 0
     """Input seed."""
     findings_modules: tuple[str, ...] = ()
-    """Your findings modules, imported from each tree (`findings` are theirs); empty: the
-    built-in findings of each tree's own harness."""
+    """The findings modules, imported from each tree (`findings` are theirs)."""
     paths: tuple[str, ...] = (".",)
     """Folders of each tree, relative to its root, that the worker imports from."""
 
@@ -393,8 +390,7 @@ def compare(sessions: list[dict], options: ABOptions, label: str,
     return rows
 
 
-def check_against(rev: str, options: ABOptions, *, repo: Path = CURRENT_TREE,
-                  current: Path = CURRENT_TREE,
+def check_against(rev: str, options: ABOptions, *, repo: Path, current: Path,
                   progress: Callable[[str], None] | None = None,
                   spread: Spread | None = None) -> list[GateRow] | None:
     """Check c: time the tree `current` against a worktree of `rev`, a revision of `repo`

@@ -4,10 +4,10 @@ Three checks, one markdown table (check, finding, variant, case, baseline, curre
 change, verdict) on stdout:
 
   --counters     a. op calls, host syncs, allocations and allocated bytes of every quick
-                    case, exactly against results/baselines/counters.json; a cell the
+                    case, exactly against the counters baseline (--baseline); a cell the
                     baseline lacks fails unless --allow-new
-  --invariants   b. speed ratios within one process (e.g. scan >= 16x faster than loop at
-                    16 x 25), against harness/review/invariants.json
+  --invariants   b. speed ratios within one process (e.g. one variant >= 16x faster than
+                    another at one case), against an invariants config (--config)
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell when a
                     one-sided test says it is more than --threshold (5%) slower, with
@@ -19,11 +19,12 @@ the findings named (default: every gated one) and merges them into the baseline 
 The table and its summary line are also appended to the file $GITHUB_STEP_SUMMARY names,
 when it names one (a GitHub Actions job summary).
 
-Your own findings: `--findings-module PKG.MODULE` (repeatable), or the modules named in
-your pyproject.toml (`[tool.esper-bench] findings-modules`, with `baseline` and
-`invariants` as the defaults of --baseline and --config; `harness.project`). The checks
-then cover the gated findings of those modules; --against REV compares two revisions of
-the repository that holds them; check b runs where an invariants config is given.
+The findings: the modules your pyproject.toml names (`[tool.esper-bench]
+findings-modules`, with `baseline` and `invariants` as the defaults of --baseline and
+--config; `harness.project`), and `--findings-module PKG.MODULE` (repeatable). The checks
+cover the gated findings of those modules; --against REV compares two revisions of the
+repository that holds them; check b runs where an invariants config is given (--config,
+pyproject.toml, or the findings modules' `harness.Defaults.invariants`).
 
 Every input is checked before anything is measured. Exit status (also in `--help`):
 0 pass; 1 a regression (or a variant that raises); 2 usage or input error, including a
@@ -48,7 +49,7 @@ from harness.gate.table import (
     STEP_SUMMARY_VARIABLE, GateRow, Outcome, append_step_summary, render_markdown, rows_document,
     step_summary_path, summary_line,
 )
-from harness.project import load_project_config
+from harness.project import load_findings
 from harness.ranks import Launch, Spread, exit_process
 from harness.results import atomic_write_text
 
@@ -79,16 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "'new (allowed)'), provided some other cell was compared")
     p.add_argument("--baseline", type=options.path, default=None, metavar="FILE",
                    help="counters baseline (default: baseline in [tool.esper-bench] of "
-                        "pyproject.toml, else results/baselines/counters.json)")
+                        "pyproject.toml)")
     p.add_argument("--config", type=options.path, default=None, metavar="FILE",
                    help="invariants config (default: invariants in [tool.esper-bench] of "
-                        "pyproject.toml, else the built-in findings module's (harness.review) for the built-in "
-                        "findings; with your findings modules and no config, check b is off)")
+                        "pyproject.toml, else the findings modules' harness.Defaults."
+                        "invariants; with none, check b is off)")
     p.add_argument("--findings", nargs="+", metavar="ID",
-                   help="gated findings for the counters and A/B checks (default: those of "
-                        "your findings modules; else counters: every gated built-in one, "
-                        "A/B: the built-in module's harness.Defaults.ab_findings, "
-                        "B4-CR-03)")
+                   help="gated findings for the counters and A/B checks (default: every "
+                        "gated finding of the findings modules; A/B: their "
+                        "harness.Defaults.ab_findings where they set some)")
     p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
                    help="import this module for its harness.findings.register calls (your "
                         "own findings; repeatable), after those named in pyproject.toml")
@@ -108,23 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _with_project(args: argparse.Namespace) -> None:
     """Fill in what the nearest pyproject.toml names (`harness.project`) and import the
     findings modules: first, since the other options' defaults depend on them."""
-    project = load_project_config()
-    args.findings_module = list(dict.fromkeys([*project.findings_modules,
-                                               *(args.findings_module or [])]))
-    try:
-        for module in args.findings_module:
-            registry.load_findings_module(module)
-    except ValueError as err:  # names the module and the cause
-        raise UsageError(str(err)) from err
+    project, modules = load_findings(args.findings_module)
+    args.findings_module = list(modules)
     if args.baseline is None:
-        args.baseline = project.baseline or gate_counters.DEFAULT_BASELINE
-    if args.config is None and (project.invariants or not args.findings_module):
-        args.config = project.invariants or registry.defaults().invariants
-
-
-def _default_findings(args: argparse.Namespace, built_in: tuple[str, ...]) -> tuple[str, ...]:
-    """The gated findings of your findings modules, or with none, `built_in`."""
-    return gate_counters.gated_findings(args.findings_module) if args.findings_module else built_in
+        args.baseline = project.baseline
+    if args.config is None:
+        args.config = project.invariants or registry.defaults(modules).invariants
 
 
 def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -135,7 +124,7 @@ def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, 
                          f"{', '.join(args.findings_module)}; got none (every finding they "
                          "register has gated=False)")
     try:
-        registry.select(list(ids))
+        registry.select(list(ids), modules=args.findings_module)
     except ValueError as err:  # the registry names the unknown and the known ids
         raise UsageError(str(err)) from err
     ungated = [i for i in ids if not registry.FINDINGS[i].gated]
@@ -148,26 +137,29 @@ def _findings(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, 
 
 
 def ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
-    """The A/B check's options and the repository whose revisions it compares: this
-    project's for the built-in findings, the one holding your findings modules for yours.
-    `args` come from `parse`."""
+    """The A/B check's options and the repository whose revisions it compares: the one
+    holding the findings modules. `args` come from `parse`."""
     defaults = gate_ab.ABOptions()
-    ids = _findings(args, _default_findings(args, registry.defaults().ab_findings
-                                            or gate_counters.gated_findings(())))
+    ids = _findings(args, registry.defaults(args.findings_module).ab_findings
+                    or gate_counters.gated_findings(args.findings_module))
     modules = tuple(dict.fromkeys(registry.ORIGINS.get(i, "register()") for i in ids))
-    if "built-in" in modules and len(modules) > 1:
-        raise UsageError(f"--findings: expected either built-in findings or your own for "
-                         f"--against (they come from different repositories); got "
-                         f"{', '.join(ids)}")
-    repo, folders = ((gate_ab.CURRENT_TREE, (".",)) if modules == ("built-in",)
-                     else gate_ab.user_trees(modules))
+    repo, folders = gate_ab.user_trees(modules)
     options = gate_ab.ABOptions(
         findings=ids,
         sessions=defaults.sessions if args.sessions is None else args.sessions,
         threshold=defaults.threshold if args.threshold is None else args.threshold,
-        findings_modules=() if modules == ("built-in",) else modules, paths=folders,
+        findings_modules=modules, paths=folders,
     )
     return options, repo
+
+
+def _check_baseline_named(args: argparse.Namespace) -> None:
+    """UsageError unless a counters baseline file is named (--baseline, or pyproject.toml)."""
+    if args.baseline is None:
+        raise UsageError("--baseline: expected the counters baseline file (--baseline FILE, "
+                         "or baseline = \"FILE\" in [tool.esper-bench] of pyproject.toml; "
+                         "create it with `python -m harness.gate --update-baseline --baseline "
+                         "FILE`); got none")
 
 
 def _progress(message: str) -> None:
@@ -210,7 +202,8 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _update(args: argparse.Namespace) -> int:
-    findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
+    findings = _findings(args, gate_counters.gated_findings(args.findings_module))
+    _check_baseline_named(args)
     exits.check_writable(args.baseline, "--baseline")
     update = gate_counters.update_baseline(
         args.baseline, findings, replace_stale=args.findings is None,
@@ -247,7 +240,8 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[G
     if spread is not None and not spread.launch.leader:
         counters = invariants = False
     if counters:
-        counter_findings = _findings(args, _default_findings(args, gate_counters.gated_findings()))
+        counter_findings = _findings(args, gate_counters.gated_findings(args.findings_module))
+        _check_baseline_named(args)
         baseline = gate_counters.load_baseline(args.baseline, modules=args.findings_module)
     if invariants:
         config = gate_invariants.load_config(args.config)

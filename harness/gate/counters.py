@@ -48,20 +48,15 @@ from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 
 SCHEMA_VERSION = 1
-DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "results" / "baselines" / "counters.json"
 COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes", "peak_bytes")
 THREADS = 1
 UPDATE_COMMAND = "python -m harness.gate --update-baseline"
 
 
-def gated_findings(modules: Sequence[str] = ()) -> tuple[str, ...]:
-    """The findings the gate checks by default: those of `modules` (your findings modules,
-    imported) or, with none, the built-in ones; either way only those whose counts are
-    deterministic (`Finding.gated`)."""
-    registry.select(None)  # the built-in findings
-    ids = (registry.from_modules(modules) if modules
-           else [i for i, origin in registry.ORIGINS.items() if origin == "built-in"])
-    return tuple(i for i in ids if registry.FINDINGS[i].gated)
+def gated_findings(modules: Sequence[str]) -> tuple[str, ...]:
+    """The findings the gate checks by default: those of the findings modules `modules`
+    (imported) whose counts are deterministic (`Finding.gated`)."""
+    return tuple(i for i in registry.from_modules(modules) if registry.FINDINGS[i].gated)
 
 
 def update_command(path: Path, findings: Sequence[str] = (), modules: Sequence[str] = ()) -> str:
@@ -69,12 +64,12 @@ def update_command(path: Path, findings: Sequence[str] = (), modules: Sequence[s
     with `--findings-module` for `modules` and the findings' own modules (those of yours
     that pyproject.toml does not name already)."""
     command = UPDATE_COMMAND
-    if path.resolve() != DEFAULT_BASELINE:
+    project = load_project_config()
+    if project.baseline is None or path.resolve() != project.baseline:
         command += f" --baseline {path}"
-    named = load_project_config().findings_modules
-    origins = [*modules, *(registry.ORIGINS.get(i, "built-in") for i in findings)]
+    origins = [*modules, *(registry.ORIGINS.get(i, "register()") for i in findings)]
     for module in dict.fromkeys(origins):
-        if module not in ("built-in", "register()", *named):
+        if module != "register()" and not registry.within(module, project.findings_modules):
             command += f" --findings-module {module}"
     if findings:
         command += f" --findings {' '.join(findings)}"
@@ -374,8 +369,7 @@ COMPARED = (Outcome.PASS, Outcome.IMPROVED, Outcome.REGRESSION)
 
 
 def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
-            finding_ids: Sequence[str], *, allow_new: bool = False,
-            path: Path = DEFAULT_BASELINE) -> list[GateRow]:
+            finding_ids: Sequence[str], *, path: Path, allow_new: bool = False) -> list[GateRow]:
     """One row per measured cell, then one per baseline entry of these findings not measured.
 
     A measured cell without a baseline entry is NEW (fails); with `allow_new` it is
@@ -463,22 +457,11 @@ def coverage_error(rows: Sequence[GateRow], path: Path, allow_new: bool = False)
     return None
 
 
-def check_counters(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
-                   allow_new: bool = False) -> list[GateRow]:
-    """Check a: measure now and compare with the baseline file (default findings:
-    `gated_findings()`)."""
-    baseline = load_baseline(baseline_path)  # first, so a missing file fails fast
-    finding_ids = gated_findings() if finding_ids is None else finding_ids
-    return compare(measure(finding_ids), baseline, finding_ids, allow_new=allow_new,
-                   path=baseline_path)
-
-
-def update_baseline(baseline_path: Path, finding_ids: Sequence[str] | None = None, *,
+def update_baseline(baseline_path: Path, finding_ids: Sequence[str], *,
                     replace_stale: bool = False, modules: Sequence[str] = ()) -> BaselineUpdate:
-    """Measure every cell twice, refuse non-deterministic cells, and merge them into the
-    baseline (`write_baseline`; default findings: `gated_findings()`; `modules`, your
-    findings modules, are named in the commands of its messages)."""
-    finding_ids = gated_findings() if finding_ids is None else finding_ids
+    """Measure every cell of `finding_ids` twice, refuse non-deterministic cells, and merge
+    them into the baseline (`write_baseline`; `modules`, the findings modules, are named
+    in the commands of its messages)."""
     _previous(baseline_path, set(finding_ids), replace_stale, modules)  # refuse before measuring
     cells = measure(finding_ids, repeat_check=True)
     return write_baseline(baseline_path, cells, replace_stale=replace_stale)

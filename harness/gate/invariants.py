@@ -8,9 +8,9 @@ threshold; an interval that straddles it is reported as inconclusive, not failed
 
 Thresholds are set far below the measured speedup (`measured_speedup / min_speedup`, the
 margin, is 2.5-3.2), so noise does not trip them while a variant that loses most of its
-advantage does. The config (`harness/review/invariants.json`) names variants by name; one not
-available on this machine (say a GAE method missing from `esper.gae.METHODS`) is skipped
-with a message.
+advantage does. The config (`--config`, or the findings modules' `Defaults.invariants`)
+names variants by name; one not available on this machine (a variant its finding skips
+here) is skipped with a message.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Invariant:
     id: str
     finding: str
     case: dict
-    """The quick case's parameters, e.g. {"num_envs": 16, "max_steps": 25, "dones": "episode"}."""
+    """The quick case's parameters, e.g. {"rows": 256, "cols": 64}."""
     fast: str
     slow: str
     min_speedup: float

@@ -2,7 +2,7 @@
 
 Nothing in the code under test or in the gate imports this module. A plant wraps one
 function of the code under test, a `PlantTarget` that the findings module names
-(`harness.Defaults.plant`: for the review of esper, `esper.gae.methods.METHODS['scan']`):
+(`harness.Defaults.plant`, e.g. `mylib.ops.KERNELS['fast']`):
 `slowed` repeats whole calls so the function does `factor` times its work on average
 (1.25: every fourth call runs twice), `allocating` adds one small allocation per call.
 `planted` installs a wrapper in this process and restores the original after;

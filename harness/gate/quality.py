@@ -13,8 +13,8 @@ passes is a miss), then prints one markdown table of rates plus the numbers behi
      whose target module slows the plant target (by 1.25x, or each of --ab-slowdowns);
      each run checks out HEAD afresh.
 
-The plant target is the findings modules' `harness.Defaults.plant` (for the built-in
-findings: the scan GAE, `esper.gae.methods.METHODS['scan']`).
+The plant target is the findings modules' `harness.Defaults.plant` (the findings modules
+are those the nearest pyproject.toml names, then --findings-module, as for the gate).
 
 Plants live only in throw-away processes or copies; the tree itself is never modified.
 `--busy N` keeps N CPU-bound processes running beside every measurement, as another
@@ -47,6 +47,7 @@ from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate import ab as gate_ab, cli as gate_cli
 from harness.gate.plant import plant_lines
 from harness.gate.table import rows_document
+from harness.project import load_findings
 from harness.ranks import Launch, Spread, exit_process, solo_environment
 from harness.results import atomic_write_text
 
@@ -85,19 +86,19 @@ class Scenario:
 
 
 
-def _gate_process(args: list[str], wrap: str | None) -> tuple[int, list[dict], float]:
-    """Run the gate's CLI in a fresh process (with a plant when `wrap` is given)."""
+def _gate_process(args: list[str], wrap: str | None, target: PlantTarget
+                  ) -> tuple[int, list[dict], float]:
+    """Run the gate's CLI in a fresh process (with `target` planted when `wrap` is given)."""
     with tempfile.TemporaryDirectory(prefix="gate-quality-") as folder:
         out = Path(folder) / "rows.json"
         if wrap is None:
             command = [sys.executable, "-m", "harness.gate", *args, "--json", str(out)]
         else:
-            target = plant_target()
             source = _PLANTED_GATE.format(wrap=wrap, target=(target.module, target.attribute,
                                                              target.key))
             command = [sys.executable, "-c", source, *args, "--json", str(out)]
         started = time.perf_counter()
-        done = run_group(command, cwd=gate_ab.CURRENT_TREE, env=solo_environment())
+        done = run_group(command, cwd=Path.cwd(), env=solo_environment())
         seconds = time.perf_counter() - started
         if done.returncode == exits.USAGE:  # e.g. a missing or outdated baseline
             lines = done.stderr.strip().splitlines() or ["(no message)"]
@@ -134,10 +135,11 @@ def _runs(scenario: Scenario, count: int, run: Callable[[int], tuple[int, list[d
 
 
 def run_cli_scenario(check: str, condition: str, args: list[str], wrap: str | None,
-                     runs: int, expect_flag: bool, progress: Callable[[str], None],
+                     target: PlantTarget, runs: int, expect_flag: bool,
+                     progress: Callable[[str], None],
                      spread: Spread | None = None) -> Scenario | None:
     def run(index: int) -> tuple[int, list[dict], float]:
-        code, rows, seconds = _gate_process(args, wrap)
+        code, rows, seconds = _gate_process(args, wrap, target)
         progress(f"{check} / {condition}: run {index + 1}/{runs} exit {code} ({seconds:.0f} s)")
         return code, rows, seconds
 
@@ -155,53 +157,51 @@ def _copy_tree(source: Path, destination: Path) -> None:
             shutil.copy2(source / name, target)
 
 
-def plant_target() -> PlantTarget:
+def plant_target(modules: list[str]) -> PlantTarget:
     """Where regressions are planted: the findings modules' `Defaults.plant`; UsageError
     when none names one."""
-    target = registry.defaults().plant
+    target = registry.defaults(modules).plant
     if target is None:
         raise UsageError("harness.gate.quality: expected a plant target (harness.Defaults.plant "
                          "in a findings module); got none")
     return target
 
 
-def ab_options() -> gate_ab.ABOptions:
-    """Check c's options as `python -m harness.gate --against HEAD` picks them in this
-    project (with no findings module named, the built-in `Defaults.ab_findings`), so
-    that the rates measured are the gate's own. Check c plants and times this
-    harness's own tree, so the options name no project's modules."""
-    return gate_cli.ab_options(gate_cli.parse(["--against", "HEAD"]))[0]
+def ab_options(modules: list[str]) -> tuple[gate_ab.ABOptions, Path]:
+    """Check c's options and repository as `python -m harness.gate --against HEAD` picks
+    them for the findings modules `modules`, so that the rates measured are the gate's
+    own."""
+    return gate_cli.ab_options(gate_cli.parse(["--against", "HEAD", *_module_args(modules)]))
 
 
-def planted_copy(tree: Path, destination: Path, factor: float) -> Path:
-    """A copy of `tree` whose plant target's module slows the target by `factor`.
+def _module_args(modules: list[str]) -> list[str]:
+    """`--findings-module M` for each of `modules` (the gate also reads pyproject.toml's)."""
+    return [arg for module in modules for arg in ("--findings-module", module)]
 
-    harness/gate/plant.py is copied from this tree, so the plant works whatever the
-    copied revision holds.
-    """
-    target = plant_target()
+
+def planted_copy(tree: Path, destination: Path, factor: float, target: PlantTarget) -> Path:
+    """A copy of `tree` whose `target`'s module slows the target by `factor` (with the
+    installed `harness.gate.plant`, which the A/B worker shares between the trees)."""
     _copy_tree(tree, destination)
-    shutil.copy2(Path(__file__).with_name("plant.py"), destination / "harness" / "gate" / "plant.py")
     with open(destination / target.file, "a") as handle:
         handle.write(plant_lines(target, factor))
     return destination
 
 
-def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions,
-                     progress: Callable[[str], None], spread: Spread | None = None,
+def run_ab_scenarios(runs: int, planted_runs: int, options: gate_ab.ABOptions, repo: Path,
+                     target: PlantTarget, progress: Callable[[str], None],
+                     spread: Spread | None = None,
                      slowdowns: tuple[float, ...] = (SMALL_SLOWDOWN,)) -> list[Scenario]:
-    """Check c against HEAD: current = a worktree of HEAD, then a copy of it planted with
-    each of `slowdowns` in turn."""
-    repo = gate_ab.CURRENT_TREE
+    """Check c against HEAD of `repo`: current = a worktree of HEAD, then a copy of it
+    planted with each of `slowdowns` in turn."""
     commit = gate_ab.resolve_revision(repo, "HEAD")
     scenarios = []
     with gate_ab.worktree(repo, commit) as unchanged, \
             tempfile.TemporaryDirectory(prefix="gate-quality-") as folder:
         conditions = [("unchanged", unchanged, runs, False)]
         for factor in slowdowns if planted_runs else ():
-            tree = planted_copy(unchanged, Path(folder) / f"tree-{factor:g}", factor)
-            conditions.append((f"{plant_target().key} {factor:g}x slower", tree, planted_runs,
-                               True))
+            tree = planted_copy(unchanged, Path(folder) / f"tree-{factor:g}", factor, target)
+            conditions.append((f"{target.key} {factor:g}x slower", tree, planted_runs, True))
         for condition, tree, count, expect in conditions:
             if not count:
                 continue
@@ -322,12 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy", type=options.count, default=0, metavar="N",
                    help="CPU-bound processes kept running beside the measurements (default 0)")
     p.add_argument("--json", type=options.path, metavar="FILE", help="also write every run's rows here")
+    p.add_argument("--findings-module", action="append", metavar="PKG.MODULE",
+                   help="import this module for its harness.findings.register calls "
+                        "(repeatable), after those named in pyproject.toml")
     return p
 
 
 @exits.command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _, modules = load_findings(args.findings_module)
+    args.findings_module = list(modules)
     if args.json is not None:
         exits.check_writable(args.json, "--json")
     spread = Spread() if Launch.from_environment().distributed else None
@@ -359,29 +364,33 @@ def run_scenarios(args: argparse.Namespace, spread: Spread | None = None) -> lis
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    modules = _module_args(args.findings_module)
+    target = plant_target(args.findings_module)
     allocating = "gate_plant.allocating"
     slowed = "lambda fn: gate_plant.slowed(fn, {factor!r})"
     scenarios = []
     if args.counters_runs:
         scenarios += [
-            run_cli_scenario("a counters", "unchanged", ["--counters"], None,
+            run_cli_scenario("a counters", "unchanged", ["--counters", *modules], None, target,
                              args.counters_runs, False, progress, spread),
-            run_cli_scenario("a counters", f"{plant_target().key} +1 allocation", ["--counters"],
-                             allocating, args.counters_runs, True, progress, spread),
+            run_cli_scenario("a counters", f"{target.key} +1 allocation",
+                             ["--counters", *modules], allocating, target, args.counters_runs, True,
+                             progress, spread),
         ]
     if args.invariant_runs:
         scenarios += [
-            run_cli_scenario("b invariants", "unchanged", ["--invariants"], None,
+            run_cli_scenario("b invariants", "unchanged", ["--invariants", *modules], None, target,
                              args.invariant_runs, False, progress, spread),
-            run_cli_scenario("b invariants", f"{plant_target().key} {SMALL_SLOWDOWN:g}x slower",
-                             ["--invariants"], slowed.format(factor=SMALL_SLOWDOWN),
-                             args.invariant_runs, True, progress, spread),
-            run_cli_scenario("b invariants", f"{plant_target().key} {LARGE_SLOWDOWN:g}x slower",
-                             ["--invariants"], slowed.format(factor=LARGE_SLOWDOWN),
-                             args.invariant_runs, True, progress, spread),
+            run_cli_scenario("b invariants", f"{target.key} {SMALL_SLOWDOWN:g}x slower",
+                             ["--invariants", *modules], slowed.format(factor=SMALL_SLOWDOWN),
+                             target, args.invariant_runs, True, progress, spread),
+            run_cli_scenario("b invariants", f"{target.key} {LARGE_SLOWDOWN:g}x slower",
+                             ["--invariants", *modules], slowed.format(factor=LARGE_SLOWDOWN),
+                             target, args.invariant_runs, True, progress, spread),
         ]
     if args.ab_runs or args.ab_planted_runs:
-        scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, ab_options(),
+        ab, repo = ab_options(args.findings_module)
+        scenarios += run_ab_scenarios(args.ab_runs, args.ab_planted_runs, ab, repo, target,
                                       progress, spread, args.ab_slowdowns)
     return [s for s in scenarios if s is not None]
 

@@ -1,14 +1,13 @@
 """One session of the gate's paired A/B check: two trees timed side by side in one process.
 
 `harness.gate.ab` runs this file's source with `python -c` from a neutral working
-directory. The process imports each tree's packages (its `harness`, whose built-in
-findings import the code they measure) in turn, keeping each
-tree's modules apart (`TreeModules`): whenever tree X's code runs, `sys.modules` and
-`sys.path` hold X's modules and only those. For findings of your own
-(`WorkerConfig.findings_modules`), the trees are two revisions of your repository: from
-each, your findings modules and every top-level module of its import folders
-(`WorkerConfig.paths`) are imported, while `harness` is the installed one, shared.
-Per finding x quick case x variant, it then times the two trees' calls in alternation, round after round (A B, B A, A B, ...), so
+directory. The trees are two revisions of the repository holding the findings modules
+(`WorkerConfig.findings_modules`): from each, the findings modules and every top-level
+module of its import folders (`WorkerConfig.paths`) are imported in turn, while `harness`
+is the installed one, shared; each tree's modules are kept apart (`TreeModules`):
+whenever tree X's code runs, `sys.modules` and `sys.path` hold X's modules and only those.
+Per finding x quick case x variant, it then times the two trees' calls in alternation,
+round after round (A B, B A, A B, ...), so
 that both sides see the same machine at the same moment, the same process, the same
 torch and the same allocator: the ratio of neighbouring samples cancels the drifts of a
 shared machine that separate processes cannot.
@@ -19,9 +18,9 @@ A finding whose `cases` raises on a tree is an error of each of its variants the
 
 Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
 started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
-`{"findings": [<path of each tree's harness.findings>], "cells": [...]}` (for your findings
-`"modules"` instead of `"findings"`: each tree's findings module files, or the error importing
-one raised), a cell per finding x case x variant with `samples`, one list per tree (seconds per call; entry i of each list
+`{"modules": [...], "cells": [...]}` (`modules`: per tree, its findings module files, or
+the error importing one raised), a cell per finding x case x variant with `samples`, one
+list per tree (seconds per call; entry i of each list
 comes from round i), or `errors`, one entry per tree (null where that tree ran), or
 `absent`, one flag per tree (true where the tree has no such cell).
 """
@@ -41,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-#: with findings of your own: the harness measuring them is the installed one
+#: the harness measuring both trees is the installed one
 SHARED_PACKAGES = ("harness",)
 
 
@@ -66,8 +65,7 @@ class WorkerConfig:
     parent: int | None = None
     """Pid of the gate that started this worker: the worker exits once it is gone."""
     findings_modules: tuple[str, ...] = ()
-    """Your findings modules, imported from each tree for their `register` calls; empty:
-    the built-in findings of each tree's own `harness`."""
+    """The findings modules, imported from each tree for their `register` calls."""
     paths: tuple[str, ...] = (".",)
     """Folders of each tree (relative to its root) put first on `sys.path` while its code
     runs."""
@@ -75,15 +73,13 @@ class WorkerConfig:
 
 def tree_packages(trees: list[Path], config: WorkerConfig) -> tuple[str, ...]:
     """The top-level packages imported from each tree: every top-level module found in the
-    trees' import folders, and your findings modules' packages; for yours, the harness is
-    the installed one, shared; for the built-in findings, each tree's own `harness` (it
-    holds them) comes from the tree with the code it measures."""
+    trees' import folders, and the findings modules' packages; not the harness, which is
+    the installed one, shared."""
     names = {name.split(".", 1)[0] for name in config.findings_modules}
     for tree in trees:
         for path in config.paths:
             names.update(info.name for info in pkgutil.iter_modules([str(tree / path)]))
-    shared = set(SHARED_PACKAGES) if config.findings_modules else set()
-    return tuple(sorted(names - shared))
+    return tuple(sorted(names - set(SHARED_PACKAGES)))
 
 
 class TreeModules:
@@ -113,14 +109,6 @@ class TreeModules:
                 sys.path.remove(path)
             self.modules = {n: sys.modules.pop(n) for n in list(sys.modules) if self._from_tree(n)}
 
-    def load(self) -> object:
-        """This tree's `harness.findings` (its registry, which loads the tree's own built-in
-        findings); RuntimeError if it comes from elsewhere."""
-        with self.active():
-            registry = importlib.import_module("harness.findings")
-        self._check_from_tree(registry)
-        return registry
-
     def _check_from_tree(self, module) -> None:
         where = Path(module.__file__).resolve()
         if self.tree not in where.parents:
@@ -147,8 +135,7 @@ class TreeModules:
                     sources.append(f"{name}: {_error(err)}")
                     continue
                 sources.append(str(Path(module.__file__).resolve()))
-        added = [i for i in registry.FINDINGS
-                 if i not in before and registry.ORIGINS.get(i) != "built-in"]
+        added = [i for i in registry.FINDINGS if i not in before]
         found = {i: registry.FINDINGS.pop(i) for i in added}
         for finding_id in added:
             registry.ORIGINS.pop(finding_id, None)
@@ -245,16 +232,10 @@ def measure_trees(config: WorkerConfig) -> dict:
     roots = [Path(tree).resolve() for tree in config.trees]
     packages = tree_packages(roots, config)
     trees = [TreeModules(root, packages, config.paths) for root in roots]
-    if config.findings_modules:
-        loaded = [modules.load_findings(config.findings_modules) for modules in trees]
-        selects = [lambda ids, found=found: [found[i] for i in ids if i in found]
-                   for found, _ in loaded]
-        sources = {"modules": [files for _, files in loaded]}
-    else:
-        loaded = [modules.load() for modules in trees]
-        selects = [registry.select for registry in loaded]
-        sources = {"findings": [str(Path(registry.__file__).resolve().parent)
-                                for registry in loaded]}
+    loaded = [modules.load_findings(config.findings_modules) for modules in trees]
+    selects = [lambda ids, found=found: [found[i] for i in ids if i in found]
+               for found, _ in loaded]
+    sources = {"modules": [files for _, files in loaded]}
     per_tree = [_tree_cells(modules, select, config, device)
                 for modules, select in zip(trees, selects)]
     keys = list(dict.fromkeys(key for cells in per_tree for key in cells))

@@ -1,7 +1,7 @@
 """A memory-bandwidth floor: how fast could a call be if it only moved its bytes?
 
-`gae_min_bytes` counts the bytes a GAE call must read and write at least; a floor is
-those bytes over the speed of memory that holds them. A few megabytes sit in a cache,
+A finding declares the bytes a call must read and write at least (`Finding.min_bytes`);
+a floor is those bytes over the speed of memory that holds them. A few megabytes sit in a cache,
 whose speed is several times that of DRAM, so a floor taken at DRAM speed is no floor for
 them (a call can beat it). `working_set_bandwidth` therefore measures streaming copies
 over a working set of the call's own size, with a compiled loop so that no per-copy
@@ -130,18 +130,6 @@ def working_set_bandwidth(device_type: str, nbytes: int) -> tuple[float, str]:
         copy(src, dst, repeats)
         best = min(best, time.perf_counter() - started)
     return 2 * half * repeats / best, memory_level(nbytes)
-
-
-def gae_min_bytes(num_envs: int, max_steps: int, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes one GAE call over [num_envs, max_steps] must move at least.
-
-    Reads rewards, values and bootstrap_values (floats of `dtype`), dones and truncated
-    (1-byte bools) and step_counts (int64 [num_envs]); writes advantages and returns
-    (floats of `dtype`).
-    """
-    elements = num_envs * max_steps
-    float_bytes = torch.empty((), dtype=dtype).element_size()
-    return (3 + 2) * elements * float_bytes + 2 * elements + 8 * num_envs
 
 
 def bound_label(best_seconds: float, floor_seconds: float,

@@ -1,7 +1,7 @@
 """A py-spy flamegraph of a short program, recorded into a run's folder.
 
-The program is the findings modules' `harness.Defaults.flamegraph` (for the built-in
-findings: a few iterations of `python -m esper.train`). py-spy launches it itself
+The program is the findings modules' `harness.Defaults.flamegraph` (a few iterations of
+the code under test, say). py-spy launches it itself
 (`py-spy record -- python ARGS`), which works where attaching to a running process is
 forbidden (ptrace restrictions).
 When py-spy is missing, cannot sample, or runs out of time, the outcome says why and the

@@ -1,4 +1,4 @@
-"""What a run was measured on: versions, device, CPU, threads, git state."""
+"""What a run was measured on: versions, device, CPU, threads; and git state."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({cpu_model()})"
 
 
-def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout holding this package; (None, None) outside git."""
-    repo = repo or Path(__file__).resolve().parents[2]
+def git_state(repo: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git checkout holding the folder `repo`; (None, None)
+    outside git."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
@@ -47,7 +47,6 @@ def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
 
 def describe(device: torch.device) -> dict:
     """Metadata of this process for `device`; call it while threads are pinned."""
-    commit, dirty = git_state()
     return {
         "device": str(device),
         "device_name": device_name(device),
@@ -57,8 +56,6 @@ def describe(device: torch.device) -> dict:
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
-        "git_commit": commit,
-        "git_dirty": dirty,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 

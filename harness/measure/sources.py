@@ -6,7 +6,7 @@ calls, host syncs, allocations, allocated bytes and kernel launches by *site*: t
 the project's own code (`ProjectFiles`) that made the torch call they happened in, and the
 top-level aten op of that call. `diff_sources` says what changed between two such
 attributions of one cell (two commits, two variants), and `explain` words a counter change
-with them: `host syncs 0 -> 4: +4 aten::item at esper/rollout/buffer.py:212 in add()`.
+with them: `host syncs 0 -> 4: +4 aten::item at mylib/buffer.py:212 in add()`.
 
 How the line is found: a `TorchFunctionMode` sees every top-level torch call made from
 Python (a function such as `torch.stack`, a method such as `.item()`, an operator such as
@@ -101,12 +101,12 @@ class Site:
     """A line of the project's code that called into torch."""
 
     file: str
-    """Relative to the project root, posix (`esper/rollout/buffer.py`)."""
+    """Relative to the project root, posix (`mylib/buffer.py`)."""
     line: int
     function: str
 
     def text(self) -> str:
-        """'esper/rollout/buffer.py:212 in add()'."""
+        """'mylib/buffer.py:212 in add()'."""
         return f"{self.file}:{self.line} in {self.function}()"
 
 
@@ -290,7 +290,7 @@ class SourceChange:
     delta: int
 
     def text(self) -> str:
-        """'+4 aten::item at esper/rollout/buffer.py:212 in add()'."""
+        """'+4 aten::item at mylib/buffer.py:212 in add()'."""
         if self.file is None:
             return f"{self.delta:+d} {self.op} outside the project's files"
         lines = ",".join(str(n) for n in self.lines)
@@ -326,7 +326,7 @@ def current_sources(after: Sources, counter: str) -> list[SourceChange]:
 
 def explain(counter: str, before: int, after: int, changes: Sequence[SourceChange],
             *, limit: int = 3, complete: bool = True) -> str:
-    """'host syncs 0 -> 4: +4 aten::item at esper/rollout/buffer.py:212 in add()'.
+    """'host syncs 0 -> 4: +4 aten::item at mylib/buffer.py:212 in add()'.
 
     `changes` (from `diff_sources`) are listed up to `limit`, then how many more; with
     `complete=False` they are the current sources only (the old ones are unknown), listed

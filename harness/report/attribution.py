@@ -4,7 +4,7 @@ Such a run's cell journal holds, per profiled variant, its counters split by the
 the project's code and the op (`harness.measure.sources`). Between two runs (`--compare`)
 or between a finding's baseline and its headline variant in one run (`--markdown`), a
 counter that changed is then worded with the ops that appeared or disappeared and their
-lines: `host syncs 0 -> 4: +4 aten::item at esper/rollout/buffer.py:212 in add()`. Runs recorded
+lines: `host syncs 0 -> 4: +4 aten::item at mylib/buffer.py:212 in add()`. Runs recorded
 without `--sources` give None, and the callers keep their counts-only text.
 """
 

@@ -99,7 +99,7 @@ class Headline:
     claim: str
     baseline: str
     case: str | None
-    """The case label in the results (`num_envs=4,max_steps=25,dones=episode`); None when
+    """The case label in the results (`rows=256,cols=64`); None when
     the run holds no row of this finding."""
     where: str
     """The case in words: '4 envs x 25 steps (dones=episode)'."""
@@ -142,7 +142,7 @@ class Headline:
     """The level of the interval (above 0.95 where sampling looked more than once)."""
     decision: str = ""
     """The answer in words, where the headline row carries them in a `decision` field
-    (e.g. TL-bootstrap's 'cannot decide: ...'); '' where it does not."""
+    (e.g. 'cannot decide: ...'); '' where it does not."""
 
     def answer_text(self) -> str:
         """'changed other scale rate: per_optimizer 0 [0, 0.49] vs shared 1 [0.51, 1]'; ''.

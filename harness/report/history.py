@@ -140,12 +140,8 @@ def _created(run: Run) -> datetime:
 
 
 def run_commit(run: Run) -> tuple[str, bool]:
-    """(commit, dirty) of the code a run measured: the repository of its findings modules
-    where it used some (`project_git_commit`), else the harness's own checkout."""
-    meta = run.metadata
-    if meta.get("project_git_commit"):
-        return meta["project_git_commit"], bool(meta.get("project_git_dirty"))
-    return meta.get("git_commit") or "", bool(meta.get("git_dirty"))
+    """(commit, dirty) of the code a run measured: the repository of its findings modules."""
+    return run.metadata.get("git_commit") or "", bool(run.metadata.get("git_dirty"))
 
 
 def order_runs(runs: list[Run], repo: Path | None = None) -> list[Run]:

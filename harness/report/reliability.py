@@ -65,7 +65,7 @@ class Reliability:
     placebo_same: int
     """Of them, read *same* (as they should)."""
     placebo_decisive: tuple[str, ...]
-    """'B4-CR-03 slower 1.07 [1.06-1.09]' for each placebo that read faster or slower."""
+    """'MY-rowsums slower 1.07 [1.06-1.09]' for each placebo that read faster or slower."""
     placebo_halfwidth: float | None
     """Median relative half-width of the placebos' intervals."""
     words: int

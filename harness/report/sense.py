@@ -3,7 +3,7 @@
 A floor that a call beats is no floor; a word that its own interval contradicts, a
 "faster" ratio above 1 or a NaN where a number is shown are bugs of the harness, never
 facts about the code measured. `problems` lists what is wrong in a run's summary rows; the
-report and the GAE targets refuse to print a run that has any (`harness.exits.Nonsense`:
+report and the findings modules' tools refuse to print a run that has any (`harness.exits.Nonsense`:
 exit 3, an internal error, with each problem named).
 """
 

@@ -13,8 +13,8 @@ import torch
 from esper.gae import METHODS, compute_gae
 from harness.findings import Case
 from harness.findings import select as select_findings
-from harness.review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
-from harness.review.findings.step_counts import fill
+from esper_review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
+from esper_review.findings.step_counts import fill
 
 CPU = torch.device("cpu")
 #: (num_envs, max_steps); the per-env loop takes ~0.5 s a call at the large size, so it

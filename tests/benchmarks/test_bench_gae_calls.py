@@ -1,8 +1,8 @@
-"""pytest-benchmark entries for the small GAE calls `python -m harness.review.gae_tools.floor`
+"""pytest-benchmark entries for the small GAE calls `python -m esper_review.gae_tools.floor`
 measures: the dispatch floors, every `compute_gae` method but the loop, and the input
 check, at 4 x 25 and 64 x 128, on one torch thread.
 
-The same calls, built by the same code (`harness.review.gae_tools.floor.shape_calls`), so a
+The same calls, built by the same code (`esper_review.gae_tools.floor.shape_calls`), so a
 regression here reads the same in the floor command. Run as docs/gate.md shows.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from esper.gae import DEVICE_TYPES, METHODS
-from harness.review.gae_tools import floor
+from esper_review.gae_tools import floor
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif("numba" not in METHODS, reason="the floor is a numba no-op")]

@@ -35,7 +35,7 @@ from harness import results
 from harness.bisect import cli as bisect_cli
 from harness.gate import cli as gate_cli, quality as gate_quality
 from harness.report import cli as report_cli
-from harness.review.gae_tools import crossovers, floor, targets
+from esper_review.gae_tools import crossovers, floor, targets
 from harness import run as run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs"

@@ -56,7 +56,6 @@ def _tiny_finding(calls_before_interrupt: int | None = None) -> Finding:
 
 @pytest.fixture
 def tiny(request):
-    registry.select(None)  # load the built-in findings first
     registry.FINDINGS[TEST_ID] = _tiny_finding(getattr(request, "param", None))
     yield TEST_ID
     del registry.FINDINGS[TEST_ID]
@@ -150,7 +149,6 @@ def test_list_and_cli_subprocess():
 def test_ratio_falls_back_to_first_timed_variant_when_baseline_is_skipped(tmp_path):
     import dataclasses
 
-    registry.select(None)
     finding = dataclasses.replace(
         _tiny_finding(), variants=("good", "twice"), reference=lambda x: (x * 2).sum(),
         skip=lambda variant, case, device: "too slow here" if variant == "good" and case["n"] > 100 else None,
@@ -221,7 +219,7 @@ def test_paired_finding_interval_over_rounds_whose_work_varies():
 
 
 def test_rows_that_carry_a_warning_are_named_for_the_run_metadata():
-    from harness.review.findings.e2e import stream_fields
+    from esper_review.findings.e2e import stream_fields
     from harness.run import row_warnings
 
     rows = [{"finding": "E2E-iteration", "case": "num_envs=48", "variant": "original",
@@ -235,26 +233,22 @@ def test_rows_that_carry_a_warning_are_named_for_the_run_metadata():
                                               "a stream serialise"}]
 
 
-def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys):
-    import dataclasses
-
-    registry.select(None)
-    long = dataclasses.replace(_tiny_finding(), id="TEST-long", variants=("good", "twice"),
-                               long=True, duration_s=(20.0, 600.0))
-    registry.FINDINGS["TEST-long"] = long
-    try:
-        assert "TEST-long" not in [f.id for f in registry.select(None)]
-        assert "TEST-long" in [f.id for f in registry.select(None, include_long=True)]
-        assert main(["--list"]) == 0
-        listed = capsys.readouterr().out
-        assert "TEST-long" in listed and "long: runs when named or with --all; about 20 s quick, 600 s default" in listed
-        assert main(["--findings", "TEST-long", "--time-budget", "0.05", "--no-profile",
-                     "--no-report", "--out", str(tmp_path)]) == 0
-        assert set(load_run(None, tmp_path).summary["finding"]) == {"TEST-long"}
-        assert main(["--all", "--findings", "TEST-long"]) == 2
-        assert "--all: expected without --findings" in capsys.readouterr().err
-    finally:
-        del registry.FINDINGS["TEST-long"]
+def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys,
+                                                      outside_the_repository):
+    module = ["--findings-module", "tests.findings_modules.long_and_short"]
+    quick = ["--time-budget", "0.05", "--no-profile", "--no-report"]
+    assert main([*module, "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert ("TEST-long" in listed and "TEST-short" in listed
+            and "long: runs when named or with --all; about 20 s quick, 600 s default" in listed)
+    assert main([*module, *quick, "--out", str(tmp_path / "default")]) == 0
+    assert set(load_run(None, tmp_path / "default").summary["finding"]) == {"TEST-short"}
+    assert main([*module, *quick, "--findings", "TEST-long", "--out", str(tmp_path / "named")]) == 0
+    assert set(load_run(None, tmp_path / "named").summary["finding"]) == {"TEST-long"}
+    assert main([*module, *quick, "--all", "--out", str(tmp_path / "all")]) == 0
+    assert set(load_run(None, tmp_path / "all").summary["finding"]) == {"TEST-short", "TEST-long"}
+    assert main([*module, "--all", "--findings", "TEST-long"]) == 2
+    assert "--all: expected without --findings" in capsys.readouterr().err
 
 
 def test_calls_over_the_findings_profile_limit_get_no_counters_and_say_why():
@@ -320,7 +314,6 @@ def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path)
         tolerance=lambda case: 0.0, paired=True,
         sample_metrics=lambda variant, states: {"calls_so_far": float(states[variant]["calls"])},
     )
-    registry.select(None)
     registry.FINDINGS[finding.id] = finding
     try:
         assert main(["--findings", finding.id, "--quick", "--out", str(tmp_path), "--no-report",

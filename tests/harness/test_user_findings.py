@@ -46,6 +46,11 @@ def user_modules():
     _unload(CLAIMS, FAILURES, BROKEN)
 
 
+@pytest.fixture(autouse=True)
+def in_a_users_folder(outside_the_repository):
+    """Every test runs in a folder of the user's (conftest.py)."""
+
+
 def _pyproject(folder: Path, table: str) -> Path:
     path = folder / "pyproject.toml"
     path.write_text(textwrap.dedent(table))
@@ -117,10 +122,11 @@ def test_a_module_that_cannot_be_imported_exits_2_with_the_cause(tmp_path, capsy
 
 
 def test_a_module_that_registers_nothing_is_a_usage_error(tmp_path, capsys):
-    assert run_main(["--findings-module", "tests.findings_modules", *QUICK,
+    assert run_main(["--findings-module", "tests.gae_inputs", *QUICK,
                      "--out", str(tmp_path)]) == 2
-    assert ("--findings-module: expected modules that register findings; "
-            "tests.findings_modules registered none") in capsys.readouterr().err
+    assert ("--findings-module: tests.gae_inputs: expected a module that registers "
+            "findings (harness.register calls at its top level); it registered none"
+            ) in capsys.readouterr().err
 
 
 # --- pyproject.toml -----------------------------------------------------------------------
@@ -136,7 +142,8 @@ def test_pyproject_names_the_modules_for_run_list_and_records_them(tmp_path, mon
     monkeypatch.chdir(tmp_path / "sub")  # found in a parent folder
     assert run_main(["--list"]) == 0
     listed = capsys.readouterr().out
-    assert "USER-rowsums" in listed and f"from {CLAIMS}" in listed and "from built-in" in listed
+    assert "USER-rowsums" in listed and f"from {CLAIMS}" in listed
+    assert "B4-CR-03" not in listed and "esper_review" not in listed  # only the user's modules
 
     assert run_main([*QUICK, "--out", str(tmp_path / "results"), "--no-report"]) == 0
     run = load_run(None, tmp_path / "results")
@@ -311,10 +318,6 @@ def test_against_needs_the_users_modules_in_a_git_repository(tmp_path, monkeypat
                 ) in capsys.readouterr().err
     finally:
         _unload("loose_findings")
-    assert gate.main(["--findings-module", CLAIMS, "--against", "HEAD",
-                      "--findings", "USER-rowsums", "B4-CR-03"]) == 2
-    assert ("--findings: expected either built-in findings or your own for --against (they come "
-            "from different repositories); got USER-rowsums, B4-CR-03") in capsys.readouterr().err
 
 
 @pytest.mark.integration
@@ -357,6 +360,18 @@ def test_against_a_revision_of_the_users_repository_catches_a_slower_commit(tmp_
 def test_an_unknown_id_with_a_line_break_is_named_on_the_error_s_one_line(command, capsys):
     main = run_main if command == "run" else gate.main
     stop = [] if command == "run" else ["--counters"]
-    assert main([*stop, "--findings", "\n"]) == 2
+    assert main(["--findings-module", CLAIMS, *stop, "--findings", "\n"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --findings: unknown id(s) '\\n'; known: ") and err.count("\n") == 1
+    assert err.startswith("error: --findings: unknown id(s) '\\n'; known: USER-") and err.count("\n") == 1
+
+
+def test_an_unknown_id_names_the_nearest_known_one_of_the_users_modules_only(capsys,
+                                                                            user_modules):
+    """The review's findings (this repository's) are neither known nor suggested in a
+    user's project; a near miss gets a "did you mean"."""
+    assert run_main(["--findings-module", CLAIMS, "--findings", "USER-rowsum", "--list"]) == 0
+    capsys.readouterr()
+    assert run_main(["--findings-module", CLAIMS, *QUICK, "--findings", "USER-rowsum"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown id(s) USER-rowsum (did you mean USER-rowsums?); known: USER-rowsums" in err
+    assert "B4-CR-03" not in err

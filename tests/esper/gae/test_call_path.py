@@ -1,6 +1,6 @@
 """The small-call path of `compute_gae`: what a call does besides the kernel, by count.
 
-Counts, not times (`python -m harness.review.gae_tools.floor` times them): the input check of
+Counts, not times (`python -m esper_review.gae_tools.floor` times them): the input check of
 well-formed tensors dispatches no aten op and reads step counts in place, even through
 its cache of count views; the numba method hands tensors to its kernel by address, its
 only ops the two output allocations, and still gets strided, lazily negated and

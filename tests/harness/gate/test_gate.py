@@ -24,8 +24,10 @@ from harness.measure.counters import profile_call
 from harness.gate.plant import allocating, planted, slowed
 from harness.gate.table import GateRow, Outcome, UsageError, render_markdown, summary_line
 from harness.measure.stats import RatioCI
+from tests.review import MODULE as REVIEW, review_findings
 
 REPO = Path(__file__).resolve().parents[3]
+review_findings()
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,8 @@ def gae_baseline(tmp_path, gae_cells) -> Path:
 
 def _compare(cells: list[gate_counters.CellCounts], baseline: Path) -> list[GateRow]:
     """The counters check on cells already measured (the gate measures, then compares)."""
-    return gate_counters.compare(cells, gate_counters.load_baseline(baseline), ["B4-CR-03"])
+    return gate_counters.compare(cells, gate_counters.load_baseline(baseline), ["B4-CR-03"],
+                                 path=baseline)
 
 
 def _edit_first(path: Path, variant: str, counter: str, delta: int) -> dict:
@@ -59,7 +62,7 @@ def _edit_first(path: Path, variant: str, counter: str, delta: int) -> dict:
 
 
 def test_counters_are_identical_when_measured_again(gae_baseline):
-    rows = gate_counters.check_counters(gae_baseline, ["B4-CR-03"])
+    rows = _compare(gate_counters.measure(["B4-CR-03"]), gae_baseline)
     assert len(rows) == 4 * len(METHODS)
     assert {row.outcome for row in rows} == {Outcome.PASS}
     assert all(row.change == "=" for row in rows)
@@ -83,8 +86,8 @@ def test_counters_report_fewer_ops_as_an_improvement(gae_baseline, gae_cells):
 
 
 def test_counters_catch_a_planted_allocation(gae_baseline):
-    with planted(registry.defaults().plant, allocating):
-        rows = gate_counters.check_counters(gae_baseline, ["B4-CR-03"])
+    with planted(registry.defaults([REVIEW]).plant, allocating):
+        rows = _compare(gate_counters.measure(["B4-CR-03"]), gae_baseline)
     flagged = {(row.variant, row.change) for row in rows if row.outcome is Outcome.REGRESSION}
     # torch.empty(16): one op, one allocation, 16 float32 values, in every quick case
     assert flagged == {("scan", "op_calls +1, allocations +1, allocated_bytes +64")}
@@ -116,12 +119,12 @@ def test_a_new_cell_fails_unless_allowed_and_a_missing_one_is_reported(gae_basel
     new = by_variant[(dropped["variant"], dropped["case"])]
     assert new.outcome is Outcome.NEW and new.outcome.fails
     assert new.note == ("not in the baseline; add it with `python -m harness.gate "
-                        f"--update-baseline --findings B4-CR-03`")
+                        f"--update-baseline --baseline {gae_baseline} --findings B4-CR-03`")
     assert by_variant[("retired-method", dropped["case"])].outcome is Outcome.MISSING
     assert [row.outcome for row in rows if row.outcome.fails] == [Outcome.NEW]
 
     allowed = gate_counters.compare(gae_cells, gate_counters.load_baseline(gae_baseline),
-                                    ["B4-CR-03"], allow_new=True)
+                                    ["B4-CR-03"], path=gae_baseline, allow_new=True)
     assert {row.outcome for row in allowed} == {Outcome.PASS, Outcome.NEW_ALLOWED,
                                                 Outcome.MISSING}
     assert not any(row.outcome.fails for row in allowed)
@@ -268,7 +271,7 @@ def test_invariant_missing_field_is_named(tmp_path):
 
 
 def test_committed_invariants_name_quick_cases_and_keep_wide_margins():
-    config = gate_invariants.load_config(registry.defaults().invariants)
+    config = gate_invariants.load_config(registry.defaults([REVIEW]).invariants)
     assert config.invariants
     for invariant in config.invariants:
         assert invariant.margin >= 2.5, invariant
@@ -466,7 +469,7 @@ def test_allocating_adds_one_allocation_per_call():
 
 def test_planted_restores_the_method():
     original = METHODS["scan"]
-    with planted(registry.defaults().plant, allocating):
+    with planted(registry.defaults([REVIEW]).plant, allocating):
         assert METHODS["scan"] is not original
     assert METHODS["scan"] is original
 
@@ -503,4 +506,4 @@ def test_quality_times_the_cells_the_gate_itself_times():
     quality's gate runs time the same findings: the findings modules' `ab_findings` (here
     B4-CR-03), not every finding (57 cells, 2.4x the seconds, another gate)."""
     gate_options, _ = gate.ab_options(gate.parse(["--against", "HEAD"]))
-    assert gate_quality.ab_options().findings == gate_options.findings == ("B4-CR-03",)
+    assert gate_quality.ab_options([])[0].findings == gate_options.findings == ("B4-CR-03",)

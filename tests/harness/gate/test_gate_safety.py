@@ -23,14 +23,18 @@ from pathlib import Path
 import pytest
 
 from harness import exits
-from harness.review.gae_tools import crossovers, targets
+from esper_review.gae_tools import crossovers, targets
 from harness.gate import ab as gate_ab, cli as gate, counters as gate_counters
 from harness.gate import quality as gate_quality
 from harness.gate.table import UsageError
 
 import esper.train
+from tests.review import MODULE as REVIEW, review_findings
 
 REPO = Path(__file__).resolve().parents[3]
+#: this repository's counters baseline (pyproject.toml's [tool.esper-bench] baseline)
+COMMITTED_BASELINE = REPO / "results" / "baselines" / "counters.json"
+review_findings()
 FINDING = "B4-DRL-03"  # 6 cells (2 quick cases x 3 variants), counted in about a second
 CELLS = 6
 
@@ -133,7 +137,7 @@ USAGE_ERRORS = [
      "--against: expected a git revision"),
     ("ungated finding", ["--findings", "E2E-iteration"],
      "error: --findings: expected findings the gate covers "
-     f"({', '.join(gate_counters.gated_findings())}); got E2E-iteration, registered but not gated"),
+     f"({', '.join(gate_counters.gated_findings([REVIEW]))}); got E2E-iteration, registered but not gated"),
     ("ungated finding, A/B", ["--against", "HEAD", "--findings", "E2E-iteration"],
      "got E2E-iteration, registered but not gated"),
     ("ungated finding, update", ["--update-baseline", "--findings", "B4-PT-05", "E2E-iteration"],
@@ -256,7 +260,7 @@ def test_a_corrupt_invariants_config_exits_2_naming_the_file(tmp_path, capsys, c
 # --- --update-baseline merges ---------------------------------------------------------------
 
 def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys):
-    committed = json.loads(gate_counters.DEFAULT_BASELINE.read_text())
+    committed = json.loads(COMMITTED_BASELINE.read_text())
     document = json.loads(json.dumps(committed))
     document["counters"][0]["tolerance"] = {"allocations": 1}
     ours = [e for e in document["counters"] if e["finding"] == FINDING]
@@ -267,7 +271,7 @@ def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys)
     assert gate.main(["--update-baseline", "--baseline", str(path), "--findings", FINDING]) == 0
     out = capsys.readouterr().out
     counts = {f: sum(e["finding"] == f for e in committed["counters"]) for f in
-              gate_counters.gated_findings() if f != FINDING}
+              gate_counters.gated_findings([REVIEW]) if f != FINDING}
     assert f"wrote {path}: {CELLS} cells of {FINDING} (each counted twice, identical)" in out
     assert ("kept the entries of the findings not measured: "
             + ", ".join(f"{n} of {f}" for f, n in counts.items())) in out
@@ -333,8 +337,8 @@ def test_an_unmergeable_baseline_is_replaced_only_when_asked_or_when_nothing_is_
 COMMANDS = {
     "harness.gate": gate.main,
     "harness.gate.quality": gate_quality.main,
-    "harness.review.gae_tools.crossovers": crossovers.main,
-    "harness.review.gae_tools.targets": targets.main,
+    "esper_review.gae_tools.crossovers": crossovers.main,
+    "esper_review.gae_tools.targets": targets.main,
     "esper.train": esper.train.main,
 }
 
@@ -364,8 +368,8 @@ INTERNAL_ERRORS = [
     # (command, what to break, argv)
     ("harness.gate", (gate_counters, "measure"), ["--counters", "--findings", FINDING]),
     ("harness.gate.quality", (gate_quality, "run_scenarios"), []),
-    ("harness.review.gae_tools.crossovers", (crossovers, "timed_methods"), ["--quick"]),
-    ("harness.review.gae_tools.targets", (targets, "load_run"), []),
+    ("esper_review.gae_tools.crossovers", (crossovers, "timed_methods"), ["--quick"]),
+    ("esper_review.gae_tools.targets", (targets, "load_run"), []),
     ("esper.train", (esper.train, "VectorizedTrainer"),
      ["--device", "cpu", "--envs", "1", "--steps", "2", "--iterations", "1"]),
 ]
@@ -384,8 +388,8 @@ def test_an_unexpected_exception_exits_3_with_its_traceback(name, target, argv, 
 @pytest.mark.parametrize("name, argv, message", [
     ("harness.gate.quality", ["--busy", "-1"], "--busy: expected an integer >= 0; got '-1'"),
     ("harness.gate.quality", ["--json", "/proc/x/q.json"], "--json: expected a writable location"),
-    ("harness.review.gae_tools.crossovers", ["--threads", "0"], "--threads: expected an integer >= 1; got '0'"),
-    ("harness.review.gae_tools.targets", ["no-such-run", "--results", "/nonexistent"], "no-such-run"),
+    ("esper_review.gae_tools.crossovers", ["--threads", "0"], "--threads: expected an integer >= 1; got '0'"),
+    ("esper_review.gae_tools.targets", ["no-such-run", "--results", "/nonexistent"], "no-such-run"),
 ])
 def test_tool_commands_exit_2_on_bad_input(name, argv, message, capsys):
     assert COMMANDS[name](argv) == 2
@@ -600,7 +604,7 @@ def test_read_json_says_what_is_wrong_with_the_file(tmp_path):
     path.unlink()
     with pytest.raises(UsageError, match=rf"{path}: no such file"):
         exits.read_json(path)
-    shutil.copy(gate_counters.DEFAULT_BASELINE, path)
+    shutil.copy(COMMITTED_BASELINE, path)
     assert exits.read_json(path)["schema_version"] == 1
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 from harness.gate import cli as gate
 from harness.gate.table import STEP_SUMMARY_VARIABLE
 from tests.harness.gate.test_gate import _config
+from tests.review import MODULE as REVIEW
 
 
 def _impossible_invariant(tmp_path):
-    """Gate options for one invariant no machine meets (scan 1e6x faster than the loop)."""
+    """Gate options for one invariant no machine meets (scan 1e6x faster than the loop),
+    with the review's findings named (a test may run outside this repository's folder)."""
     _config(tmp_path, min_speedup=1e6)
-    return ["--invariants", "--config", str(tmp_path / "invariants.json")]
+    return ["--invariants", "--config", str(tmp_path / "invariants.json"),
+            "--findings-module", REVIEW]
 
 
 def test_the_gate_appends_its_table_to_the_step_summary(tmp_path, monkeypatch, capsys):

@@ -8,19 +8,11 @@ import pytest
 import torch
 
 from harness.measure.bandwidth import (
-    BANDWIDTH_BOUND, LAUNCH_BOUND, bound_label, cpu_caches, gae_min_bytes,
+    BANDWIDTH_BOUND, LAUNCH_BOUND, bound_label, cpu_caches,
     measure_copy_bandwidth, memory_level, working_set_bandwidth,
 )
 from harness.findings import Case, Finding
 from harness.runner import CaseRun, RunOptions
-
-
-def test_gae_min_bytes_counts_inputs_and_outputs():
-    # 4 x 128 = 512 elements: 3 float inputs + 2 float outputs, 2 bool flags, int64 counts
-    assert gae_min_bytes(4, 128) == 5 * 512 * 4 + 2 * 512 + 8 * 4 == 11_296
-    assert gae_min_bytes(4, 128, torch.float64) == 5 * 512 * 8 + 2 * 512 + 8 * 4
-    assert gae_min_bytes(1024, 256) == 22 * 1024 * 256 + 8 * 1024
-    assert gae_min_bytes(0, 10) == 0
 
 
 def test_copy_bandwidth_is_positive_and_plausible():

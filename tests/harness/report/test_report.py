@@ -197,7 +197,6 @@ def tiny_run(tmp_path):
                 "wrong": lambda: x.sum() + 1,
                 "boom": lambda: (_ for _ in ()).throw(RuntimeError("variant exploded"))}[variant]
 
-    registry.select(None)
     registry.FINDINGS[TINY] = Finding(
         id=TINY, title="tiny", claim="could be ~2x faster", variants=("sum", "square", "wrong",
                                                                         "boom"),

@@ -60,7 +60,7 @@ def test_a_run_whose_findings_module_is_deleted_renders_in_a_fresh_interpreter(t
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
     assert not {name for name in imported if name.startswith(("harness.findings",
-                                                              "harness.review", "esper"))}
+                                                              "esper_review", "esper"))}
     page = (out / "index.html").read_text()
     assert "A sum against a loop of adds" in page and "sum() is ~10x faster" in page
     assert "a note only the run recorded" in page

@@ -570,7 +570,7 @@ def test_history_orders_runs_by_commit_separates_machines_and_finds_the_change_p
     assert speed.point.size == pytest.approx(0.1) and speed.point.low <= 0.1 <= speed.point.high
     assert found["B4-CR-03", "batched", "median time"].point.size == pytest.approx(10.0)
     assert speed.command == (f"python -m harness.bisect --good {older[:12]} --bad {newer[:12]} "
-                             "--findings B4-CR-03 --time")
+                             "--findings B4-CR-03 --time --findings-module esper_review")
     text = history["page"].read_text()
     assert speed.command in text and speed.point.text() in text
 

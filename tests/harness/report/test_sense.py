@@ -10,7 +10,7 @@ import pytest
 from harness.report.cli import render_runs
 from harness.report.sense import problems, row_problems
 from harness.results import Run
-from harness.review.gae_tools.targets import versus
+from esper_review.gae_tools.targets import versus
 
 GOOD = {"finding": "F", "case": "c", "variant": "fast", "status": "ok", "verdict": "faster",
         "median_s": 1e-3, "ratio": 0.5, "ci_low": 0.45, "ci_high": 0.55, "interval": "paired",

@@ -1,0 +1,132 @@
+"""E2E-iteration: does any of it matter end to end? original() vs optimized() per PPO iteration."""
+
+from __future__ import annotations
+
+import torch
+
+from esper.training.trainer import PHASES, TrainConfig, VectorizedTrainer
+from esper.variants import Variants
+from harness.findings import Case, Finding, max_abs_difference, register
+from esper_review.findings.trainer_size import nearest_trainer_size
+
+PRESETS = {"original": Variants.original, "optimized": Variants.optimized}
+
+
+def _cases(quick: bool) -> list[Case]:
+    return [Case.of(num_envs=4, max_steps=10 if quick else 25)]
+
+
+def _build(case: Case, device: torch.device, seed: int) -> dict:
+    """One trainer per preset, same seed: variants change speed, not results, so
+    iteration k of both does the same work (the rounds of the timing are paired)."""
+    return {
+        "trainers": {
+            name: VectorizedTrainer(TrainConfig(num_envs=case["num_envs"],
+                                                max_steps=case["max_steps"], seed=seed,
+                                                variants=preset()), device)
+            for name, preset in PRESETS.items()
+        },
+        "last": {},  # variant -> IterationStats of its latest iteration
+    }
+
+
+def _make_call(variant: str, inputs: dict):
+    trainer = inputs["trainers"][variant]
+
+    def iteration() -> torch.Tensor:
+        stats = trainer.iteration()
+        inputs["last"][variant] = stats
+        u = stats.update
+        return torch.tensor([stats.mean_return, u["policy_loss"], u["value_loss"],
+                             u["entropy"], u["approx_kl"]], dtype=torch.float64)
+
+    return iteration
+
+
+def phase_seconds(variant: str, inputs: dict) -> dict[str, float]:
+    """Seconds per phase of the iteration just timed (read after it, outside the clock).
+
+    `phase_<name>_s` and `gae_share` are host wall time of each phase (the trainer's
+    clocks around its `record_function` ranges). On CUDA, where a sync-free GAE returns
+    before its kernels run and their time lands in `update` at its first sync,
+    `phase_<name>_device_s` and `gae_share_device` add each phase's device-timeline time
+    (CUDA events at the range's ends, `esper.rollout.device_spans`) beside it; on the CPU the
+    two are one number and only the host fields exist. `update` is reported exclusive
+    of the `gae` inside it. `env_streams` (CUDA only): distinct env streams.
+    """
+    stats = inputs["last"][variant]
+    host = {name: stats.phase_seconds.get(name, 0.0) for name in PHASES}
+    out = {f"phase_{name}_s": value for name, value in host.items()}
+    out["gae_share"] = _share(host)
+    if stats.phase_device_seconds:
+        device = {name: stats.phase_device_seconds[name] for name in PHASES}
+        out.update({f"phase_{name}_device_s": value for name, value in device.items()})
+        out["gae_share_device"] = _share(device)
+        trainer = inputs["trainers"][variant]
+        out.update(stream_fields(trainer.env_streams, trainer.config.num_envs))
+    return out
+
+
+def stream_fields(env_streams: int, num_envs: int) -> dict:
+    """`env_streams`, and a `warning` for the run when envs shared CUDA streams (torch's pool
+    holds 32 per priority, `esper.training.trainer.make_env_streams`): envs that share a stream
+    serialise, and the timings say so."""
+    out = {"env_streams": env_streams}
+    if env_streams < num_envs:
+        out["warning"] = (f"{num_envs} envs ran on {env_streams} CUDA streams: envs sharing a "
+                          "stream serialise")
+    return out
+
+
+def _share(seconds: dict[str, float]) -> float:
+    """GAE's fraction of the iteration's phases (NaN when they sum to 0)."""
+    iteration = sum(seconds.values())
+    return seconds["gae"] / iteration if iteration > 0 else float("nan")
+
+
+register(Finding(
+    id="E2E-iteration",
+    title="A full PPO iteration: original vs optimized variants",
+    claim="This runs once per rollout, not in the hot training path",
+    ticket="B4-CR-03-gae-vectorization.md",
+    variants=tuple(PRESETS),
+    baseline="original",
+    reviewed="the training iteration of src/esper/simic/training/vectorized.py @2df957ed "
+             "and simic/agent/ppo.py @599f3895 as esper reproduces it (Variants.original(): "
+             "every reviewed choice at the original's value; docs/differences.md lists what "
+             "still differs)",
+    fix="every fix the reviews propose that measured not slower (Variants.optimized())",
+    headline_case=nearest_trainer_size,
+    phases=PHASES,
+    cases=_cases,
+    build=_build,
+    make_call=_make_call,
+    check=max_abs_difference,
+    tolerance=lambda case: 1e-5,
+    paired=True,
+    # an iteration takes ~0.65 s and the placebo is a third trainer: 8 s of sampling gives
+    # the minimum 8 paired rounds, whose interval was +-1.5% here (12 rounds: [0.986, 1.015];
+    # 26 rounds in a 30 s budget: [0.985, 1.017]); the cell takes about 30 s with its
+    # first calls and the profiled iterations
+    budget_factor=8.0,
+    sample_metrics=phase_seconds,
+    # not gated: its work depends on the trainer's state (86,499 then 89,310 op calls in
+    # iterations 2 and 3 of its quick case; the PPO update's KL early stop decides on float
+    # values, which can round differently on another CPU), and its allocated bytes changed
+    # with the torch thread count
+    gated=False,
+    notes=(
+        "One timed call = one iteration: rollout (env epochs, policy forwards, buffer adds), "
+        "GAE and the PPO update. " + f"original = {Variants.original().spec()}; "
+        f"optimized = {Variants.optimized().spec()}.",
+        "The correctness check compares the first iteration's return and losses (same seed).",
+        "Paired: both trainers start from one seed and follow one trajectory, so round k "
+        "times iteration k of each (in alternating order); the interval is over the "
+        "per-iteration ratios.",
+        "Phase seconds are medians over the timed iterations; each phase's time saved is "
+        "the median per-iteration difference with its interval. The update is reported "
+        "without the GAE inside it. On CUDA each phase has host and device seconds side by "
+        "side (phase_<name>_s, phase_<name>_device_s): host time of a sync-free GAE counts "
+        "its launches, device time its kernels.",
+    ),
+))

@@ -1,0 +1,80 @@
+"""B4-DRL-03: "zero_tensor.clone() inside loop creates a new tensor on every terminal state"."""
+
+from __future__ import annotations
+
+import torch
+
+from esper.gae import compute_gae
+from harness.findings import Case, Finding, register
+from esper_review.findings.gae_methods import (
+    GAMMA, LAMBDA, build_gae_inputs, gae_args, relative_max_error,
+)
+from esper_review.findings.trainer_size import nearest_trainer_size
+
+
+def _cases(quick: bool) -> list[Case]:
+    sizes = [(4, 25)] if quick else [(4, 25), (16, 150)]
+    return [Case.of(num_envs=e, max_steps=t, dones=d)
+            for e, t in sizes for d in ("episode", "random0.05")]
+
+
+def _make_call(variant: str, inputs: dict):
+    args = gae_args(inputs, "step_counts_list")
+    return lambda: compute_gae(*args, gamma=GAMMA, gae_lambda=LAMBDA, method="loop",
+                               reset=variant)[0]
+
+
+def _terminals(variant: str, inputs: dict) -> dict[str, float]:
+    # host sync, outside any timed region
+    return {"true_terminals": float((inputs["dones"] & ~inputs["truncated"]).sum())}
+
+
+register(Finding(
+    id="B4-DRL-03",
+    title="GAE loop reset: zero.clone() vs a precomputed not-done mask",
+    claim="zero_tensor.clone() inside loop creates a new tensor on every terminal state - "
+          "up to 25 allocations per environment",
+    ticket="B4-DRL-03-zero-tensor-clone.md",
+    variants=("clone", "mask", "assign"),
+    baseline="clone",
+    proposed="mask",
+    headline_case=nearest_trainer_size,
+    cases=_cases,
+    build=build_gae_inputs,
+    make_call=_make_call,
+    check=relative_max_error,
+    tolerance=lambda case: 1e-6,
+    extra_metrics=_terminals,
+    reviewed="src/esper/simic/agent/rollout_buffer.py:367-416 @599f3895 (the clone at 388 "
+             "once per env, at 409 at each true terminal)",
+    fix="Option 3 of the ticket: a done mask precomputed outside the loop, the trace "
+        "multiplied by it (`reset=mask`), so no branch and no clone at a terminal",
+    premise="A clone runs once per env (line 388) and once per true terminal (409: `dones[t] "
+            "and not truncated[t]`), not once per terminal step: the DRL cross-review's 'at "
+            "most once per env per rollout' holds. In the reviewed trainer there is no true "
+            "terminal at all: an episode ends at its time limit with done and truncated "
+            "both set (599f3895 src/esper/simic/training/vectorized.py:2754-2755 `done = "
+            "epoch == max_epochs; truncated = done`), so 409 never clones there and a call "
+            "allocates one clone per env. What the fix removes per step is a host read "
+            "(408's `if dones[t] and not truncated[t]`), not an allocation.",
+    ours=("assign",),
+    notes=(
+        "All three run the per-env loop GAE (esper.gae.loop); only the terminal reset "
+        "differs. clone: the original's branches, host reads and clones "
+        "(tests/esper/gae/test_loop_reads.py holds them to a re-typed copy of the original: "
+        "the same aten::_local_scalar_dense and clone counts, one clone per env at "
+        "line 388 included). assign (ours): clone with `last_gae = zero` in place of each "
+        "`zero.clone()`, the branches and reads kept: clone vs assign is the allocations "
+        "alone. mask (the ticket's option 3): no branch at a terminal, a precomputed "
+        "not-done factor.",
+        "Where the measured gain comes from: per step of an episode, clone and assign make "
+        "3 host reads (each a host sync on CUDA), mask 2; per call clone allocates one "
+        "clone per env (4 at 4 x 25) plus one per true terminal, assign and mask not one. "
+        "'episode' rows end truncated as the reviewed trainer's do (no true terminal: "
+        "409 never clones); 'random0.05' rows have true terminals with p=0.05. So clone "
+        "-> assign is what the ticket's mechanism (allocations) is worth, assign -> mask "
+        "what removing the per-step branch is worth; the allocations column shows the "
+        "clones, the host_syncs column the reads.",
+        "Allocations per call come from the profiling pass (profile_memory).",
+    ),
+))

@@ -1,0 +1,157 @@
+"""B4-PT-05: "step_counts is a Python list, not a tensor - ... requires CPU-GPU round
+trips", timed where the ticket places the cost: the count tensor that
+`get_batched_sequences` builds once per update."""
+
+from __future__ import annotations
+
+import torch
+
+from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
+from esper.env.mask_batch import masks_to_device
+from esper.rollout.buffer import RolloutBuffer
+from esper.variants import AXES, Variants
+from harness.findings import Case, Finding, max_abs_difference, register
+from esper_review.findings.copies import copies_metric
+from esper_review.findings.trainer_size import nearest_trainer_size
+
+STATE_DIM, HIDDEN = 218, 128
+VARIANTS = AXES["step_counts"]
+
+
+def _cases(quick: bool) -> list[Case]:
+    sizes = [(4, 25)] if quick else [(4, 25), (16, 150)]
+    return [Case.of(num_envs=e, max_steps=t) for e, t in sizes]
+
+
+def rollout_steps(num_envs: int, max_steps: int, device: torch.device, seed: int) -> list:
+    """Every step of one rollout, prepared in advance: per step, its action masks as the
+    envs give them (`{head: [N, K]}` on the host), one add()'s arguments per env without
+    masks (states and hidden states on `device`, as the policy leaves them), and on the
+    CPU each env's mask rows (views, taken here once: there is no transfer)."""
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for t in range(max_steps):
+        host_masks = {h: torch.ones(num_envs, k, dtype=torch.bool) for h, k in HEAD_SIZES.items()}
+        adds = [dict(
+            env_id=env,
+            state=torch.randn(STATE_DIM, generator=g).to(device),
+            actions={h: int(torch.randint(0, k, (), generator=g)) for h, k in HEAD_SIZES.items()},
+            log_probs={h: float(-torch.rand((), generator=g)) for h in HEAD_NAMES},
+            value=float(torch.randn((), generator=g)),
+            reward=float(torch.randn((), generator=g)),
+            done=t == max_steps - 1,
+            hidden_h=torch.randn(1, 1, HIDDEN, generator=g).to(device),
+            hidden_c=torch.randn(1, 1, HIDDEN, generator=g).to(device),
+            truncated=t == max_steps - 1,
+            bootstrap_value=float(torch.randn((), generator=g)),
+        ) for env in range(num_envs)]
+        cpu_rows = ([{h: m[env] for h, m in host_masks.items()} for env in range(num_envs)]
+                    if device.type == "cpu" else None)
+        steps.append((host_masks, adds, cpu_rows))
+    return steps
+
+
+def fill(buffer: RolloutBuffer, steps: list) -> None:
+    """One rollout into `buffer`, as the trainer adds it with `masks=packed`: per step, the
+    step's masks reach the device in one transfer (on CUDA), then one add() per env."""
+    buffer.reset()
+    for host_masks, adds, cpu_rows in steps:
+        if cpu_rows is None:
+            masks = masks_to_device(host_masks, buffer.device)
+            rows = [{h: m[env] for h, m in masks.items()} for env in range(len(adds))]
+        else:
+            rows = cpu_rows
+        for add, env_masks in zip(adds, rows):
+            buffer.add(**add, masks=env_masks)
+
+
+def _build(case: Case, device: torch.device, seed: int) -> dict:
+    """One full buffer per variant on `device` (as the trainer keeps it: on the agent's
+    device), holding the same rollout."""
+    num_envs, max_steps = case["num_envs"], case["max_steps"]
+    steps = rollout_steps(num_envs, max_steps, device, seed)
+    buffers = {}
+    for kind in VARIANTS:
+        buffer = RolloutBuffer(num_envs, max_steps, STATE_DIM, lstm_hidden_dim=HIDDEN,
+                               device=device, variants=Variants(step_counts=kind))
+        fill(buffer, steps)
+        buffers[kind] = buffer
+    return {"buffers": buffers, "device": device}
+
+
+def _make_call(variant: str, inputs: dict):
+    buffer, device = inputs["buffers"][variant], inputs["device"]
+
+    def update_read():
+        # as the rollout's adds leave it before every update: the cached variant's tensor
+        # is stale (an attribute store; the other variants keep no tensor to rebuild)
+        buffer.step_counts_dirty = True
+        return buffer.get_batched_sequences(device)
+
+    return update_read
+
+
+def _max_difference(output: dict, reference: dict) -> float:
+    """Largest difference over every tensor of two `get_batched_sequences` dicts."""
+    pairs = []
+    for key, value in output.items():
+        if isinstance(value, dict):
+            pairs += [(t, reference[key][head]) for head, t in value.items()]
+        else:
+            pairs.append((value, reference[key]))
+    return max(max_abs_difference(out, ref) for out, ref in pairs)
+
+
+register(Finding(
+    id="B4-PT-05",
+    title="Buffer step counts at the update: Python list vs CPU tensor vs cached tensor",
+    claim="step_counts is a Python list, not a tensor - prevents vectorized operations and "
+          "requires CPU-GPU round trips",
+    ticket="B4-PT-05-step-counts-list.md",
+    variants=VARIANTS,
+    baseline="list",
+    proposed="tensor",
+    headline_case=nearest_trainer_size,
+    cases=_cases,
+    build=_build,
+    make_call=_make_call,
+    check=_max_difference,
+    tolerance=lambda case: 0.0,
+    extra_metrics=copies_metric(_make_call),
+    reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
+             "(get_batched_sequences: `torch.tensor(self.step_counts, device=device)` at 458, "
+             "the valid mask at 459-460, then 33 `.to(device)` of tensors already there)",
+    fix="The ticket's first fix: a CPU integer tensor of counts moved by `.to(device, "
+        "non_blocking=True)` (`tensor`; ours is int64 and counts up through a NumPy view, "
+        "where the ticket's sketch is int32 and `step_counts[env_idx] += 1`: the same read "
+        "at the update, no aten op per add). Its second option, a list with a cached "
+        "tensor rebuilt when a dirty flag is set (`cached`, int32 as sketched), is the "
+        "other row.",
+    premise="The ticket's 'CPU-GPU round trips' are one conversion per update: the "
+            "original builds the count tensor once (line 458) and reads the list as Python "
+            "ints everywhere else (GAE 376, normalize_advantages 423 and 439: slices, no "
+            "tensor). The '30+ tensor.to() transfers' the cross-reviews say dominate it "
+            "move nothing: the buffer lives on the agent's device (ppo.py:318-325 "
+            "@599f3895), so each `.to(device)` returns its tensor.",
+    notes=(
+        "One timed call = get_batched_sequences(device) of a full buffer on the run's "
+        "device, as PPOAgent's update calls it once: the buffer's tensors returned as they "
+        "are (same device), the count tensor, the valid mask. Before it the call sets "
+        "step_counts_dirty, as the rollout's add() calls leave it before every update: "
+        "the cached row rebuilds its tensor each call, as it would each update, so it "
+        "cannot win by reading a tensor the trainer would never find fresh.",
+        "Per update the list bookkeeping turns its counts into a tensor twice: once here "
+        "(the original's 458) and once in the loop GAE (esper.gae.loop, which returns 0 "
+        "past each count and so builds its own valid mask; the original wrote the valid "
+        "slices only and left the padding stale). normalize_advantages reads the list by "
+        "row slices, as the original (tests/esper/rollout/test_step_counts.py holds it to "
+        "a re-typed copy). The loop is left so: its counts of host reads and allocations "
+        "are held to the original's (B4-CR-03, B4-DRL-03). The tensor bookkeeping builds "
+        "no count tensor (its counts are one) and its normalisation a second valid mask.",
+        "On the CPU the count tensor moves nowhere, so the rows differ by a few "
+        "microseconds of tensor creation; on CUDA host_to_device_copies counts the "
+        "transfer: list and cached copy the list (a blocking copy from pageable memory), "
+        "tensor copies its CPU tensor non-blocking.",
+        "Every variant must produce identical batches (the list variant is the reference).",
+    ),
+))

@@ -1,5 +1,0 @@
-"""GAE-specific commands: re-measure `auto`'s crossover table
-(`python -m harness.review.gae_tools.crossovers`), check our best GAE against its peers
-and targets (`python -m harness.review.gae_tools.targets`), and time the small calls against
-their dispatch floor (`python -m harness.review.gae_tools.floor`).
-"""

@@ -1,0 +1,152 @@
+"""esper-bench as a user installs it: a wheel, not this checkout.
+
+The wheel is built from this tree (`pip wheel`, no dependencies) and unpacked into a
+folder of its own (`pip install --target`), which goes first on PYTHONPATH, so that the
+harness, its templates and the review's data files are the wheel's; torch and the other
+dependencies are this environment's. A user's project (a git repository outside this one,
+with its findings module and pyproject.toml) is then run, reported, gated against a
+baseline in that repository and bisected over its two commits, exactly as its README
+would; the run's process imports its findings and its code, and nothing of esper. The review's own run
+works from the wheel too. CI also installs the wheel with its dependencies into a new
+environment (`.ci/run`): what this test cannot prove, that the wheel's declared
+dependencies suffice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration  # builds a wheel and starts a dozen processes
+
+REPO = Path(__file__).resolve().parents[1]
+
+FINDINGS = '''
+import torch
+from harness import Case, Finding, max_abs_difference, register
+from mylib.ops import row_sums
+
+register(Finding(
+    id="MINE-rowsums", title="a loop over rows vs sum(dim=1)",
+    claim="sum(dim=1) is ~10x faster than a loop over rows",
+    variants=("loop", "sum"), baseline="loop", cases=[Case.of(rows=32)],
+    build=lambda case, device, seed: torch.rand(
+        case["rows"], 16, generator=torch.Generator().manual_seed(seed)),
+    make_call=lambda variant, x: (lambda: row_sums(x)) if variant == "loop"
+                                 else (lambda: x.sum(dim=1)),
+    check=max_abs_difference, tolerance=1e-5,
+))
+'''
+OPS = '''
+import torch
+
+
+def row_sums(x):
+    return torch.stack([row.sum() for row in x])
+'''
+#: the second commit: one more op per row
+SLOWER = OPS.replace("row.sum()", "(row + 0).sum()")
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory) -> Path:
+    """The wheel of this tree, unpacked into a folder for PYTHONPATH."""
+    folder = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(folder / "dist"), str(REPO)],
+                   check=True, capture_output=True)
+    (wheel,) = (folder / "dist").glob("esper_bench-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for data in ("harness/report/templates/run.html.j2", "esper_review/invariants.json",
+                 "esper_review/__init__.py", "esper/__init__.py"):
+        assert data in names, f"{data} is not in the wheel"
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "docs/"))]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(folder / "site"), str(wheel)], check=True, capture_output=True)
+    return folder / "site"
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c",
+                           "user.email=t@example.org", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A user's repository: two commits of mylib, a findings module, its pyproject.toml."""
+    repo = tmp_path_factory.mktemp("my-project")
+    (repo / "mylib").mkdir()
+    (repo / "mylib" / "__init__.py").write_text("")
+    (repo / "mylib" / "ops.py").write_text(OPS)
+    (repo / "my_findings.py").write_text(FINDINGS)
+    (repo / "pyproject.toml").write_text(
+        '[tool.esper-bench]\nfindings-modules = ["my_findings"]\nbaseline = "bench/counters.json"\n')
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "first")
+    return repo
+
+
+def _run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python ARGS` in `cwd` with the wheel's packages first (and nothing of this tree)."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_users_project_runs_reports_gates_and_bisects_from_the_wheel(wheel_site, project):
+    where = _run(wheel_site, project, "-c", "import harness, esper_review; "
+                 "print(harness.__file__, esper_review.__file__)")
+    assert where.stdout.split() == [str(wheel_site / "harness" / "__init__.py"),
+                                    str(wheel_site / "esper_review" / "__init__.py")]
+
+    # the run, in a process that then lists what it imported (its findings, not esper)
+    run = _run(wheel_site, project, "-c", "import sys; from harness.run import main; "
+               "code = main(['--quick', '--time-budget', '0.05', '--device', 'cpu']); "
+               "print(*sorted(m for m in sys.modules if m.split('.')[0] in "
+               "('my_findings', 'mylib', 'esper', 'esper_review')), file=sys.stderr); "
+               "sys.exit(code)")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.splitlines()[-1].split() == ["my_findings", "mylib", "mylib.ops"]
+    (folder,) = [p for p in (project / "results").iterdir() if p.is_dir()]
+    metadata = json.loads((folder / "run.json").read_text())
+    assert metadata["git_commit"] == _git(project, "rev-parse", "HEAD")  # the user's code
+    assert metadata["git_dirty"] is False
+    assert metadata["tool_version"]
+    assert (project / "reports" / folder.name / "index.html").is_file()
+
+    report = _run(wheel_site, project, "-m", "harness.report", "--markdown", "-")
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "MINE-rowsums" in report.stdout
+
+    update = _run(wheel_site, project, "-m", "harness.gate", "--update-baseline")
+    assert update.returncode == 0, update.stderr[-2000:]
+    assert (project / "bench" / "counters.json").is_file()
+    gate = _run(wheel_site, project, "-m", "harness.gate")
+    assert gate.returncode == 0, gate.stdout[-2000:] + gate.stderr[-2000:]
+
+    (project / "mylib" / "ops.py").write_text(SLOWER)
+    _git(project, "commit", "-q", "-am", "second: one more op per row")
+    gate = _run(wheel_site, project, "-m", "harness.gate", "--counters")
+    assert gate.returncode == 1 and "REGRESSION" in gate.stdout.upper(), gate.stdout[-2000:]
+    bisect = _run(wheel_site, project, "-m", "harness.bisect", "--good", "HEAD~1", "--bad",
+                  "HEAD", "--findings", "MINE-rowsums", "--counter", "op_calls")
+    assert bisect.returncode == 0, bisect.stdout[-2000:] + bisect.stderr[-2000:]  # found
+    assert f"first changed commit: {_git(project, 'rev-parse', '--short=8', 'HEAD')}" in bisect.stdout
+
+
+def test_the_reviews_own_findings_run_from_the_wheel(wheel_site, tmp_path):
+    run = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module", "esper_review",
+               "--findings", "B4-PT-05", "--quick", "--time-budget", "0.05", "--no-report",
+               "--device", "cpu")
+    assert run.returncode == 0, run.stderr[-3000:]
+    listed = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module",
+                  "esper_review", "--list")
+    assert "B4-CR-03" in listed.stdout
