@@ -27,7 +27,7 @@ from harness.exits import (
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
-from harness.measure.machine import describe, fingerprint, git_state
+from harness.measure.machine import describe, fingerprint, git_state, isolate_compile_cache
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_findings
@@ -240,6 +240,7 @@ def _load_modules(args: argparse.Namespace, resumed: bool) -> None:
 
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    isolate_compile_cache()
     if args.resume is None:  # a resumed run imports the modules it recorded, below
         _load_modules(args, resumed=False)
     if args.list:

@@ -274,7 +274,7 @@ class CaseRun:
                 self.cells[variant].update(status=Status.NOT_TIMED,
                                            reason="no reference: the baseline did not run")
             return
-        tolerance = f.tolerance(self.case)
+        tolerance = f.tolerance(self.case, self.options.device)
         for variant in self._active():
             if variant == PLACEBO:
                 continue

@@ -474,12 +474,15 @@ class PPOAgent:
 
 
 def _metrics(history: list[PPOLosses], stop_epoch: int) -> dict[str, float]:
-    """Per-epoch 0-d tensors -> floats, read in one transfer."""
+    """Per-epoch 0-d tensors -> floats, read in one transfer. The first epoch's value loss
+    and entropy (`first_value_loss`, `first_entropy`) are those of the policy before any
+    step: the same whatever rounded differently in earlier epochs."""
     per_epoch = torch.stack([torch.stack(losses[1:]) for losses in history])  # [E, 5]
-    # means over epochs, then the last epoch's KL: [5] ++ [1] -> [6]
-    summary = torch.cat([per_epoch.mean(0), per_epoch[-1, 3:4]])
+    # means over epochs, the last epoch's KL, the first epoch's value and entropy: [5+1+2]
+    summary = torch.cat([per_epoch.mean(0), per_epoch[-1, 3:4], per_epoch[0, 1:3]])
     # host sync: the single read of all metrics, at the end of the update
-    policy, value, entropy, _, clip_fraction, last_kl = summary.tolist()
+    policy, value, entropy, _, clip_fraction, last_kl, first_value, first_entropy = (
+        summary.tolist())
     epochs_run = len(history) - (1 if stop_epoch >= 0 else 0)
     return {
         "policy_loss": policy,
@@ -489,4 +492,6 @@ def _metrics(history: list[PPOLosses], stop_epoch: int) -> dict[str, float]:
         "clip_fraction": clip_fraction,
         "epochs_run": float(epochs_run),
         "early_stop_epoch": float(stop_epoch),
+        "first_value_loss": first_value,
+        "first_entropy": first_entropy,
     }

@@ -8,7 +8,7 @@ import torch
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
 from esper.gae.reference import reference_gae
 from esper_review.findings import peers
-from harness.findings import Case, Finding, register
+from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.trainer_size import nearest_trainer_size
 from esper_review.findings.measured_noise import between_runs
 
@@ -93,13 +93,6 @@ def _reference(inputs: dict) -> torch.Tensor:
     return reference_gae(*gae_args(inputs, "step_counts_list"), gamma=GAMMA, gae_lambda=LAMBDA)[0]
 
 
-def relative_max_error(output: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |output - reference| / max(1, max |reference|)."""
-    ref = reference.double().cpu()
-    err = (output.double().cpu() - ref).abs().max().item()
-    return err / max(1.0, ref.abs().max().item())
-
-
 def _skip(variant: str, case: Case, device: torch.device,
           torchrl_installed: bool | None = None) -> str | None:
     """Why `variant` is not run at `case` on `device`, or None. `torchrl_installed`
@@ -157,8 +150,9 @@ register(Finding(
     build=build_gae_inputs,
     make_call=_make_call,
     reference=_reference,
-    check=relative_max_error,
-    tolerance=lambda case: 2e-5,
+    check=max_relative_error,
+    # float32 against the float64 reference: one chain of max_steps roundings per env
+    tolerance=lambda case, device: rounding_tolerance(case["max_steps"], torch.float32, device),
     skip=_skip,
     min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
     profile_max_s=PROFILE_MAX_S,

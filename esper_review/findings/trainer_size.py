@@ -1,7 +1,7 @@
-"""Which case heads a finding of the review: the one nearest the trainer's default size.
-
-The reviewed training loop runs at `TrainConfig`'s size (4 envs x 25 steps), so that is
-where a finding's answer matters most. Given as every review finding's `headline_case`.
+"""The trainer's sizes, as the review's findings use them: which case heads a finding (the
+one nearest the trainer's default size, 4 envs x 25 steps, where a finding's answer matters
+most: every review finding's `headline_case`), and how deep the policy's arithmetic is (the
+depth its findings' tolerances are derived from, `harness.rounding_tolerance`).
 """
 
 from __future__ import annotations
@@ -31,3 +31,12 @@ def nearest_trainer_size(cases: list[Case]) -> Case:
         return total
 
     return min(cases, key=lambda case: (distance(case), cases.index(case)))
+
+
+def policy_depth(obs_dim: int, hidden_dim: int = TrainConfig.hidden_dim, steps: int = 1) -> int:
+    """Roundings in the longest chain of one value of `FactoredRecurrentActorCritic`
+    (esper/agent/policy.py) over `steps` LSTM steps: the trunk's Linear(D, H) and
+    LayerNorm (D + H), each LSTM step's gates over input and hidden state (2H per step, the
+    state carried from step to step), the LayerNorm after it (H) and the value head's
+    Linear(H, 64) -> Linear(64, 1) (H + 64)."""
+    return obs_dim + hidden_dim + 2 * hidden_dim * steps + hidden_dim + hidden_dim + 64

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 import math
 import re
 import sys
@@ -33,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.findings.rounding import max_relative_error, rounding_tolerance, unit_roundoff
 from harness.measure.numbers import is_real
 
 Inputs = Any
@@ -93,18 +95,38 @@ def _never(variant: str, case: Case, device: torch.device) -> str | None:
     return None
 
 
-def _exact(case: Case) -> float:
+def _exact(case: Case, device: torch.device) -> float:
     return 0.0
 
 
 @dataclass(frozen=True)
 class _Constant:
-    """`tolerance` given as one number: the same for every case."""
+    """`tolerance` given as one number: the same for every case and device."""
 
     value: float
 
-    def __call__(self, case: Case) -> float:
+    def __call__(self, case: Case, device: torch.device) -> float:
         return self.value
+
+
+@dataclass(frozen=True)
+class _ForEveryDevice:
+    """`tolerance` given as a function of the case alone: the same on every device."""
+
+    of_case: Callable[[Case], float]
+
+    def __call__(self, case: Case, device: torch.device) -> float:
+        return self.of_case(case)
+
+
+def _arguments(function: Callable) -> int | None:
+    """How many positional arguments `function` takes, or None where Python cannot tell."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in parameters)
 
 
 @dataclass(frozen=True)
@@ -188,9 +210,11 @@ class Finding:
     reference: Callable[[Inputs], Any] | None = None
     """inputs -> reference output (say, the same computation in float64); None: the
     baseline variant's output is the reference. Needs `check`."""
-    tolerance: Callable[[Case], float] = _exact
-    """case -> the largest max error that still agrees, or one number >= 0 for every case
-    (default 0: exact)."""
+    tolerance: Callable[[Case, torch.device], float] = _exact
+    """(case, device) -> the largest max error that still agrees (a function of the case
+    alone is accepted), or one number >= 0 for every case (default 0: exact). Derive it
+    from how the value is computed (`rounding_tolerance`: dtype, device, depth), not from
+    what passed on one machine."""
     skip: Callable[[str, Case, torch.device], str | None] = _never
     """(variant, case, device) -> why this cell is not run, or None; `"needs CUDA"` is
     reported as such."""
@@ -432,11 +456,14 @@ class Finding:
         tolerance = self.tolerance
         if is_real(tolerance, finite=False):
             if not (math.isfinite(tolerance) and tolerance >= 0):
-                self._bad("tolerance", "a number >= 0 or a function case -> number", tolerance)
+                self._bad("tolerance", "a number >= 0 or a function (case[, device]) -> "
+                          "number", tolerance)
             self._set("tolerance", _Constant(float(tolerance)))
+        elif callable(tolerance) and _arguments(tolerance) == 1:
+            self._set("tolerance", _ForEveryDevice(tolerance))
         required = {"cases": "quick -> list of Case", "build": "(case, device, seed) -> inputs",
                     "make_call": "(variant, inputs) -> zero-argument callable",
-                    "tolerance": "case -> max error allowed", "skip":
+                    "tolerance": "(case[, device]) -> max error allowed", "skip":
                     "(variant, case, device) -> reason or None"}
         optional = {"check": "(output, reference) -> max error",
                     "reference": "inputs -> reference output",

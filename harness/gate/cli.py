@@ -45,6 +45,7 @@ from harness import exits, options
 from harness import findings as registry
 from harness.exits import UsageError
 from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
+from harness.measure.machine import isolate_compile_cache
 from harness.gate.table import (
     STEP_SUMMARY_VARIABLE, GateRow, Outcome, append_step_summary, render_markdown, rows_document,
     step_summary_path, summary_line,
@@ -281,6 +282,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 @exits.command
 def main(argv: list[str] | None = None) -> int:
+    isolate_compile_cache()
     args = parse(argv)
     if args.update_baseline:
         return _update(args)

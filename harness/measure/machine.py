@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -62,3 +63,22 @@ def describe(device: torch.device) -> dict:
 
 def fingerprint(metadata: dict) -> dict:
     return {k: metadata.get(k) for k in FINGERPRINT_FIELDS}
+
+
+#: the variables that move CPU kernels off the machine's own path (another machine, simulated)
+KERNEL_PATH_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def isolate_compile_cache(environ=os.environ) -> str | None:
+    """On a kernel path set by `KERNEL_PATH_VARIABLES`, torch.compile's cache of its own
+    (unless TORCHINDUCTOR_CACHE_DIR names one): inductor keys its cached C++ by neither,
+    and code built for one capability then fails to compile under another (seen: AVX-512
+    code against a header built for ATen's default path). Returns the folder set, or None."""
+    path = [f"{name.lower()}-{environ[name]}" for name in KERNEL_PATH_VARIABLES if environ.get(name)]
+    if not path or environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    folder = os.path.join(default_cache_dir(), "kernel-path-" + "-".join(path))
+    environ["TORCHINDUCTOR_CACHE_DIR"] = folder  # the run's processes inherit it
+    return folder

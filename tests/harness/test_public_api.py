@@ -110,8 +110,8 @@ def test_lists_and_numbers_are_accepted_where_a_stranger_would_write_them():
                        notes=["one note"])
     assert finding.variants == ("a", "b") and finding.notes == ("one note",)
     assert [c.label for c in finding.cases(True)] == [c.label for c in finding.cases(False)] == ["n=4", "n=8"]
-    assert finding.tolerance(Case.of(n=4)) == 1e-3
-    assert _declare().tolerance(Case.of(n=4)) == 0.0  # exact unless said otherwise
+    assert finding.tolerance(Case.of(n=4), torch.device("cpu")) == 1e-3
+    assert _declare().tolerance(Case.of(n=4), torch.device("cpu")) == 0.0  # exact by default
 
 
 @pytest.mark.parametrize("params, message", [

@@ -1,0 +1,80 @@
+"""The main job agrees with itself on any CPU: every variant's check passes under other
+kernel paths and thread counts, as on another machine.
+
+`ATEN_CPU_CAPABILITY` picks ATen's vectorised kernels (default, avx2, avx512) and
+`ONEDNN_MAX_CPU_ISA` caps oneDNN's (SSE41, AVX2): together with the thread count they
+decide the rounding of every reduction and matrix product, as another CPU would. Each
+condition is one quick run of every finding with sampling cut to the minimum (the checks
+are the point, not the timings); it must end in exit 0 with no mismatch row. Conditions
+and thread counts are crossed so that each condition and each count occurs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _has_avx512() -> bool:
+    try:
+        return "avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+CONDITIONS = [
+    ({"ATEN_CPU_CAPABILITY": "default"}, 1),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, 2),
+    pytest.param({"ATEN_CPU_CAPABILITY": "avx512"}, 1, marks=pytest.mark.skipif(
+        not _has_avx512(), reason="this CPU has no AVX-512")),
+    ({"ONEDNN_MAX_CPU_ISA": "SSE41"}, 2),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, 1),
+]
+
+
+@pytest.mark.integration  # one quick run of every finding per condition
+@pytest.mark.parametrize("environment, threads", CONDITIONS,
+                         ids=lambda v: v if isinstance(v, int) else ",".join(
+                             f"{k}={x}" for k, x in v.items()))
+def test_the_main_job_passes_its_checks_under_another_kernel_path(environment, threads,
+                                                                   tmp_path):
+    env = {**os.environ, **environment}
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.run", "--quick", "--time-budget", "0.02",
+         "--no-profile", "--no-report", "--placebo", "none", "--threads", str(threads),
+         "--device", "cpu", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows = json.loads((folder / "run.json").read_text())["summary"]
+    mismatched = [(r["finding"], r["case"], r["variant"], r.get("reason")) for r in rows
+                  if r.get("verdict") in ("mismatch", "failed")]
+    assert mismatched == []
+    checked = [r for r in rows if r.get("max_error") is not None]
+    assert checked, "no variant was checked against a reference"
+    if "ATEN_CPU_CAPABILITY" in environment:  # the condition took hold in the run's process
+        capability = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+            env=env, capture_output=True, text=True).stdout.strip()
+        assert capability.lower() == environment["ATEN_CPU_CAPABILITY"]
+
+
+def test_a_kernel_path_set_by_the_environment_gets_its_own_compile_cache():
+    """inductor keys its cached C++ by neither variable: code built for one path failed to
+    compile under another (`ATEN_CPU_CAPABILITY=default` after AVX-512 runs, one cache)."""
+    from harness.measure.machine import isolate_compile_cache
+
+    environ = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    folder = isolate_compile_cache(environ)
+    assert folder.endswith("kernel-path-aten_cpu_capability-default-onednn_max_cpu_isa-SSE41")
+    assert environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+    assert isolate_compile_cache({}) is None  # the machine's own path: the usual cache
+    mine = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
+    assert isolate_compile_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere"
