@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -113,22 +114,35 @@ class TreeModules:
         where = Path(module.__file__).resolve()
         if self.tree not in where.parents:
             raise RuntimeError(
-                f"this revision predates the gate: {module.__name__} is not in it ({self.tree} "
+                f"{module.__name__} did not come from the revision under test: {self.tree} "
                 f"has no {module.__name__.replace('.', '/')}, so {where} was imported "
-                "instead); compare against a newer revision")
+                "instead (an editable install's import hook, say)")
+
+    def _provides(self, name: str) -> bool:
+        """Whether this tree holds the module `name` (call inside `active`): an editable
+        install's import hook would otherwise find another copy of it."""
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a parent package that is not in this tree
+            return False
+        origin = getattr(spec, "origin", None)
+        return origin is not None and self.tree in Path(origin).resolve().parents
 
     def load_findings(self, names: tuple[str, ...]) -> tuple[dict[str, object], list[str]]:
-        """Your findings modules `names` imported from this tree: the findings they
+        """The findings modules `names` imported from this tree: the findings they
         registered (id -> Finding), taken back out of the shared registry so that the
-        other tree can register its own, and per module its file, or the error importing
-        it raised (a revision older than the module has none: its cells are absent there).
-        RuntimeError when a module of this tree's packages came from somewhere else (an
-        import hook of an editable install, say)."""
+        other tree can register its own, and per module its file, or why this tree has
+        none (a revision older than the module: its cells are absent there). RuntimeError
+        when a module the findings import came from somewhere else."""
         registry = importlib.import_module("harness.findings")  # shared: not of a tree
         before = set(registry.FINDINGS)
         sources = []
         with self.active():
             for name in names:
+                if not self._provides(name):
+                    sources.append(f"{name}: not in this revision ({self.tree} has no "
+                                   f"{name.replace('.', '/')})")
+                    continue
                 try:
                     module = importlib.import_module(name)
                 except Exception as err:  # this tree cannot provide these findings

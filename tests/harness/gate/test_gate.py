@@ -425,12 +425,13 @@ def tree_failing_clone(tmp_path_factory) -> Path:
 
 @pytest.mark.integration
 def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tree_failing_clone):
-    options = gate_ab.ABOptions(findings=("B4-DRL-03",), min_rounds=3, variant_budget_s=0.0)
+    options = gate_ab.ABOptions(findings=("B4-DRL-03",), min_rounds=3, variant_budget_s=0.0,
+                                findings_modules=(REVIEW,))
     sessions = gate_ab.run_sessions(REPO, tree_failing_clone, options)
     assert len(sessions) == 6
     for session in sessions:  # every other session ran the trees in the other order
-        assert session["findings"] == [str(REPO / "harness" / "findings"),
-                                       str(tree_failing_clone / "harness" / "findings")]
+        assert session["modules"] == [[str(REPO / REVIEW / "__init__.py")],
+                                      [str(tree_failing_clone / REVIEW / "__init__.py")]]
         cells = {(c["case"], c["variant"]): c for c in session["cells"]}
         assert {variant for _, variant in cells} == {"clone", "mask", "assign"} and len(cells) == 6
         for (_, variant), cell in cells.items():

@@ -608,20 +608,20 @@ def test_read_json_says_what_is_wrong_with_the_file(tmp_path):
     assert exits.read_json(path)["schema_version"] == 1
 
 
-@pytest.mark.integration  # a fresh interpreter: loading a tree swaps the harness's modules
-def test_a_revision_without_the_harness_is_said_to_predate_the_gate(tmp_path):
-    """A tree with no `harness/findings` (a revision older than the gate): its registry would
-    come from the installed harness instead; the error says the revision predates the gate."""
+@pytest.mark.integration  # a fresh interpreter: loading a tree swaps its modules
+def test_a_revision_without_the_findings_module_has_none_of_its_cells(tmp_path):
+    """A tree with no `esper_review` (a revision older than the findings module): this
+    checkout's editable install would import its own copy instead; the worker says the
+    revision has none, and measures nothing of it there."""
     (tmp_path / "README.md").write_text("an old revision\n")
-    code = ("from pathlib import Path; import sys\n"
+    code = ("from pathlib import Path\n"
             "from harness.gate.worker import TreeModules\n"
-            "try:\n"
-            f"    TreeModules(Path({str(tmp_path)!r}), ('harness',)).load()\n"
-            "except RuntimeError as err:\n"
-            "    print(err); sys.exit(0)\n"
-            "sys.exit('loaded')\n")
+            f"found, sources = TreeModules(Path({str(tmp_path)!r}), ({REVIEW!r},))"
+            f".load_findings(({REVIEW!r},))\n"
+            "print(len(found)); print(*sources)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "this revision predates the gate: harness.findings is not in it" in done.stdout
-    assert "compare against a newer revision" in done.stdout
+    count, source = done.stdout.splitlines()
+    assert count == "0"
+    assert source == f"{REVIEW}: not in this revision ({tmp_path} has no {REVIEW})"
