@@ -18,6 +18,7 @@ from esper.agent.ppo import (
     causal_head_table,
     ppo_losses,
     prepare_batch,
+    update_sequences,
 )
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
@@ -434,13 +435,14 @@ def test_update_changes_parameters_and_returns_finite_metrics(objective):
     # no GERMINATE was sampled: blueprint and tempo are relevant at no step. The reviewed
     # objective leaves them alone (their entropy counts only where they matter too); the
     # joint one still pushes their entropy up on every step
-    ops = buffer.actions["op"][prepare_batch(buffer.get_batched_sequences(),
+    ops = buffer.actions["op"][prepare_batch(update_sequences(buffer, buffer.device),
                                              causal_head_table()).valid]
     assert OP_INDEX["GERMINATE"] not in ops.tolist()
     assert unchanged == ({"blueprint", "tempo"} if objective == "reviewed" else set())
 
 
-@pytest.mark.parametrize("variants", [Variants.original(), Variants.optimized()], ids=str)
+@pytest.mark.parametrize("variants", [Variants.original(), Variants.reviews(), Variants.ours()],
+                         ids=str)
 def test_stale_padding_does_not_affect_the_update(variants):
     results = []
     for garbage in (False, True):
@@ -641,7 +643,7 @@ def test_re_evaluation_restarts_the_lstm_state_after_an_interior_episode_end():
     policy = make_policy()
     buffer = buffer_with_interior_episode_ends(policy)
     write_garbage_into_padding_of(buffer, INTERIOR_COUNTS)
-    batch = prepare_batch(buffer.get_batched_sequences(), causal_head_table())
+    batch = prepare_batch(update_sequences(buffer, buffer.device), causal_head_table())
     valid = batch.valid
 
     ev = policy.evaluate(batch.states, batch.actions, batch.masks, batch.initial_hidden,
