@@ -127,12 +127,18 @@ class MorphoEnv:
 
     # ----- episode state -------------------------------------------------------------
 
-    def reset(self) -> torch.Tensor:
-        """Re-initialise host weights and seed generator, empty all slots.
+    def reset(self, host_state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Re-initialise host weights and seed generator, empty all slots. With
+        `host_state` (a state dict of the host network) the host's weights are restored
+        from it (`load_state_dict`, the review's H1 `reset_to_checkpoint`) instead of
+        drawn again.
 
         Returns the observation `[obs_dim]` float32 on CPU (no history yet).
         """
-        self._host.reset_parameters_from(random_stream(self.config, self.env_index, HOST_INIT))
+        if host_state is None:
+            self._host.reset_parameters_from(random_stream(self.config, self.env_index, HOST_INIT))
+        else:
+            self._host.load_state_dict(host_state)
         self._seed_gen = random_stream(self.config, self.env_index, SEED_INIT)
         self.slots: list[SeedSlot] = [SeedSlot() for _ in range(NUM_SLOTS)]
         self._history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)

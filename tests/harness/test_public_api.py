@@ -25,7 +25,7 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
                   "long", "duration_s",
                   "ticket", "reviewed", "fix", "premise", "ours", "notes", "gated",
-                  "between_runs")
+                  "between_runs", "per_iteration")
 
 
 def test_the_public_names_are_frozen_and_are_the_registry_s_own():

@@ -12,7 +12,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.variants import AXES, Variants
 from harness.findings import Case, Finding, register
-from harness.review.findings.trainer_size import nearest_trainer_size
+from harness.review.findings.trainer_size import ENV_STEPS, nearest_trainer_size, per_iteration
 
 MODES = AXES["validation"]
 
@@ -59,6 +59,7 @@ register(Finding(
     reviewed="src/esper/simic/training/vectorized.py:1070-1076 @2df957ed",
     variants=MODES,
     baseline="inference_mode",
+    per_iteration=per_iteration(ENV_STEPS),  # one validation per env step
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

@@ -1,4 +1,5 @@
-"""Which case heads a finding of the review: the one nearest the trainer's default size.
+"""Which case heads a finding of the review: the one nearest the trainer's default size;
+and how many of a finding's calls one training iteration of that size makes.
 
 The reviewed training loop runs at `TrainConfig`'s size (4 envs x 25 steps), so that is
 where a finding's answer matters most. Given as every review finding's `headline_case`.
@@ -9,11 +10,23 @@ from __future__ import annotations
 import math
 import numbers
 
+from esper.env.config import EnvConfig
 from esper.training.trainer import TrainConfig
 from harness.findings import Case
 
 #: the size the reviewed training loop runs at by default
 DEFAULT_SIZE = {"num_envs": TrainConfig.num_envs, "max_steps": TrainConfig.max_steps}
+#: the finding whose baseline call is one training iteration at DEFAULT_SIZE
+ITERATION = "E2E-iteration"
+#: env steps of one iteration (each one host epoch of one env)
+ENV_STEPS = TrainConfig.num_envs * TrainConfig.max_steps
+#: host training batches of one iteration: every env's epochs' minibatches
+TRAIN_BATCHES = ENV_STEPS * EnvConfig.train_batches
+
+
+def per_iteration(calls: float) -> tuple[float, str]:
+    """A finding's `per_iteration`: `calls` of its headline call per training iteration."""
+    return (float(calls), ITERATION)
 
 
 def nearest_trainer_size(cases: list[Case]) -> Case:
