@@ -15,6 +15,7 @@ import torch
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.agent.policy import FactoredRecurrentActorCritic, MaskedCategorical
 from harness.findings import Case, Finding, max_abs_difference, register
+from harness.review.findings.step_counts import rollout_steps
 from harness.review.findings.trainer_size import nearest_trainer_size, per_iteration
 from harness.review.findings.measured_noise import between_runs
 
@@ -72,16 +73,30 @@ class Storage:
                         for name, (shape, dtype) in shapes.items()}
         self.step_counts = [0] * num_envs
 
-    def write_rollout(self, steps: list[list[tuple]]) -> "Storage":
-        """steps[t][env] = one add()'s values, in `field_shapes` order: written one cell
-        per field, as add writes them (`self.states[env_id, step] = ...`)."""
-        tensors = [self.tensors[name] for name in field_shapes()]
+    def write_rollout(self, steps: list[list[dict]]) -> "Storage":
+        """steps[t][env] = one add()'s arguments: written one cell per field at
+        `[env, t]` or `[t, env]`, as the reviewed add writes them (599f3895
+        rollout_buffer.py:308-345, in its order: `state.detach()`, the actions, log-probs,
+        value, reward, done, truncated and bootstrap value as given, `mask.detach().bool()`,
+        `hidden.detach().squeeze(1)`), then the step counted."""
+        fields = self.tensors
         env_major = self.layout == "env_major"
         for t, envs in enumerate(steps):
-            for env, values in enumerate(envs):
+            for env, add in enumerate(envs):
                 index = (env, t) if env_major else (t, env)
-                for tensor, value in zip(tensors, values):
-                    tensor[index] = value
+                fields["states"][index] = add["state"].detach()
+                for head in HEAD_NAMES:
+                    fields[f"actions/{head}"][index] = add["actions"][head]
+                for head in HEAD_NAMES:
+                    fields[f"log_probs/{head}"][index] = add["log_probs"][head]
+                for name, key in (("values", "value"), ("rewards", "reward"), ("dones", "done"),
+                                  ("truncated", "truncated"),
+                                  ("bootstrap_values", "bootstrap_value")):
+                    fields[name][index] = add[key]
+                for head in HEAD_NAMES:
+                    fields[f"masks/{head}"][index] = add["masks"][head].detach().bool()
+                fields["hidden_h"][index] = add["hidden_h"].detach().squeeze(1)
+                fields["hidden_c"][index] = add["hidden_c"].detach().squeeze(1)
                 self.step_counts[env] = t + 1
         return self
 
@@ -144,29 +159,15 @@ def _policies(seed: int, device: torch.device) -> dict[str, FactoredRecurrentAct
 
 
 def _build(case: Case, device: torch.device, seed: int) -> dict:
-    """Each step's values as add() gets them (tensors on `device`, Python numbers), and one
-    storage per layout; for the read and the evaluation, both storages hold that rollout
-    already."""
+    """Each step's add() arguments per env (`rollout_steps`: tensors on `device`, Python
+    numbers, the step's masks on `device`), and one storage per layout; for the read and
+    the evaluation, both storages hold that rollout already."""
     n, m = case["num_envs"], case["max_steps"]
-    g = torch.Generator().manual_seed(seed)
     steps = []
-    for _ in range(m):
-        envs = []
-        for _ in range(n):
-            values = []
-            for shape, dtype in field_shapes().values():
-                if dtype == torch.bool:
-                    value = torch.rand(shape, generator=g) < 0.5
-                    if shape:
-                        value[0] = True  # a mask allows an action
-                elif dtype == torch.int64:
-                    value = torch.randint(0, 3, shape, generator=g)
-                else:
-                    value = torch.randn(shape, generator=g)
-                # one-element fields as Python numbers, the rest as tensors on the device
-                values.append(value.item() if not shape else value.to(device))
-            envs.append(tuple(values))
-        steps.append(envs)
+    for host_masks, adds, _ in rollout_steps(n, m, device, seed):
+        masks = {h: t.to(device) for h, t in host_masks.items()}
+        steps.append([{**add, "masks": {h: t[env] for h, t in masks.items()}}
+                      for env, add in enumerate(adds)])
     storages = {layout: Storage(layout, n, m, device) for layout in VARIANTS}
     if case["part"] != "writes":
         for storage in storages.values():
@@ -253,9 +254,9 @@ register(Finding(
         "made contiguous), in each layout.",
         "part=writes: one timed call = one rollout's per-step writes, num_envs x max_steps "
         "add()s of the 32 fields the buffer stores (state [218], 8 actions, 8 log-probs, "
-        "8 masks [K], value, reward, bootstrap value, done, truncated, hidden h and c "
-        "[1, 128]), one indexed copy each, at [env, step] or [step, env]: the same number "
-        "of copies of the same rows, only the stride between consecutive steps differs. "
+        "value, reward, done, truncated, bootstrap value, 8 masks [K], hidden h and c "
+        "[1, 128]), as the reviewed add writes them, at [env, step] or [step, env]: the "
+        "same copies of the same rows, only the stride between consecutive steps differs. "
         "The add()'s checks are not part of it (AUDIT-5.1-add-checks times them).",
         "Both layouts must hold, read and evaluate to the same values, read as "
         "[n, m, ...].",
