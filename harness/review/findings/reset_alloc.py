@@ -75,7 +75,7 @@ register(Finding(
         "Where the measured differences come from: per step of an episode, clone and "
         "assign make 3 host reads (each a host sync on CUDA), mask and restructured 2; per "
         "call clone allocates one clone per env (4 at 4 x 25) plus one per true terminal, "
-        "assign none. 'episode' rows end truncated as the reviewed trainer's do (no true "
+        "assign no clone at all. 'episode' rows end truncated as the reviewed trainer's do (no true "
         "terminal: 409 never clones); 'random0.05' rows have true terminals with p=0.05. "
         "So clone -> assign is what the ticket's mechanism (allocations) is worth; the "
         "allocations column shows the clones, the host_syncs column the reads.",

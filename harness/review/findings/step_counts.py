@@ -142,7 +142,7 @@ register(Finding(
         "are, the count tensor, the valid mask). The adds' writes are the same in every "
         "row; the cached row rebuilds its tensor once, after the adds set its dirty flag.",
         "The counts are read elsewhere once per update too: the loop GAE reads a tensor's "
-        "per env (a host read each, on a list none) and normalize_advantages reads the "
+        "per env (a host read each; a list's, no read) and normalize_advantages reads the "
         "list by row slices, as the original (tests/esper/rollout/test_step_counts.py "
         "holds it to a re-typed copy), a tensor by masked sums. Those are not in this "
         "call: B4-CR-03 and B4-DRL-03 time the GAE.",
