@@ -12,6 +12,7 @@ from esper.env.pool import EnvBatches
 from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import AXES, Variants
 from harness.findings import Case, Finding, register
+from harness.review.findings.fragmentation import fragmentation
 from harness.review.findings.trainer_size import nearest_trainer_size, per_iteration
 
 VARIANTS = AXES["env_pool"]  # recreate, checkpoint (the review's), pool (ours)
@@ -99,17 +100,7 @@ def _fragmentation(variant: str, inputs: dict) -> dict[str, float]:
     an emptied cache (memory held in the cache but not in use: fragmentation and slack)."""
     if inputs["measure"] != "fragmentation":
         return {}
-    device = inputs["device"]
-    call = _make_call(variant, inputs)
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    for _ in range(FRAGMENTATION_BATCHES):
-        call()
-    torch.cuda.synchronize(device)
-    reserved = torch.cuda.memory_reserved(device)
-    allocated = torch.cuda.memory_allocated(device)
-    return {"reserved_bytes": float(reserved), "allocated_bytes_live": float(allocated),
-            "reserved_minus_allocated_bytes": float(reserved - allocated)}
+    return fragmentation(_make_call(variant, inputs), inputs["device"], FRAGMENTATION_BATCHES)
 
 
 def _skip(variant: str, case: Case, device: torch.device) -> str | None:

@@ -6,16 +6,35 @@ import torch
 
 from esper.gae import RESETS, compute_gae
 from harness.findings import Case, Finding, register
+from harness.review.findings.fragmentation import fragmentation
 from harness.review.findings.gae_methods import (
     GAMMA, LAMBDA, build_gae_inputs, gae_args, relative_max_error,
 )
 from harness.review.findings.trainer_size import nearest_trainer_size, per_iteration
 
 
+#: GAE calls run before reading the allocator's reserved-minus-allocated bytes (CUDA)
+FRAGMENTATION_CALLS = 200
+
+
 def _cases(quick: bool) -> list[Case]:
     sizes = [(4, 25)] if quick else [(4, 25), (16, 150)]
     return [Case.of(num_envs=e, max_steps=t, dones=d)
-            for e, t in sizes for d in ("episode", "random0.05")]
+            for e, t in sizes for d in ("episode", "random0.05")] + [
+        Case.of(num_envs=4, max_steps=25, dones="random0.05", measure="fragmentation")]
+
+
+def _build(case: Case, device: torch.device, seed: int) -> dict:
+    """The GAE inputs (`build_gae_inputs`) and whether this case reads the allocator."""
+    params = dict(case.params)
+    return {**build_gae_inputs(case, device, seed),
+            "fragmentation": params.get("measure") == "fragmentation"}
+
+
+def _skip(variant: str, case: Case, device: torch.device) -> str | None:
+    if dict(case.params).get("measure") == "fragmentation" and device.type != "cuda":
+        return "needs CUDA"
+    return None
 
 
 def _make_call(variant: str, inputs: dict):
@@ -26,7 +45,11 @@ def _make_call(variant: str, inputs: dict):
 
 def _terminals(variant: str, inputs: dict) -> dict[str, float]:
     # host sync, outside any timed region
-    return {"true_terminals": float((inputs["dones"] & ~inputs["truncated"]).sum())}
+    out = {"true_terminals": float((inputs["dones"] & ~inputs["truncated"]).sum())}
+    if inputs["fragmentation"]:
+        out.update(fragmentation(_make_call(variant, inputs), inputs["rewards"].device,
+                                 FRAGMENTATION_CALLS))
+    return out
 
 
 register(Finding(
@@ -41,7 +64,8 @@ register(Finding(
     per_iteration=per_iteration(1),  # one GAE per update
     headline_case=nearest_trainer_size,
     cases=_cases,
-    build=build_gae_inputs,
+    build=_build,
+    skip=_skip,
     make_call=_make_call,
     check=relative_max_error,
     tolerance=lambda case: 1e-6,
@@ -80,8 +104,10 @@ register(Finding(
         "So clone -> assign is what the ticket's mechanism (allocations) is worth; the "
         "allocations column shows the clones, the host_syncs column the reads.",
         "The ticket's 'in a tight loop, this causes memory fragmentation' is about the "
-        "device allocator: on the CPU there is no caching allocator to fragment; the "
-        "allocations column counts what the clones add (docs/findings.md).",
+        "device's caching allocator: the 'fragmentation' row (CUDA only; 'needs CUDA' "
+        f"here) reads reserved_minus_allocated_bytes after {FRAGMENTATION_CALLS} calls of "
+        "each reset from an emptied cache, on inputs with true terminals (a clone each). "
+        "On the CPU the allocations column counts what the clones add.",
         "Allocations per call come from the profiling pass (profile_memory).",
     ),
 ))

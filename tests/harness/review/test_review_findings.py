@@ -84,21 +84,32 @@ def test_a_pooled_env_resets_to_exactly_the_state_of_a_new_one():
 
 
 def test_env_batches_recreate_new_envs_and_pool_the_same_ones():
-    batches = {mode: EnvBatches(SMALL, CPU, Variants(env_pool=mode)) for mode in ("recreate", "pool")}
+    batches = {mode: EnvBatches(SMALL, CPU, Variants(env_pool=mode)) for mode in AXES["env_pool"]}
     first = {mode: b.next_batch()[0] for mode, b in batches.items()}
+    for mode in ("pool", "checkpoint"):  # a used env: its weights must come back
+        germinate(first[mode].envs[0])
+        first[mode].envs[0].observe(first[mode].envs[0].launch_epoch())
     second = {mode: b.next_batch() for mode, b in batches.items()}
-    assert second["pool"][0] is first["pool"]
+    assert second["pool"][0] is first["pool"] and second["checkpoint"][0] is first["checkpoint"]
     assert second["recreate"][0] is not first["recreate"]
     # recreated envs share the data drawn once
     assert second["recreate"][0].envs[0].task[0] is first["recreate"].envs[0].task[0]
     assert torch.equal(second["pool"][1], second["recreate"][1])
+    assert torch.equal(second["checkpoint"][1], second["recreate"][1])
+    fresh = second["recreate"][0].envs[0].host_network.parameters()
+    for mode in ("pool", "checkpoint"):  # trained weights back to the new env's
+        kept = second[mode][0].envs[0].host_network.parameters()
+        assert all(torch.equal(a, b) for a, b in zip(kept, fresh)), mode
+        fresh = second["recreate"][0].envs[0].host_network.parameters()
 
 
 def test_h1_check_compares_trajectories_and_catches_a_planted_difference():
     f = finding("H1-env-pooling")
+    assert f.proposed == "checkpoint" and f.ours == ("pool",)
     case = Case.of(num_envs=2, measure="boundary")
     rows = check_cell(f, case)
-    assert rows["pool"]["max_error"] == 0.0 and rows["pool"]["status"] is None
+    for variant in ("pool", "checkpoint"):
+        assert rows[variant]["max_error"] == 0.0 and rows[variant]["status"] is None
 
     def leaky_pool(variant, inputs):
         call = f.make_call(variant, inputs)
