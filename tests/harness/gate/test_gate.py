@@ -429,7 +429,8 @@ def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tr
         assert session["findings"] == [str(REPO / "harness" / "findings"),
                                        str(tree_failing_clone / "harness" / "findings")]
         cells = {(c["case"], c["variant"]): c for c in session["cells"]}
-        assert {variant for _, variant in cells} == {"clone", "mask", "assign"} and len(cells) == 6
+        assert {variant for _, variant in cells} == {"clone", "mask", "assign", "restructured"}
+        assert len(cells) == 8
         for (_, variant), cell in cells.items():
             if variant == "clone":  # only the copy raises, and only there
                 assert cell["errors"] == [None, "RuntimeError: planted failure"]
