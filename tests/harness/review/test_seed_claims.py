@@ -27,15 +27,18 @@ def original_buffer() -> RolloutBuffer:
     return RolloutBuffer(4, 25, STATE_DIM, lstm_hidden_dim=HIDDEN, variants=Variants.original())
 
 
+def stored_tensors(buffer: RolloutBuffer) -> list[torch.Tensor]:
+    """Every pre-allocated tensor the buffer stores (599f3895 rollout_buffer.py:182-238:
+    states, 8 x actions, log-probs and masks, values, rewards, dones, truncated, bootstrap
+    values, hidden h and c, advantages, returns)."""
+    return [buffer.states, buffer.values, buffer.rewards, buffer.dones, buffer.truncated,
+            buffer.bootstrap_values, buffer.hidden_h, buffer.hidden_c, buffer.advantages,
+            buffer.returns, *buffer.actions.values(), *buffer.log_probs.values(),
+            *buffer.masks.values()]
+
+
 def stored_bytes(buffer: RolloutBuffer) -> int:
-    """Bytes of every pre-allocated tensor the buffer stores (599f3895
-    rollout_buffer.py:182-238: states, 8 x actions, log-probs and masks, values, rewards,
-    dones, truncated, bootstrap values, hidden h and c, advantages, returns)."""
-    tensors = [buffer.states, buffer.values, buffer.rewards, buffer.dones, buffer.truncated,
-               buffer.bootstrap_values, buffer.hidden_h, buffer.hidden_c, buffer.advantages,
-               buffer.returns, *buffer.actions.values(), *buffer.log_probs.values(),
-               *buffer.masks.values()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in stored_tensors(buffer))
 
 
 def test_audit_4_1_the_buffer_holds_about_200_kb_not_100():
@@ -74,10 +77,7 @@ def test_audit_4_2_a_zeroing_reset_would_be_one_op_per_field_not_per_element():
     its 205,300 bytes; the reviewed reset runs no op at all."""
     buffer = original_buffer()
     fill(buffer, rollout_steps(4, 25, CPU, 0))
-    fields = [buffer.states, buffer.values, buffer.rewards, buffer.dones, buffer.truncated,
-              buffer.bootstrap_values, buffer.hidden_h, buffer.hidden_c, buffer.advantages,
-              buffer.returns, *buffer.actions.values(), *buffer.log_probs.values(),
-              *buffer.masks.values()]
+    fields = stored_tensors(buffer)
     zeroing = profile_call(lambda: [t.zero_() for t in fields]).ops
     assert zeroing == {"aten::zero_": 34}
     assert profile_call(buffer.reset).op_calls == 0
