@@ -1,6 +1,6 @@
 """`python -m esper.train`: vectorized recurrent PPO on the synthetic environment.
 
-    python -m esper.train --variants optimized --envs 4 --steps 25 --iterations 20
+    python -m esper.train --variants ours --envs 4 --steps 25 --iterations 20
 
 Exit status (also in `--help`): 0 trained; 2 usage or input error: one line,
 `python -m esper.train: error: ...`, naming the option, file or field, what was expected
@@ -51,7 +51,7 @@ from esper.training.checkpoint import (
     save_checkpoint,
 )
 from esper.training.trainer import TrainConfig, VectorizedTrainer, resolve_device
-from esper.variants import Variants
+from esper.variants import PRESETS, Variants
 
 PROG = "python -m esper.train"
 #: Most envs one run builds. Each env is a host network with its own data set, built in
@@ -158,8 +158,8 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--variants", default="original",
-                        help="'original', 'optimized', or axis=value pairs, e.g. "
-                             "'gae=scan,reset=mask' (default: original)")
+                        help="a preset ('original', 'reviews' or 'ours') or axis=value "
+                             "pairs, e.g. 'gae=scan,reset=mask' (default: original)")
     parser.add_argument("--envs", default="4",
                         help=f"parallel environments, 1 to {MAX_ENVS} (default 4)")
     parser.add_argument("--steps", default="25",
@@ -194,8 +194,8 @@ def parse_options(argv: list[str] | None) -> Options:
         if value == "--" or (value is not None and not isinstance(value, str)):
             raise UsageError(f"--{name}: expected one value; got {value!r}")
     if not args.variants.strip():
-        raise UsageError(f"--variants: expected 'original', 'optimized' or axis=value pairs; "
-                         f"got {args.variants!r}")
+        raise UsageError(f"--variants: expected a preset ({', '.join(PRESETS)}) or axis=value "
+                         f"pairs; got {args.variants!r}")
     try:
         variants = Variants.parse(args.variants)
     except ValueError as err:

@@ -1,8 +1,9 @@
 """The reviewed choices, one frozen dataclass with a value on every axis.
 
 Every part of esper reads its behaviour from a `Variants` instance; there are no
-global flags. `Variants.original()` is the code as reviewed, `Variants.optimized()`
-the choices the review proposed.
+global flags. Three presets: `Variants.original()` is the code as reviewed,
+`Variants.reviews()` every fix as the reviews wrote it, `Variants.ours()` this project's
+designs where it has one and the reviews' fixes elsewhere.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from esper.gae import RESETS as GAE_RESETS
 #: its loop's resets, and the methods it can run on this machine (loop first).
 AXES: dict[str, tuple[str, ...]] = {
     "reset": GAE_RESETS,
-    "step_counts": ("list", "tensor", "cached"),
+    "step_counts": ("list", "tensor", "cached", "numpy_view"),
     "gae": tuple(GAE_METHODS),
     "sync": ("stream", "event"),
-    "env_pool": ("recreate", "pool"),
+    "env_pool": ("recreate", "checkpoint", "pool"),
     "bootstrap": ("tensor", "copy", "packed"),
     "masks": ("stack", "preallocated", "packed"),
     "transfer": ("per_tensor", "flat"),
@@ -31,7 +32,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "stream_guard": ("is_cuda", "stream"),
     "accumulators": ("separate", "stacked"),
     "validation": ("inference_mode", "no_grad"),
-    "add_checks": ("none", "checked"),
+    "add_checks": ("none", "mask_shapes", "checked"),
 }
 
 
@@ -41,13 +42,17 @@ class Variants:
 
     reset: str = "clone"
     """How the per-env loop GAE resets the trace at a true terminal: `clone` allocates
-    `zero.clone()` (original), `mask` multiplies by a precomputed not-done, `assign` takes
-    `zero` itself where `clone` clones (B4-DRL-03's allocation alone). Only the `loop`
-    method has a reset to choose; with any other `gae` this axis changes nothing."""
+    `zero_tensor.clone()` (original), `mask` multiplies the trace by a precomputed
+    `1 - done_mask[t]` (B4-DRL-03's option 3 in the reviewed lines), `assign` takes
+    `zero_tensor` itself where `clone` clones (the allocation alone), `restructured` is a
+    loop of this project's with a precomputed not-done trace (`esper.gae.loop`). Only the
+    `loop` method has a reset to choose; with any other `gae` this axis changes nothing."""
     step_counts: str = "list"
-    """Buffer bookkeeping of per-env step counts: Python `list` (original), CPU int
-    `tensor` (B4-PT-05's fix), or a list with a `cached` count tensor rebuilt when it
-    changed (the ticket's second option; `RolloutBuffer.step_counts_tensor`)."""
+    """Buffer bookkeeping of per-env step counts: Python `list` (original), a CPU int32
+    `tensor` counted up by `step_counts[env_id] += 1` in each add (B4-PT-05's first
+    fix), a list with a `cached` count tensor rebuilt when it changed (the ticket's
+    second), or a CPU int64 tensor counted up through a `numpy_view` of its memory
+    (this project's: no aten op per add; `RolloutBuffer.step_counts_tensor`)."""
     gae: str = "loop"
     """Advantage computation method, a key of `esper.gae.METHODS`."""
     sync: str = "stream"
@@ -57,7 +62,10 @@ class Variants:
     default stream waits on, validation there, one read (the review's H3 fix)."""
     env_pool: str = "recreate"
     """Envs of each new batch of episodes: `recreate`d (new host networks, optimizers and
-    streams, the original) or reset in place from a `pool` (`esper.env.pool`)."""
+    streams, the original), kept and reset with their host weights restored from a
+    `checkpoint` taken when they were made (the review's H1 `reset_env_state`), or kept
+    in a `pool` and reset with their weights drawn again in place (this project's;
+    `esper.env.pool`)."""
     bootstrap: str = "tensor"
     """The bootstrap values at an episode's end (`esper.env.bootstrap_states`): per env a new
     `tensor` from its feature list, a batch-1 forward of the whole policy and an `.item()`
@@ -89,9 +97,10 @@ class Variants:
     `torch.inference_mode()` (original, the review's L1) or `torch.no_grad()`."""
     add_checks: str = "none"
     """`RolloutBuffer.add` writes its arguments unchecked (`none`, the original: a wrong
-    value is stored, a [1] mask broadcasts) or checks every one first and raises a
-    `ValueError` naming it (`checked`, the rollout-buffer audit's fix; a buffer made
-    without `variants` checks). AUDIT-5.1-add-checks measures what the checks cost."""
+    value is stored, a [1] mask broadcasts), checks each mask's shape first and raises a
+    `ValueError` naming it (`mask_shapes`, the rollout-buffer audit's 5.1 fix), or
+    checks every argument first (`checked`, this project's; a buffer made without
+    `variants` checks). AUDIT-5.1-add-checks measures what the checks cost."""
 
     def __post_init__(self) -> None:
         for axis, allowed in AXES.items():
@@ -108,21 +117,35 @@ class Variants:
         return cls(**{axis: values[0] for axis, values in AXES.items()})
 
     @classmethod
-    def optimized(cls) -> "Variants":
-        """The reviewed fixes that measured not slower (README, "What the default CPU run
-        says"). It keeps `transfer=per_tensor` (the flat copy's host side measured slower
-        on the CPU; its transfer needs a GPU to measure), `seed_clip=none` (clipping
-        changes training: a stability choice, not a speed one, see C3-seed-grad-clip) and
-        `accumulators=separate` (one stacked add measured slower). For `bootstrap` and
-        `masks` it takes this project's `packed` designs, which go further than the
-        review's fixes (one transfer and one forward or read per step, not one per env),
-        and `validation=inference_mode`, the original's choice (L1). It takes
-        `add_checks=checked`, which measured slower: a safety choice (bad input raises
-        where the original stored it), not a speed one. It computes what `original()`
+    def reviews(cls) -> "Variants":
+        """Every fix as the reviews wrote it: B4-DRL-03's option 3 (`reset=mask`),
+        B4-PT-05's count tensor, B4-CR-03's vectorized loop (`gae=batched`), H3's events,
+        H1's checkpointed pool, H4's state buffer, H5's pre-allocated masks, audit 1.3's
+        flat transfer, C1's scaler per optimizer, H2's stream guard, L2's stacked add and
+        audit 5.1's mask-shape checks. Two choices stay the original's: `seed_clip=none`
+        (C3's clipping changes what the seeds learn, so the iteration would not compute
+        what `original()` computes; C3-seed-grad-clip measures it) and
+        `validation=inference_mode` (L1 proposes no change)."""
+        return cls(reset="mask", step_counts="tensor", gae="batched", sync="event",
+                   env_pool="checkpoint", bootstrap="copy", masks="preallocated",
+                   transfer="flat", scaler="per_optimizer", seed_clip="none",
+                   stream_guard="stream", accumulators="stacked",
+                   validation="inference_mode", add_checks="mask_shapes")
+
+    @classmethod
+    def ours(cls) -> "Variants":
+        """This project's designs where it has one, the reviews' fixes elsewhere: the
+        `restructured` loop reset, counts through a `numpy_view`, the `scan` GAE, the
+        `pool` that draws weights again in place, `packed` bootstrap states and masks,
+        `checked` adds (every argument; a safety choice: bad input raises where the
+        original stored it), the two `separate` accumulator adds (L2's stacked add
+        measured slower); the reviews' events, flat transfer, scaler per optimizer and
+        stream guard; and the original's `seed_clip=none` and
+        `validation=inference_mode`, as `reviews()`. It computes what `original()`
         computes (under mixed precision, as long as no gradient overflows)."""
-        return cls(reset="mask", step_counts="tensor", gae="scan", sync="event",
-                   env_pool="pool", bootstrap="packed", masks="packed",
-                   transfer="per_tensor", scaler="per_optimizer", seed_clip="none",
+        return cls(reset="restructured", step_counts="numpy_view", gae="scan",
+                   sync="event", env_pool="pool", bootstrap="packed", masks="packed",
+                   transfer="flat", scaler="per_optimizer", seed_clip="none",
                    stream_guard="stream", accumulators="separate",
                    validation="inference_mode", add_checks="checked")
 
@@ -130,9 +153,9 @@ class Variants:
     def parse(cls, spec: str, base: "Variants | None" = None) -> "Variants":
         """Parse `"gae=scan,reset=mask"` over `base` (default `original()`).
 
-        `spec` may also name a preset, `original` or `optimized`, anywhere among the
-        `axis=value` overrides: the preset replaces `base` first, then every override
-        applies, whatever the order (`"gae=scan,original"` is `original` with gae=scan).
+        `spec` may also name a preset (`PRESETS`: `original`, `reviews`, `ours`) anywhere
+        among the `axis=value` overrides: the preset replaces `base` first, then every
+        override applies, whatever the order (`"gae=scan,original"` is `original` with gae=scan).
         Two different presets, or one axis given two different values, are a
         `ValueError` naming both. An empty spec (or only commas) is `base`.
 
@@ -143,7 +166,7 @@ class Variants:
         """
         if not isinstance(spec, str):
             raise TypeError(f"Variants.parse: spec: expected a str such as 'gae=scan,reset=mask' "
-                            f"or 'optimized'; got {spec!r} ({type(spec).__name__})")
+                            f"or 'ours'; got {spec!r} ({type(spec).__name__})")
         if base is not None and not isinstance(base, Variants):
             raise TypeError(f"Variants.parse: base: expected a Variants or None; got {base!r} "
                             f"({type(base).__name__})")
@@ -152,7 +175,7 @@ class Variants:
         for part in (p.strip() for p in spec.split(",")):
             if not part:
                 continue
-            if part in ("original", "optimized"):
+            if part in PRESETS:
                 if presets and presets[0] != part:
                     raise ValueError(
                         f"variant spec: expected at most one preset; got {presets[0]!r} and {part!r}"
@@ -161,7 +184,8 @@ class Variants:
                 continue
             if "=" not in part:
                 raise ValueError(
-                    f"variant spec: expected 'axis=value' or 'original'/'optimized'; got {part!r}"
+                    f"variant spec: expected 'axis=value' or a preset ({', '.join(PRESETS)}); "
+                    f"got {part!r}"
                 )
             axis, value = (s.strip() for s in part.split("=", 1))
             if axis not in AXES:
@@ -182,3 +206,7 @@ class Variants:
 
     def __str__(self) -> str:
         return self.spec()
+
+
+#: the presets' names, as `Variants.parse` and the command lines take them
+PRESETS: tuple[str, ...] = ("original", "reviews", "ours")

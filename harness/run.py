@@ -370,6 +370,7 @@ def finding_info(finding: registry.Finding, options: RunOptions) -> dict:
             "baseline": finding.baseline, "peers": list(finding.peers),
             "answer": list(finding.answer), "claim_factor": finding.claim_factor,
             "proposed": finding.proposed, "phases": list(finding.phases),
+            "per_iteration": finding.per_iteration,
             "claim_tolerance": finding.claim_tolerance,
             "margin": finding.margin or options.margin, "paired": finding.paired,
             "cases": [c.label for c in cases], "headline_case": headline_label(finding, options),

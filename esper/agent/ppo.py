@@ -183,8 +183,18 @@ class UpdateBatch(NamedTuple):
     None when there is none (the usual case: one LSTM call per epoch)."""
 
 
+def update_sequences(buffer, device: torch.device) -> dict:
+    """`buffer.get_batched_sequences(device)` (the reviewed batch) with the buffer's
+    `dones` and `truncated` (`[n, m]` bool) added on `device`: the episode ends inside a
+    row, which the reviewed batch leaves out (it held one episode a row)."""
+    sequences = buffer.get_batched_sequences(device)
+    sequences["dones"] = buffer.dones.to(device, non_blocking=True)
+    sequences["truncated"] = buffer.truncated.to(device, non_blocking=True)
+    return sequences
+
+
 def prepare_batch(sequences: dict, causal_table: torch.Tensor) -> UpdateBatch:
-    """Turn `RolloutBuffer.get_batched_sequences` output into an `UpdateBatch`.
+    """Turn `update_sequences` output into an `UpdateBatch`.
 
     Padding past each env's step count holds stale data (possibly NaN or out-of-range
     actions). Masking only the loss is not enough: a NaN state would reach the weight
@@ -448,7 +458,7 @@ class PPOAgent:
         # the buffer labels this "gae" itself: a second range here would count its time twice
         buffer.compute_advantages_and_returns(self.config.gamma, self.config.gae_lambda)
         buffer.normalize_advantages()
-        batch = prepare_batch(buffer.get_batched_sequences(self.device), self._causal_table)
+        batch = prepare_batch(update_sequences(buffer, self.device), self._causal_table)
         # host sync: once per update, so an empty rollout fails loudly instead of a no-op,
         # and so that rows holding one episode each (the usual case) take one LSTM call
         any_step, interior_end = torch.stack([batch.valid.any(), batch.dones.any()]).tolist()

@@ -25,9 +25,9 @@ class EpochAccumulators:
     def __init__(self, device: torch.device | str, mode: str = "separate") -> None:
         self.mode = check_choice("EpochAccumulators: mode", mode, MODES)
         device = torch.device(device)
-        if mode == "separate":
-            self._loss = torch.zeros((), device=device)
-            self._correct = torch.zeros((), device=device)
+        if mode == "separate":  # [1] float32 each, as parallel_env_state.py:88-89 @2df957ed
+            self._loss = torch.zeros(1, device=device)
+            self._correct = torch.zeros(1, device=device)
         else:
             self._sums = torch.zeros(2, device=device)  # [loss, correct]
 
@@ -39,7 +39,9 @@ class EpochAccumulators:
             self._sums.zero_()
 
     def add_(self, loss: Tensor, correct: Tensor) -> None:
-        """Add one batch: `loss` and `correct` 0-d float32 on the accumulators' device."""
+        """Add one batch: `loss` a 0-d float32 and `correct` a 0-d float32 or int64 (the
+        reviewed count's dtype, `predicted.eq(targets).sum()`) on the accumulators'
+        device; an int64 count is cast as it is added (in `add_` or in the `stack`)."""
         if self.mode == "separate":
             self._loss.add_(loss)
             self._correct.add_(correct)
@@ -49,5 +51,5 @@ class EpochAccumulators:
     def sums(self) -> Tensor:
         """`[2]` float32 `[loss sum, correct count]`, a new tensor (later adds leave it be)."""
         if self.mode == "separate":
-            return torch.stack([self._loss, self._correct])
+            return torch.cat([self._loss, self._correct])
         return self._sums.clone()

@@ -65,14 +65,17 @@ class BootstrapStates:
             raw = self._staged.to_device()  # [N, dim]
             # host sync: the one read of every env's value
             return policy.value(normalize(raw), hidden).cpu()
-        h, c = hidden
         values = []
-        for i, row in enumerate(features):
+        for i, row in enumerate(features):  # as vectorized.py:1954-1973 @2df957ed, per env
+            # env i's carried state [L, 1, H] (its `env_state.lstm_hidden`, 1627-1631)
+            lstm_hidden = tuple(t[:, i:i + 1, :].contiguous() for t in hidden)
             state = self._state(i, row)  # [1, dim] on the device
-            out = policy.act(normalize(state), {head: m[i:i + 1] for head, m in masks.items()},
-                             (h[:, i:i + 1], c[:, i:i + 1]), deterministic=True)
+            env_masks = {head: m[i] for head, m in masks.items()}
+            out = policy.act(normalize(state),
+                             {head: mask.unsqueeze(0) for head, mask in env_masks.items()},
+                             lstm_hidden, deterministic=True)
             values.append(out.value[0].item())  # host sync: once per env, as the original
-        return torch.tensor(values, dtype=torch.float32)
+        return torch.tensor(values)  # [N] float32
 
     def _state(self, i: int, row: Sequence[float]) -> Tensor:
         """Env i's raw state `[1, dim]` on the device."""

@@ -127,12 +127,18 @@ class MorphoEnv:
 
     # ----- episode state -------------------------------------------------------------
 
-    def reset(self) -> torch.Tensor:
-        """Re-initialise host weights and seed generator, empty all slots.
+    def reset(self, host_state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Re-initialise host weights and seed generator, empty all slots. With
+        `host_state` (a state dict of the host network) the host's weights are restored
+        from it (`load_state_dict`, the review's H1 `reset_to_checkpoint`) instead of
+        drawn again.
 
         Returns the observation `[obs_dim]` float32 on CPU (no history yet).
         """
-        self._host.reset_parameters_from(random_stream(self.config, self.env_index, HOST_INIT))
+        if host_state is None:
+            self._host.reset_parameters_from(random_stream(self.config, self.env_index, HOST_INIT))
+        else:
+            self._host.load_state_dict(host_state)
         self._seed_gen = random_stream(self.config, self.env_index, SEED_INIT)
         self.slots: list[SeedSlot] = [SeedSlot() for _ in range(NUM_SLOTS)]
         self._history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
@@ -342,6 +348,7 @@ class MorphoEnv:
             self._accumulators.zero_()
         inputs, targets = self._train_x[b], self._train_y[b]
         record_on_stream(self._record_guard, self.stream, inputs, targets)
+        self._host.train()  # as process_train_batch (vectorized.py:943); no layer depends on it
         amp = self._amp_dtype is not None
         with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=amp):
             logits = self._host(inputs, self.slots)  # [B, C]
@@ -372,11 +379,31 @@ class MorphoEnv:
         nats and the fraction correct. It reads the host's weights that training wrote: on
         another stream than the training's, the caller orders it after them.
         """
+        val_loss, correct, total = self.process_val_batch()
+        return val_loss, correct / total  # int64 count / int -> float32 fraction
+
+    def process_val_batch(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The validation forward as the reviewed `process_val_batch` writes it
+        (2df957ed src/esper/simic/training/vectorized.py:1063-1076, with
+        `loss_and_correct`, 707-720): the inputs and targets `.to()` the env's device
+        (already there: no copy), `record_stream` when the guard says so, `model.eval()`,
+        and under `Variants.validation`'s grad mode the forward, the cross-entropy,
+        `outputs.max(1)` and `predicted.eq(targets).sum()`.
+
+        Returns `(val_loss, correct, total)`: the mean cross-entropy (0-d float32), the
+        count of correct predictions (0-d int64) on the device, and the examples (int).
+        """
+        inputs = self._val_x.to(self.device, non_blocking=True)
+        targets = self._val_y.to(self.device, non_blocking=True)
+        record_on_stream(self._record_guard, self.stream, inputs, targets)
+        self._host.eval()
         with self._val_mode():
-            logits = self._host(self._val_x, self.slots)  # [V, C]
-            val_loss = F.cross_entropy(logits, self._val_y)
-            val_acc = (logits.argmax(dim=-1) == self._val_y).float().mean()
-        return val_loss, val_acc
+            outputs = self._host(inputs, self.slots)  # [V, C]
+            loss = F.cross_entropy(outputs, targets)
+            _, predicted = outputs.max(1)
+            correct = predicted.eq(targets).sum()
+            total = targets.size(0)
+        return loss, correct, total
 
     def launch_epoch(self) -> torch.Tensor:
         """Enqueue one epoch on the current stream: `train_batches` SGD steps, then one

@@ -33,9 +33,12 @@ class VectorizedMorphoEnv:
     def num_envs(self) -> int:
         return len(self.envs)
 
-    def reset(self) -> torch.Tensor:
-        """Reset every env; observations `[N, obs_dim]` f32 CPU."""
-        return torch.stack([env.reset() for env in self.envs])
+    def reset(self, host_states: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
+        """Reset every env (with `host_states`, each env's host weights restored from its
+        entry: `MorphoEnv.reset`); observations `[N, obs_dim]` f32 CPU."""
+        if host_states is None:
+            return torch.stack([env.reset() for env in self.envs])
+        return torch.stack([env.reset(state) for env, state in zip(self.envs, host_states)])
 
     def observations(self) -> torch.Tensor:
         """Every env's current observation `[N, obs_dim]` f32 CPU."""

@@ -6,7 +6,8 @@ one `compute_gae`, and the reference.
   and `auto`, which picks from it by the measured `crossovers` table;
 - `inputs`: the input checks, the step counts as a tensor and the valid mask;
 - `recurrence`: GAE as the affine recurrence the vectorized methods solve;
-- one module per method: `loop` (the reviewed original), `batched`, `scan`, and the
+- one module per method: `loop` (the reviewed original), `batched` (B4-CR-03's fix as
+  the ticket writes it), `addcmul`, `scan`, and the
   optional `compiled`, `numba_kernel`, `triton_kernel`, imported on their first call and
   listed in `METHODS` only where this machine runs them;
 - `reference`: a float64 pure-Python oracle for tests.
@@ -33,6 +34,7 @@ the boundary. Here the trace is cut and `bootstrap_values_t` is used. On inputs 
 truncation before a row's last step both agree.
 """
 
+from esper.gae.addcmul import gae_addcmul
 from esper.gae.batched import gae_batched
 from esper.gae.compute import compute_gae
 from esper.gae.inputs import (
@@ -60,6 +62,6 @@ from esper.gae.scan import affine_suffix_scan, gae_scan
 __all__ = [
     "COUNT_DTYPES", "DEVICE_TYPES", "FLOAT_DTYPES", "HALF_DTYPES", "METHODS",
     "NON_DIFFERENTIABLE", "RESETS", "TABLE", "GaeFn", "Method", "StepCounts", "Tensor",
-    "affine_suffix_scan", "check_gae_inputs", "compute_gae", "gae_batched", "gae_loop",
-    "gae_recurrence_terms", "gae_scan", "step_counts_tensor", "valid_mask",
+    "affine_suffix_scan", "check_gae_inputs", "compute_gae", "gae_addcmul", "gae_batched",
+    "gae_loop", "gae_recurrence_terms", "gae_scan", "step_counts_tensor", "valid_mask",
 ]

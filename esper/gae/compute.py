@@ -18,7 +18,7 @@ def compute_gae(
     gamma: float,
     gae_lambda: float,
     method: str = "scan",
-    reset: str = "mask",
+    reset: str = "restructured",
 ) -> tuple[Tensor, Tensor]:
     """Advantages and returns for a ragged batch of rollouts (semantics: `esper.gae`).
 
@@ -35,8 +35,10 @@ def compute_gae(
             Keep step counts on the device to keep GAE free of host syncs.
         gamma: discount; gae_lambda: trace decay; both numbers in [0, 1].
         method: a key of `METHODS`.
-        reset: one of `RESETS` (`clone`, `mask`, `assign`): how the `loop` method resets the trace
-            at a true terminal. It is passed to `loop` only, the one method with a reset
+        reset: one of `RESETS` (`clone`, `mask`, `assign`, `restructured`): how the `loop`
+            method resets the trace at a true terminal (`gae_loop` says what each does,
+            and on which inputs the first three, the reviewed lines, compute these
+            semantics). It is passed to `loop` only, the one method with a reset
             to choose; every other method computes the same cut without allocating or
             branching, so with them `reset` changes nothing (and is not an error: the
             `Variants` axes `reset` and `gae` are independent). It is checked either way.

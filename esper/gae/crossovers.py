@@ -6,7 +6,7 @@ earlier run under load gave the same rankings with times up to 2x higher). Media
 microseconds per call, float32, random terminals, gamma 0.995, lambda 0.98 (numba's JIT
 and torch.compile's first call, 0.3 s and 3.2 s with warm disk caches, paid before timing):
 
-    | envs | steps | batched (us) | scan (us) | compiled (us) | numba (us) | fastest |
+    | envs | steps | addcmul (us) | scan (us) | compiled (us) | numba (us) | fastest |
     |---:|---:|---:|---:|---:|---:|---|
     | 1 | 25 | 268.6 | 168.0 | 111.2 | 23.9 | numba |
     | 1 | 128 | 957.2 | 207.0 | 117.7 | 24.2 | numba |
@@ -37,7 +37,7 @@ numba is fastest at every shape (3.7-14x the next method). The rows below also k
 runner-up right, for machines without numba: `compiled` at small shapes (per-call
 overhead dominates, and its one fused graph has the least), `scan` from about 64 x 1024
 or 256 x 128 up (compiled's fixed-depth scan does more work per element). At 64 x 256
-compiled and scan were within 10% of each other. `batched` is last except at 1024 x 256
+compiled and scan were within 10% of each other. `addcmul` is last except at 1024 x 256
 and 1024 x 25 (ahead of compiled). Re-measure on the target machine, idle, before
 relying on the runner-up order.
 
@@ -71,10 +71,10 @@ UNBOUNDED = 1 << 62
 #: Rows in order; the first row whose bounds hold is used. See the module docstring.
 CROSSOVERS: tuple[Crossover, ...] = (
     # proposed by `python -m esper_review.gae_tools.crossovers` from the table above
-    Crossover("cpu", 16, 1024, ("numba", "compiled", "scan", "batched"), True),
-    Crossover("cpu", 64, 256, ("numba", "compiled", "scan", "batched"), True),
-    Crossover("cpu", 256, 25, ("numba", "compiled", "scan", "batched"), True),
-    Crossover("cpu", UNBOUNDED, UNBOUNDED, ("numba", "scan", "compiled", "batched"), True),
+    Crossover("cpu", 16, 1024, ("numba", "compiled", "scan", "addcmul"), True),
+    Crossover("cpu", 64, 256, ("numba", "compiled", "scan", "addcmul"), True),
+    Crossover("cpu", 256, 25, ("numba", "compiled", "scan", "addcmul"), True),
+    Crossover("cpu", UNBOUNDED, UNBOUNDED, ("numba", "scan", "compiled", "addcmul"), True),
     # not yet measured on a GPU: one kernel launch beats log2(T) launches of the scan
     Crossover("cuda", UNBOUNDED, UNBOUNDED, ("triton", "scan"), False),
 )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from esper.gae.addcmul import gae_addcmul
 from esper.gae.batched import gae_batched
 from esper.gae.crossovers import CROSSOVERS
 from esper.gae.inputs import GaeFn, StepCounts, Tensor, refuse_meta
@@ -138,6 +139,7 @@ TABLE: tuple[Method, ...] = (
     Method("loop", gae_loop, ("cpu", "cuda"), differentiable=True),
     Method("batched", gae_batched, ("cpu", "cuda"), differentiable=True),
     Method("scan", gae_scan, ("cpu", "cuda"), differentiable=True),
+    Method("addcmul", gae_addcmul, ("cpu", "cuda"), differentiable=True),
     Method("compiled", "compiled:gae_compiled", _compiled_device_types(), differentiable=True),
     Method("numba", "numba_kernel:gae_numba", _numba_device_types(), differentiable=False),
     Method("triton", "triton_kernel:gae_triton", _triton_device_types(), differentiable=False),

@@ -104,6 +104,15 @@ def _flag(where: str, field: str, value: object) -> bool | None:
     raise _add_error(where, field, "a bool (True/False, 0/1 or a one-element bool tensor)", got)
 
 
+def check_mask_shapes(masks: Mapping[str, Tensor]) -> None:
+    """Rollout-buffer audit 5.1's check, for each head: `ValueError` unless the mask's
+    shape is `(K,)` (metadata only: no aten op)."""
+    for head, size in HEAD_SIZES.items():
+        mask = masks[head]
+        if mask.shape != (size,):
+            raise _add_error("", f"masks[{head!r}].shape", (size,), tuple(mask.shape))
+
+
 def _non_finite(tensor: Tensor) -> str | None:
     """Where a floating CPU tensor holds a NaN or an infinity ("nan at [3]"), or None.
 
@@ -177,10 +186,12 @@ class RolloutBuffer:
 
     `variants.step_counts` picks the bookkeeping (B4-PT-05): a Python list (the
     original: turned into a tensor once per update, by `get_batched_sequences`; GAE's
-    loop and `normalize_advantages` read it as ints), a CPU int64 tensor updated through
-    a NumPy view of the same memory so that `add` reads no tensor element (the ticket's
-    first fix; no list-to-tensor conversion), or a list beside a `cached` count tensor
-    rebuilt only when `step_counts_dirty` says the list changed (the ticket's second).
+    loop and `normalize_advantages` read it as ints), a CPU int32 `tensor` as the
+    ticket's first fix writes it (`add` reads its step as `int(step_counts[env_id])` and
+    counts up with `step_counts[env_id] += 1`: tensor ops and a read per add), a list
+    beside a `cached` count tensor rebuilt only when `step_counts_dirty` says the list
+    changed (the ticket's second), or a CPU int64 tensor read and counted up through a
+    `numpy_view` of its memory, so that `add` runs no aten op for it (this project's).
     `variants.gae` and `variants.reset` pick the GAE method.
     """
 
@@ -203,11 +214,12 @@ class RolloutBuffer:
         self.lstm_hidden_dim, self.num_lstm_layers = lstm_hidden_dim, num_lstm_layers
         if variants is not None and not isinstance(variants, Variants):
             raise TypeError(f"RolloutBuffer: variants: expected a Variants or None (e.g. "
-                            f"Variants.parse('optimized')); got {variants!r} "
+                            f"Variants.parse('ours')); got {variants!r} "
                             f"({type(variants).__name__})")
         self.device = torch.device(device)
         self.variants = variants if variants is not None else CHECKED
         self._checked = self.variants.add_checks == "checked"
+        self._checks_mask_shapes = self.variants.add_checks == "mask_shapes"
 
         shape = (num_envs, max_steps)
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -233,7 +245,10 @@ class RolloutBuffer:
         self._flat_transfers: dict[torch.device, FlatTransfer] = {}
 
         self.step_counts: list[int] | Tensor
-        if self.variants.step_counts == "tensor":
+        if self.variants.step_counts == "tensor":  # the ticket's `__init__` line
+            self.step_counts = torch.zeros(num_envs, dtype=torch.int32, device="cpu")
+            self._counts_view = self.step_counts  # read and counted up by tensor ops
+        elif self.variants.step_counts == "numpy_view":
             self.step_counts = torch.zeros(num_envs, dtype=torch.int64)
             self._counts_view = self.step_counts.numpy()  # shares memory with the tensor
         else:
@@ -292,6 +307,10 @@ class RolloutBuffer:
         synchronising call, after the step was written (on CUDA the failed assert also
         poisons the context).
 
+        With `"mask_shapes"` (the audit's 5.1) each mask's shape is checked first, as the
+        audit writes it (`if slot_mask.shape != (self.num_slots,): raise ValueError`):
+        `check_mask_shapes`; the rest is written as with `"none"`.
+
         With `"none"` (the original) only a full row is refused (`ValueError`, where the
         original raised `RuntimeError`); anything else is written as given: a NaN is
         stored, a [1] mask broadcasts over its head's K actions, a mask of another wrong
@@ -303,6 +322,8 @@ class RolloutBuffer:
             step = self.validate_step(env_id, state, actions, log_probs, value, reward, done,
                                       masks, hidden_h, hidden_c, truncated, bootstrap_value)
         else:
+            if self._checks_mask_shapes:
+                check_mask_shapes(masks)
             step = self.step_count(env_id)
             if step >= self.max_steps:
                 raise self._full(env_id, step)
@@ -322,7 +343,7 @@ class RolloutBuffer:
             self.masks[head][env_id, step] = masks[head].detach().bool()
         self.hidden_h[env_id, step] = hidden_h.detach().squeeze(1)  # [L, 1, H] -> [L, H]
         self.hidden_c[env_id, step] = hidden_c.detach().squeeze(1)
-        self._counts_view[env_id] += 1
+        self._counts_view[env_id] += 1  # the ticket's `step_counts[env_idx] += 1` for `tensor`
         if self._caches_counts:
             self.step_counts_dirty = True
 
@@ -426,7 +447,8 @@ class RolloutBuffer:
 
         - `list`: `torch.tensor(list, device)` on every call, the original's conversion
           (599f3895 rollout_buffer.py:458; on CUDA a blocking host-to-device copy);
-        - `tensor`: the CPU int64 tensor `.to(device, non_blocking=True)` (no op on the CPU);
+        - `tensor` and `numpy_view`: the CPU tensor `.to(device, non_blocking=True)`, as
+          the ticket's first fix writes it (the same tensor on the CPU);
         - `cached`: the ticket's `get_step_counts_tensor`, an int32 tensor built as the
           list's is and kept until `step_counts_dirty` (or another device) asks for a new
           one. The ticket's sketch kept one tensor whatever device was asked; this one is
@@ -446,8 +468,12 @@ class RolloutBuffer:
 
     def valid_mask(self, device: torch.device | str | None = None) -> Tensor:
         """[num_envs, max_steps] bool on `device` (default: the buffer's): t < step_counts[e],
-        from `step_counts_tensor(device)`."""
-        return gae.valid_mask(self.step_counts_tensor(device), self.max_steps)
+        from `step_counts_tensor(device)`, by the original's ops (599f3895
+        rollout_buffer.py:458-460: `unsqueeze(1)`, `arange(...).unsqueeze(0)`, `<`)."""
+        device = self.device if device is None else torch.device(device)
+        step_counts_tensor = self.step_counts_tensor(device).unsqueeze(1)
+        step_indices = torch.arange(self.max_steps, device=device).unsqueeze(0)
+        return step_indices < step_counts_tensor  # [num_envs, max_steps]
 
     def compute_advantages_and_returns(self, gamma: float, gae_lambda: float) -> None:
         """Fill `advantages` and `returns` with `variants.gae` / `variants.reset`.
@@ -511,54 +537,58 @@ class RolloutBuffer:
         self.advantages = normalized
 
     def get_batched_sequences(self, device: torch.device | str | None = None) -> dict:
-        """Every field on `device` (non-blocking copies on CUDA) for full-sequence BPTT.
+        """Every stored field on `device` (non-blocking copies on CUDA) for full-sequence BPTT.
 
         Returns a dict: states [n, m, D]; actions / log_probs / masks: {head: [n, m(, K)]};
-        values, rewards, advantages, returns, bootstrap_values [n, m]; dones, truncated
-        [n, m]; valid_mask [n, m] bool; initial_hidden_h / initial_hidden_c [L, n, H]
-        (the hidden state stored at each row's step 0).
+        values, rewards, advantages, returns [n, m]; hidden_h, hidden_c [n, m, L, H];
+        valid_mask [n, m] bool; initial_hidden_h / initial_hidden_c [L, n, H] (the hidden
+        state stored at each row's step 0).
 
-        From a host buffer to another device, `variants.transfer` picks one `.to()` per
-        tensor (`per_tensor`, the original) or one `flat` copy split into views
+        With `variants.transfer == "per_tensor"` (the original) these are the reviewed
+        lines, 599f3895 rollout_buffer.py:454-504, op for op: the valid mask from the
+        count tensor, then one `.to(device, non_blocking=device.type == "cuda")` per field
+        in the original's order, the step-0 hidden states through
+        `[:, 0, :, :].permute(1, 0, 2).contiguous().to(...)`. From a host buffer to
+        another device, `flat` packs them into one copy split into views
         (`esper.rollout.transfer.FlatTransfer`); the values are the same.
         """
         device = self.device if device is None else torch.device(device)
         if (self.variants.transfer == "flat" and self.device.type == "cpu"
                 and device.type != "cpu"):
             return _nest(self._flat_transfer(device)(_flatten(self._host_fields())))
-        non_blocking = device.type == "cuda"
+        valid_mask = self.valid_mask(device)
+        nb = device.type == "cuda"
 
         def move(t: Tensor) -> Tensor:
-            return t.to(device, non_blocking=non_blocking)
+            return t.to(device, non_blocking=nb)
 
         return {
             "states": move(self.states),
             "actions": {h: move(t) for h, t in self.actions.items()},
             "log_probs": {h: move(t) for h, t in self.log_probs.items()},
-            "masks": {h: move(t) for h, t in self.masks.items()},
             "values": move(self.values),
             "rewards": move(self.rewards),
             "advantages": move(self.advantages),
             "returns": move(self.returns),
-            "bootstrap_values": move(self.bootstrap_values),
-            "dones": move(self.dones),
-            "truncated": move(self.truncated),
-            "valid_mask": self.valid_mask(device),
+            "masks": {h: move(t) for h, t in self.masks.items()},
+            "hidden_h": move(self.hidden_h),
+            "hidden_c": move(self.hidden_c),
+            "valid_mask": valid_mask,
             # [n, L, H] -> [L, n, H], the layout nn.LSTM expects
-            "initial_hidden_h": move(self.hidden_h[:, 0].transpose(0, 1).contiguous()),
-            "initial_hidden_c": move(self.hidden_c[:, 0].transpose(0, 1).contiguous()),
+            "initial_hidden_h": move(self.hidden_h[:, 0, :, :].permute(1, 0, 2).contiguous()),
+            "initial_hidden_c": move(self.hidden_c[:, 0, :, :].permute(1, 0, 2).contiguous()),
         }
 
     def _host_fields(self) -> dict:
         """What `get_batched_sequences` returns, on the buffer's own device (no copy)."""
         return {
             "states": self.states, "actions": dict(self.actions),
-            "log_probs": dict(self.log_probs), "masks": dict(self.masks),
-            "values": self.values, "rewards": self.rewards, "advantages": self.advantages,
-            "returns": self.returns, "bootstrap_values": self.bootstrap_values,
-            "dones": self.dones, "truncated": self.truncated, "valid_mask": self.valid_mask(),
-            "initial_hidden_h": self.hidden_h[:, 0].transpose(0, 1).contiguous(),
-            "initial_hidden_c": self.hidden_c[:, 0].transpose(0, 1).contiguous(),
+            "log_probs": dict(self.log_probs), "values": self.values,
+            "rewards": self.rewards, "advantages": self.advantages, "returns": self.returns,
+            "masks": dict(self.masks), "hidden_h": self.hidden_h, "hidden_c": self.hidden_c,
+            "valid_mask": self.valid_mask(),
+            "initial_hidden_h": self.hidden_h[:, 0, :, :].permute(1, 0, 2).contiguous(),
+            "initial_hidden_c": self.hidden_c[:, 0, :, :].permute(1, 0, 2).contiguous(),
         }
 
     def _flat_transfer(self, device: torch.device) -> FlatTransfer:

@@ -1,5 +1,6 @@
-"""Rollout-buffer audit 5.1: "Add shape validation in add()"; what checking every argument
-of `RolloutBuffer.add` costs per call, against the original's unchecked writes."""
+"""Rollout-buffer audit 5.1: "Add shape validation in add()"; what the audit's mask-shape
+checks cost per rollout, and checking every argument of `RolloutBuffer.add` (ours),
+against the original's unchecked writes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from esper.rollout.buffer import RolloutBuffer
 from esper.variants import AXES, Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from esper_review.findings.step_counts import HIDDEN, STATE_DIM, fill, rollout_steps
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
 VARIANTS = AXES["add_checks"]
 
@@ -62,13 +63,16 @@ def _per_add(variant: str, inputs: dict) -> dict[str, float]:
 
 register(Finding(
     id="AUDIT-5.1-add-checks",
-    title="RolloutBuffer.add: the original's unchecked writes vs every argument checked",
+    title="RolloutBuffer.add: the original's unchecked writes vs the audit's mask-shape "
+          "checks vs every argument checked",
     claim="the buffer will silently accept mismatched masks during add() (broadcasting or "
           "truncation); add shape validation in add()",
     ticket="rollout-buffer-audit.md",
     variants=VARIANTS,
     baseline="none",
-    proposed="checked",
+    proposed="mask_shapes",
+    ours=("checked",),
+    per_iteration=per_iteration(1),  # one rollout
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
@@ -83,10 +87,11 @@ register(Finding(
              "the row's overflow, 297); the audit read the same writes at "
              "src/esper/simic/tamiyo_buffer.py:194-254 @181a4c41",
     fix="Audit 5.1 (its first recommendation, section 8): 'Add shape validation in add(): "
-        "if slot_mask.shape != (self.num_slots,): raise ValueError(...)'. `checked` does "
-        "that for every mask and more (RolloutBuffer.validate_step: env_id, state and "
-        "hidden shapes, dtypes, action ranges and masks, finite log-probs, values, rewards, "
-        "states and hidden states, flags), so its cost bounds the audit's check from above.",
+        "if slot_mask.shape != (self.num_slots,): raise ValueError(...)', for each of the 8 "
+        "masks before the writes (`mask_shapes`, esper.rollout.buffer.check_mask_shapes). "
+        "Ours (`checked`, RolloutBuffer.validate_step) checks every argument: env_id, "
+        "state and hidden shapes, dtypes, action ranges and masks, finite log-probs, "
+        "values, rewards, states and hidden states, flags.",
     premise="'Silently accept mismatched masks (broadcasting or truncation)' holds for "
             "[1] masks only: the original's write (`self.slot_masks[env_id, step_idx] = "
             "slot_mask.detach().bool()`, tamiyo_buffer.py:245-248 @181a4c41, "
@@ -98,13 +103,14 @@ register(Finding(
     notes=(
         "One timed call = one rollout: reset(), then num_envs x max_steps add() calls "
         "(adds_per_call); the time per add() is the call's time over adds_per_call. The "
-        "two rows differ only by the checks (the same writes follow: the original's, in "
-        "its order); their difference is the checks' own cost per rollout.",
+        "rows differ only by the checks (the same writes follow: the original's, in its "
+        "order, op for op: tests/esper_review/test_reviewed_baselines.py); their "
+        "difference is the checks' own cost per rollout.",
         "Action masks come from the host and reach the device in one transfer per step (as "
         "the trainer's masks=packed moves them): on CUDA that copy is part of the timed call. "
         "On CUDA `checked` reads no tensor on the host: its checks of device tensors are "
         "device-side asserts (a few small kernels per add).",
-        "Both rows must store identical rollouts (the none row is the reference).",
+        "Every row must store the same rollout (the none row is the reference).",
         "Counters (op calls, allocations, host syncs) come from the 4 x 25 case: calls over "
         "50 ms are not profiled.",
     ),

@@ -10,24 +10,16 @@ from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 from esper_review.findings.measured_noise import between_runs
 
 VARIANTS = ("per_tensor", "flat")
 STATE_DIM, HIDDEN = 218, 128
-#: where the batch goes when the run has no GPU: copies to `meta` move no bytes, so the
-#: rows time the host's side of the transfer alone (dispatch, allocation, packing)
-STAND_IN = torch.device("meta")
 
 
 def _cases(quick: bool) -> list[Case]:
     sizes = [(4, 25)] if quick else [(4, 25), (16, 150)]
     return [Case.of(num_envs=e, max_steps=t) for e, t in sizes]
-
-
-def target_device(device: torch.device) -> torch.device:
-    """The device the batch moves to: the run's GPU, or the `meta` stand-in on the CPU."""
-    return device if device.type == "cuda" else STAND_IN
 
 
 def _build(case: Case, device: torch.device, seed: int) -> dict:
@@ -56,7 +48,7 @@ def _build(case: Case, device: torch.device, seed: int) -> dict:
                     truncated=t == m - 1, bootstrap_value=float(torch.randn((), generator=g)))
         buffer.compute_advantages_and_returns(gamma=0.995, gae_lambda=0.98)
         buffers[variant] = buffer
-    return {"buffers": buffers, "target": target_device(device)}
+    return {"buffers": buffers, "target": device}
 
 
 def _make_call(variant: str, inputs: dict):
@@ -75,18 +67,21 @@ def _pairs(output: dict, reference: dict) -> list[tuple[torch.Tensor, torch.Tens
 
 
 def batch_difference(output: dict, reference: dict) -> float:
-    """Largest difference over every tensor of two `get_batched_sequences` dicts; on the
-    meta stand-in (no values) 0 when every key, shape, dtype and device agrees, else inf."""
+    """Largest difference over every tensor of two `get_batched_sequences` dicts; inf
+    where a key, shape, dtype or device differs."""
     if output.keys() != reference.keys():
         return float("inf")
     worst = 0.0
     for out, ref in _pairs(output, reference):
         if (out.shape, out.dtype, out.device) != (ref.shape, ref.dtype, ref.device):
             return float("inf")
-        if ref.device.type != "meta":
-            worst = max(worst, max_abs_difference(out, ref))
+        worst = max(worst, max_abs_difference(out, ref))
     return worst
 
+
+def _skip(variant: str, case: Case, device: torch.device) -> str | None:
+    """The transfer is the claim: a CPU run has no device to move the batch to."""
+    return None if device.type == "cuda" else "needs CUDA"
 
 
 register(Finding(
@@ -98,11 +93,14 @@ register(Finding(
     ticket="rollout-buffer-audit.md",
     variants=VARIANTS,
     baseline="per_tensor",
+    proposed="flat",
+    per_iteration=per_iteration(1),  # one update
     reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
              "(get_batched_sequences: 31 .to(device, non_blocking=nb) and 2 "
              "permute().contiguous().to() in a dict comprehension)",
-    fix="the audit's 'consider batching transfers or using pinned memory': one pinned host "
-        "buffer, one copy, views split on the device (flat)",
+    fix="the audit's 'consider batching transfers or using pinned memory': the fields "
+        "packed into one pinned host buffer, one copy, views split on the device (flat, "
+        "esper.rollout.transfer.FlatTransfer)",
     premise="The audit's case is hypothetical ('if ever called in a tight loop'): at "
             "599f3895 the buffer is allocated on the agent's device (ppo.py:318-325) and read "
             "with device=self.device (ppo.py:502), so every .to() is a no-op and nothing is "
@@ -114,19 +112,20 @@ register(Finding(
     make_call=_make_call,
     check=batch_difference,
     tolerance=lambda case: 0.0,
+    skip=_skip,
     extra_metrics=copies_metric(_make_call, "target"),
     duration_s=(1.5, 4.0),
     notes=(
         "One timed call = get_batched_sequences of a full host-resident buffer (218 state "
-        "features, LSTM 128) to the device: 35 tensors (8 heads x actions, log-probs and "
-        "masks among them), one .to() each (non-blocking on CUDA), or packed byte-wise into "
-        "one host buffer allocated once (pinned on CUDA), one copy, views split on the "
-        "device (esper.rollout.transfer.FlatTransfer).",
-        "On the CPU only the host's side is measurable: the batch goes to the meta device, "
-        "whose copies move no bytes, so these rows time dispatch, allocation and (flat) "
-        "packing, not the transfer; the check then compares keys, shapes, dtypes and "
-        "devices. On CUDA the check compares every value exactly, and host syncs count "
-        "the flat path's wait for the previous copy out of its pinned buffer.",
+        "features, LSTM 128) to the GPU: the reviewed lines op for op (the valid mask, then "
+        "33 tensors, one .to(device, non_blocking=True) each, the step-0 hidden states "
+        "permuted and made contiguous first), or the same fields packed byte-wise into one "
+        "pinned host buffer allocated once, one copy, views split on the device.",
+        "Needs CUDA: on the CPU there is no device to copy to, and a stand-in target "
+        "would time the host side of one variant against a real copy in the other, an "
+        "answer fixed before measuring. On CUDA the check compares every value exactly, "
+        "and host syncs count the flat path's wait for the previous copy out of its "
+        "pinned buffer.",
         "The trainer's buffer lives on the update's device, so it moves nothing: this "
         "matters for a host-resident buffer feeding a GPU update.",
     ),

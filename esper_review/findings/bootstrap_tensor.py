@@ -14,7 +14,7 @@ from esper.env.environment import OBS_DIM
 from esper.training.trainer import TrainConfig
 from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.copies import copies_metric
-from esper_review.findings.trainer_size import nearest_trainer_size, policy_depth
+from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration, policy_depth
 from esper_review.findings.measured_noise import between_runs
 
 
@@ -96,6 +96,7 @@ register(Finding(
     variants=MODES,
     baseline="tensor",
     proposed="copy",
+    per_iteration=per_iteration(1),  # every env's episode ends once a rollout
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

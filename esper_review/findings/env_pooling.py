@@ -10,11 +10,12 @@ from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.env.config import EnvConfig
 from esper.env.pool import EnvBatches
 from esper.env.vectorized import VectorizedMorphoEnv
-from esper.variants import Variants
+from esper.variants import AXES, Variants
 from harness.findings import Case, Finding, register
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.fragmentation import fragmentation
+from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
-VARIANTS = ("recreate", "pool")
+VARIANTS = AXES["env_pool"]  # recreate, checkpoint (the review's), pool (ours)
 #: batches run before reading the allocator's reserved-minus-allocated bytes (CUDA)
 FRAGMENTATION_BATCHES = 20
 #: env steps of the trajectory that the correctness check compares
@@ -99,17 +100,7 @@ def _fragmentation(variant: str, inputs: dict) -> dict[str, float]:
     an emptied cache (memory held in the cache but not in use: fragmentation and slack)."""
     if inputs["measure"] != "fragmentation":
         return {}
-    device = inputs["device"]
-    call = _make_call(variant, inputs)
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    for _ in range(FRAGMENTATION_BATCHES):
-        call()
-    torch.cuda.synchronize(device)
-    reserved = torch.cuda.memory_reserved(device)
-    allocated = torch.cuda.memory_allocated(device)
-    return {"reserved_bytes": float(reserved), "allocated_bytes_live": float(allocated),
-            "reserved_minus_allocated_bytes": float(reserved - allocated)}
+    return fragmentation(_make_call(variant, inputs), inputs["device"], FRAGMENTATION_BATCHES)
 
 
 def _skip(variant: str, case: Case, device: torch.device) -> str | None:
@@ -127,10 +118,18 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="recreate",
+    proposed="checkpoint",
+    ours=("pool",),
+    per_iteration=per_iteration(1),  # one batch of episodes a rollout
     reviewed="src/esper/simic/training/vectorized.py:1103-1107 and 818-894 @2df957ed "
              "(create_env_state per env per batch: host model, SGD, a new torch.cuda.Stream, "
              "a new GradScaler, accumulators)",
-    fix="the review's 'environment pooling where models are reset rather than recreated'",
+    fix="the review's 'environment pooling where models are reset rather than recreated', "
+        "as its sketch writes it (`checkpoint`): `reset_env_state` restores the host's "
+        "weights from a checkpoint (`env_state.model.reset_to_checkpoint()`, here a copy "
+        "of each host's state dict taken when the env is made, restored with "
+        "load_state_dict) and resets the rest of the env's state; ours (`pool`) draws the "
+        "weights again in place and keeps no copy",
     premise="Holds, with one part not reproduced: the original's create_env_state also takes "
             "a governor snapshot (tolaria/governor.py:83-113: the model's state_dict copied to "
             "the CPU, a device-to-host copy and a sync per env per batch) and wires telemetry "
@@ -147,7 +146,9 @@ register(Finding(
     notes=(
         "The environment as reviewed: esper.env.pool.EnvBatches hands out each batch's "
         "envs, recreated (new host networks, optimizers, CUDA streams; the data, drawn "
-        "once, are shared) or reset in place (env_pool=pool).",
+        "once, are shared) or reset in place, their host weights restored from the "
+        "checkpoint (env_pool=checkpoint, the review's) or drawn again (env_pool=pool, "
+        "ours).",
         "'boundary' rows: one timed call = one batch boundary of num_envs envs; allocations "
         "and bytes per boundary come from the profiling pass.",
         "'fragmentation' rows (CUDA only; 'needs CUDA' here): one call = a boundary and one "

@@ -7,7 +7,7 @@ import torch
 
 from esper.env.accumulators import MODES, EpochAccumulators
 from harness.findings import Case, Finding, max_abs_difference, register
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import TRAIN_BATCHES, nearest_trainer_size, per_iteration
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -17,7 +17,8 @@ def _cases(quick: bool) -> list[Case]:
 def _build(case: Case, device: torch.device, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     loss = torch.rand((), generator=g).to(device) * 3  # a batch's loss in nats
-    correct = torch.randint(0, 128, (), generator=g).float().to(device)  # of a 128-sample batch
+    # of a 128-sample batch, int64 as `predicted.eq(targets).sum()` (vectorized.py:718-719)
+    correct = torch.randint(0, 128, (), generator=g).to(device)
     return {"accumulators": {mode: EpochAccumulators(device, mode) for mode in MODES},
             "loss": loss, "correct": correct}
 
@@ -45,12 +46,15 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=MODES,
     baseline="separate",
+    proposed="stacked",
+    per_iteration=per_iteration(TRAIN_BATCHES),  # one update per training batch
     reviewed="src/esper/simic/training/vectorized.py:1197-1200 @2df957ed (two add_ into "
              "[1] float32 accumulators, parallel_env_state.py:88-91)",
     fix="the review's: stack loss and correct count, one add_",
     premise="At 2df957ed the correct count is int64 (predicted.eq(targets).sum(), "
-            "vectorized.py:718-719): a stacked add there also needs a cast to float, one op "
-            "more than measured here (our count is float32 already).",
+            "vectorized.py:718-719), as here: each add into a float32 accumulator casts it "
+            "(4 ops more than a float count in `separate`; in `stacked` the cat copies "
+            "it).",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
@@ -59,9 +63,11 @@ register(Finding(
     tolerance=lambda case: 0.0,
     duration_s=(1.0, 1.0),
     notes=(
-        "One timed call = one batch's update of an env's accumulators (esper.env.accumulators, "
-        "as launch_epoch does it): loss_accum.add_(loss) and correct_accum.add_(correct) vs "
-        "sums.add_(torch.stack([loss, correct])) (the loss and the correct count are two "
-        "0-d tensors, so one add needs a stack first).",
+        "One timed call = one batch's update of an env's accumulators (esper.env.accumulators): "
+        "train_loss_accum.add_(loss) and train_correct_accum.add_(correct) into [1] float32 "
+        "accumulators, the loss a 0-d float32 and the count a 0-d int64, as reviewed "
+        "(op for op: tests/esper_review/test_reviewed_baselines.py), vs the review's "
+        "sums.add_(torch.stack([loss, correct])) (two 0-d tensors, so one add needs a "
+        "stack first).",
     ),
 ))

@@ -193,6 +193,7 @@ register(Finding(
             "moves only their margin to float16 overflow and underflow.",
     variants=VARIANTS,
     baseline="shared",
+    proposed="per_optimizer",
     headline_case=_headline,
     cases=_cases,
     build=_build,

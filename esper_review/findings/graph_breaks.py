@@ -5,10 +5,14 @@ dict access and method calls can cause graph breaks under torch.compile". Counte
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import datetime
 import enum
 import logging
+import uuid
+import warnings
 from typing import Callable, Iterator
 
 import torch
@@ -27,8 +31,9 @@ VARIANTS = ("setup_inline", "setup_disabled", "env_step", "policy_act")
 WIDTH, SLOTS = 16, ("r0c0", "r0c1", "r0c2")
 
 
-# --- the reviewed code: 2df957ed src/esper/simic/training/vectorized.py:943-956, with
-# --- stand-ins for the host model's slot API that do only what those lines call
+# --- the reviewed code: 2df957ed src/esper/simic/training/vectorized.py:943-956, the
+# --- slot's advance_stage as kasmina/slot.py:947-1035 writes it, with the gate check, the
+# --- stage transition and the telemetry callback it calls (abridged to what G1 runs)
 
 class SeedStage(enum.IntEnum):
     """The stages the quoted lines compare (leyline's SeedStage, abridged)."""
@@ -36,29 +41,216 @@ class SeedStage(enum.IntEnum):
     DORMANT = 1
     GERMINATED = 2
     TRAINING = 3
+    FOSSILIZED = 7
 
 
-@dataclasses.dataclass
-class SeedState:
-    stage: SeedStage
+#: leyline's VALID_TRANSITIONS, abridged to the stages above
+VALID_TRANSITIONS = {SeedStage.DORMANT: (SeedStage.GERMINATED,),
+                     SeedStage.GERMINATED: (SeedStage.TRAINING,),
+                     SeedStage.TRAINING: ()}
+
+
+class GateLevel(enum.IntEnum):
+    """leyline/schemas.py:46-53 @2df957ed."""
+
+    G0 = 0
+    G1 = 1
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 @dataclasses.dataclass
 class GateResult:
+    """leyline/schemas.py:57-68 @2df957ed."""
+
+    gate: GateLevel
     passed: bool
+    score: float = 0.0
+    checks_passed: list[str] = dataclasses.field(default_factory=list)
+    checks_failed: list[str] = dataclasses.field(default_factory=list)
+    message: str = ""
+    timestamp: datetime.datetime = dataclasses.field(default_factory=_utc_now)
+
+
+@dataclasses.dataclass
+class SeedMetrics:
+    """kasmina/slot.py:99-... @2df957ed: the fields advance_stage reads."""
+
+    epochs_total: int = 0
+    epochs_in_current_stage: int = 0
+    current_val_accuracy: float = 0.0
+    accuracy_at_stage_start: float = 0.0
+    counterfactual_contribution: float | None = None
+    total_improvement: float = 0.0
+    blending_delta: float = 0.0
+
+    def reset_stage_baseline(self) -> None:
+        self.epochs_in_current_stage = 0
+        self.accuracy_at_stage_start = self.current_val_accuracy
+
+
+@dataclasses.dataclass
+class SeedTelemetry:
+    epoch: int = 0
+
+
+@dataclasses.dataclass
+class SeedState:
+    """kasmina/slot.py:248-331 @2df957ed: what advance_stage and transition touch."""
+
+    seed_id: str
+    blueprint_id: str
+    stage: SeedStage = SeedStage.DORMANT
+    previous_stage: SeedStage = SeedStage.DORMANT
+    previous_epochs_in_stage: int = 0
+    stage_entered_at: datetime.datetime = dataclasses.field(default_factory=_utc_now)
+    alpha: float = 0.0
+    metrics: SeedMetrics = dataclasses.field(default_factory=SeedMetrics)
+    stage_history: collections.deque = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=5))
+    telemetry: SeedTelemetry = dataclasses.field(default_factory=SeedTelemetry)
+
+    def transition(self, new_stage: SeedStage) -> bool:
+        """slot.py:320-331: `can_transition_to`, then the stage change and its history."""
+        if new_stage not in VALID_TRANSITIONS.get(self.stage, ()):
+            return False
+        self.previous_stage = self.stage
+        self.previous_epochs_in_stage = self.metrics.epochs_in_current_stage
+        self.stage = new_stage
+        self.stage_entered_at = datetime.datetime.now(datetime.timezone.utc)
+        self.stage_history.append((new_stage, self.stage_entered_at))
+        self.metrics.reset_stage_baseline()
+        return True
+
+
+class QualityGates:
+    """slot.py:419-516: `check_gate` by a match on the gate level; G1 as written."""
+
+    def check_gate(self, state: SeedState, target_stage: SeedStage) -> GateResult:
+        match self._get_gate_level(target_stage):
+            case GateLevel.G1:
+                return self._check_g1(state)
+            case gate:
+                return GateResult(gate=gate, passed=True, score=1.0)
+
+    def _get_gate_level(self, target_stage: SeedStage) -> GateLevel:
+        mapping = {SeedStage.GERMINATED: GateLevel.G0, SeedStage.TRAINING: GateLevel.G1}
+        return mapping.get(target_stage, GateLevel.G0)
+
+    def _check_g1(self, state: SeedState) -> GateResult:
+        passed = state.stage == SeedStage.GERMINATED
+        return GateResult(gate=GateLevel.G1, passed=passed, score=1.0 if passed else 0.0,
+                          checks_passed=["germinated"] if passed else [],
+                          checks_failed=[] if passed else ["not_germinated"],
+                          message="Ready for training" if passed else "Not germinated")
+
+
+@dataclasses.dataclass
+class TelemetryEvent:
+    """leyline/telemetry.py:88-104 @2df957ed."""
+
+    event_id: str = dataclasses.field(default_factory=lambda: str(uuid.uuid4()))
+    event_type: str = "EPOCH_COMPLETED"
+    timestamp: datetime.datetime = dataclasses.field(default_factory=_utc_now)
+    seed_id: str | None = None
+    slot_id: str | None = None
+    epoch: int | None = None
+    message: str = ""
+    data: dict = dataclasses.field(default_factory=dict)
+    severity: str = "info"
+
+
+def make_telemetry_callback(hub: list, env_idx: int, env_device: str):
+    """vectorized.py:792-798 with emit_with_env_context (telemetry/emitters.py:25-34):
+    a new event with the env's id and device added, emitted to the hub (a list here)."""
+
+    def callback(event: TelemetryEvent) -> None:
+        data = dict(event.data) if event.data else {}
+        data["env_id"] = env_idx
+        data["device"] = env_device
+        hub.append(dataclasses.replace(event, data=data))
+
+    return callback
 
 
 class SeedSlot(nn.Module):
-    """A slot: its seed's state (None when empty), `advance_stage`, a residual seed."""
+    """A slot: its seed's state (None when empty), `advance_stage` as reviewed, a residual
+    seed; `on_telemetry` set as create_env_state sets it (vectorized.py:829-833,
+    `fast_mode = False`)."""
 
-    def __init__(self, stage: SeedStage | None) -> None:
+    def __init__(self, slot_id: str, stage: SeedStage | None, hub: list) -> None:
         super().__init__()
+        self.slot_id = slot_id
         self.seed = nn.Linear(WIDTH, WIDTH)
-        self.state = SeedState(stage) if stage is not None else None
+        self.state = SeedState("seed-0", "mlp", stage=stage) if stage is not None else None
+        self.gates = QualityGates()
+        self.on_telemetry = make_telemetry_callback(hub, 0, "cpu")
+        self.fast_mode = False
+        self.telemetry_lifecycle_only = False
+        self.telemetry_inner_epoch: int | None = 1
+        self.telemetry_global_epoch: int | None = 1
+        self.isolate_gradients = False
 
-    def advance_stage(self, target_stage: SeedStage) -> GateResult:
-        self.state.stage = target_stage
-        return GateResult(passed=True)
+    @property
+    def is_active(self) -> bool:
+        return self.seed is not None and self.state is not None
+
+    def advance_stage(self, target_stage: SeedStage | None = None) -> GateResult:
+        """kasmina/slot.py:947-1035 @2df957ed (the target given, as the setup loop gives
+        it; FOSSILIZED's event left out: the loop only advances to TRAINING)."""
+        if not self.is_active:
+            return GateResult(gate=GateLevel.G0, passed=False, checks_failed=["no_active_seed"])
+        gate_result = self.gates.check_gate(self.state, target_stage)
+        self._emit_telemetry("SEED_GATE_EVALUATED", data={
+            "gate": gate_result.gate.name, "passed": gate_result.passed,
+            "target_stage": target_stage.name,
+            "checks_passed": list(gate_result.checks_passed),
+            "checks_failed": list(gate_result.checks_failed),
+            "message": gate_result.message})
+        if gate_result.passed:
+            old_stage = self.state.stage
+            metrics = self.state.metrics
+            improvement = metrics.total_improvement  # noqa: F841 (read as reviewed)
+            blending_delta = metrics.blending_delta  # noqa: F841
+            counterfactual = metrics.counterfactual_contribution  # noqa: F841
+            epochs_total = metrics.epochs_total  # noqa: F841
+            epochs_in_stage = metrics.epochs_in_current_stage  # noqa: F841
+            if self.state.transition(target_stage):
+                self._on_enter_stage(target_stage, old_stage)
+                self._emit_telemetry("SEED_STAGE_CHANGED",
+                                     data={"from": old_stage.name, "to": target_stage.name})
+            else:
+                gate_result = GateResult(gate=gate_result.gate, passed=False,
+                                         checks_failed=["transition_failed"])
+        return gate_result
+
+    def _on_enter_stage(self, new_stage: SeedStage, old_stage: SeedStage) -> None:
+        """slot.py:1285-1292: entering TRAINING from GERMINATED isolates the gradients."""
+        if new_stage == SeedStage.TRAINING and old_stage == SeedStage.GERMINATED:
+            self.isolate_gradients = True
+
+    def _emit_telemetry(self, event_type: str, data: dict | None = None) -> None:
+        """slot.py:1503-1540 @2df957ed."""
+        if self.on_telemetry is None:
+            return
+        if self.fast_mode and not self.telemetry_lifecycle_only:
+            return
+        payload = dict(data) if data else {}
+        if self.state is not None:
+            payload.setdefault("alpha", self.state.alpha)
+        if self.telemetry_inner_epoch is not None:
+            payload.setdefault("inner_epoch", self.telemetry_inner_epoch)
+        if self.telemetry_global_epoch is not None:
+            payload.setdefault("global_epoch", self.telemetry_global_epoch)
+        if (self.state is not None and self.state.telemetry is not None
+                and self.state.telemetry.epoch > 0):
+            payload.setdefault("gradient_norm_ratio", 0.0)
+        event = TelemetryEvent(event_type=event_type,
+                               seed_id=self.state.seed_id if self.state else None,
+                               slot_id=self.slot_id, data=payload)
+        self.on_telemetry(event)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.seed(x)
@@ -71,9 +263,11 @@ class HostModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Linear(WIDTH, WIDTH)
+        self.telemetry: list[TelemetryEvent] = []  # the hub the slots' callbacks emit to
         self.seed_slots = nn.ModuleDict({
-            SLOTS[0]: SeedSlot(SeedStage.GERMINATED), SLOTS[1]: SeedSlot(None),
-            SLOTS[2]: SeedSlot(SeedStage.TRAINING)})
+            SLOTS[0]: SeedSlot(SLOTS[0], SeedStage.GERMINATED, self.telemetry),
+            SLOTS[1]: SeedSlot(SLOTS[1], None, self.telemetry),
+            SLOTS[2]: SeedSlot(SLOTS[2], SeedStage.TRAINING, self.telemetry)})
 
     def has_active_seed_in_slot(self, slot_id: str) -> bool:
         return self.seed_slots[slot_id].state is not None
@@ -184,13 +378,15 @@ def _make_call(variant: str, inputs: dict):
 
 @contextlib.contextmanager
 def _quiet_dynamo() -> Iterator[None]:
-    """Dynamo logs a warning per graph break; the counts say it."""
+    """Dynamo logs (and warns) once per graph break; the counts say it."""
     loggers = [logging.getLogger(name) for name in ("torch._dynamo", "torch._logging")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
@@ -264,11 +460,14 @@ register(Finding(
         "call and compare nothing across variants (the env step trains a host, the policy "
         "forward samples 8 heads): they are not the answer.",
         "setup_inline / setup_disabled: process_train_batch's setup and forward (2df957ed "
-        "vectorized.py:943-993, the loop at 947-956 verbatim) on a stand-in host whose "
-        "slot methods do only what those lines call (a state lookup, a stage change, a "
-        "gate result), with one germinated seed so the branch runs. The original's "
-        "advance_stage (kasmina/slot.py:947-1036) also evaluates its gates and emits "
-        "telemetry; their breaks are not counted here.",
+        "vectorized.py:943-993, the loop at 947-956 verbatim) on a host whose slots "
+        "advance as kasmina/slot.py:947-1035 writes it: the G1 gate check "
+        "(QualityGates.check_gate, a match on the gate level), the stage transition (a "
+        "timestamp, the history), the stage-entry hook and two telemetry events built "
+        "as _emit_telemetry builds them (a uuid4 id, a timestamp) and handed to the "
+        "env's callback (emit_with_env_context, a hub that keeps them), with one "
+        "germinated seed so the branch runs. Left out: the host is an MLP stand-in, "
+        "and the leyline types are abridged to the fields these lines touch.",
         "env_step (ours): MorphoEnv.launch_train_batch, the trainer's per-batch env step "
         "and process_train_batch's counterpart (forward over the seed slots, backward, the "
         "host and seed SGD steps), a germinated seed in one slot. policy_act (ours): the "

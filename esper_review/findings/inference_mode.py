@@ -12,7 +12,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.variants import AXES, Variants
 from harness.findings import Case, Finding, register
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import ENV_STEPS, nearest_trainer_size, per_iteration
 
 MODES = AXES["validation"]
 
@@ -42,11 +42,11 @@ def _build(case: Case, device: torch.device, seed: int) -> dict:
 
 
 def _make_call(variant: str, envs: dict):
-    return envs[variant].launch_val  # (val_loss, val_acc) 0-d tensors on the device
+    return envs[variant].process_val_batch  # (val_loss, correct, total) on the device
 
 
-def pair_difference(output: tuple, reference: tuple) -> float:
-    """max |output - reference| over (val_loss, val_acc)."""
+def values_difference(output: tuple, reference: tuple) -> float:
+    """max |output - reference| over (val_loss, correct, total)."""
     return max(abs(float(o) - float(r)) for o, r in zip(output, reference))
 
 
@@ -59,20 +59,22 @@ register(Finding(
     reviewed="src/esper/simic/training/vectorized.py:1070-1076 @2df957ed",
     variants=MODES,
     baseline="inference_mode",
+    per_iteration=per_iteration(ENV_STEPS),  # one validation per env step
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
-    check=pair_difference,
+    check=values_difference,
     tolerance=lambda case: 0.0,
     duration_s=(3.0, 6.0),
     notes=(
-        "One timed call = one env's validation forward (MorphoEnv.launch_val: the host "
-        "and one seed over val_size examples, cross-entropy and accuracy) under the "
-        "grad mode of Variants.validation: inference_mode (the original's, the default) "
-        "or no_grad.",
+        "One timed call = one env's validation forward (MorphoEnv.process_val_batch, the "
+        "reviewed process_val_batch's lines 1063-1076 op for op: the host and one seed "
+        "over val_size examples, cross-entropy and the correct count) under the grad "
+        "mode of Variants.validation: inference_mode (the original's, the default) or "
+        "no_grad.",
         "The review's observation holds where no_grad is slower than inference_mode "
         "(a ratio above 1); 'same' means the difference is within the margin.",
-        "Check: both modes give the same validation loss and accuracy, bit for bit.",
+        "Check: both modes give the same validation loss and count, bit for bit.",
     ),
 ))

@@ -16,7 +16,7 @@ from esper.env.vectorized import VectorizedMorphoEnv
 from harness.findings import Case, Finding, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.inference_mode import germinate
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import DEFAULT_SIZE, nearest_trainer_size, per_iteration
 from esper_review.findings.measured_noise import between_runs
 
 #: a small host: the envs are only asked for their masks, never trained
@@ -85,6 +85,7 @@ register(Finding(
     variants=MODES,
     baseline="stack",
     proposed="preallocated",
+    per_iteration=per_iteration(DEFAULT_SIZE["max_steps"]),  # one batch of masks a step
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

@@ -6,7 +6,9 @@ import torch
 
 from esper.env.stream_guard import GUARDS
 from harness.findings import Case, Finding, register
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import (
+    ENV_STEPS, TRAIN_BATCHES, nearest_trainer_size, per_iteration,
+)
 
 VARIANTS = tuple(GUARDS)
 
@@ -39,6 +41,8 @@ register(Finding(
     ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="is_cuda",
+    proposed="stream",
+    per_iteration=per_iteration(TRAIN_BATCHES + ENV_STEPS),  # per training batch and validation
     reviewed="src/esper/simic/training/vectorized.py:939-941 (train) and 1066-1068 (val) "
              "@2df957ed: `if env_state.stream and inputs.is_cuda: inputs.record_stream(...)`",
     fix="the review's: drop `.is_cuda`, the stream's existence implies CUDA",

@@ -151,6 +151,7 @@ register(Finding(
             "ppo.py:797 @599f3895), which has nothing to do with the host network.",
     variants=VARIANTS,
     baseline="none",
+    proposed="clip",
     cases=_cases,
     build=_build,
     make_call=_make_call,

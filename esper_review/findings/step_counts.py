@@ -1,6 +1,6 @@
 """B4-PT-05: "step_counts is a Python list, not a tensor - ... requires CPU-GPU round
-trips", timed where the ticket places the cost: the count tensor that
-`get_batched_sequences` builds once per update."""
+trips", timed where the bookkeeping costs something: each add() that counts a step up,
+and the count tensor that `get_batched_sequences` builds once per update."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from esper.rollout.buffer import RolloutBuffer
 from esper.variants import AXES, Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
-from esper_review.findings.trainer_size import nearest_trainer_size
+from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
 STATE_DIM, HIDDEN = 218, 128
 VARIANTS = AXES["step_counts"]
@@ -66,29 +66,24 @@ def fill(buffer: RolloutBuffer, steps: list) -> None:
 
 
 def _build(case: Case, device: torch.device, seed: int) -> dict:
-    """One full buffer per variant on `device` (as the trainer keeps it: on the agent's
-    device), holding the same rollout."""
+    """One buffer per variant on `device` (as the trainer keeps it: on the agent's device)
+    and the rollout each call adds into it."""
     num_envs, max_steps = case["num_envs"], case["max_steps"]
     steps = rollout_steps(num_envs, max_steps, device, seed)
-    buffers = {}
-    for kind in VARIANTS:
-        buffer = RolloutBuffer(num_envs, max_steps, STATE_DIM, lstm_hidden_dim=HIDDEN,
-                               device=device, variants=Variants(step_counts=kind))
-        fill(buffer, steps)
-        buffers[kind] = buffer
-    return {"buffers": buffers, "device": device}
+    buffers = {kind: RolloutBuffer(num_envs, max_steps, STATE_DIM, lstm_hidden_dim=HIDDEN,
+                                   device=device, variants=Variants(step_counts=kind))
+               for kind in VARIANTS}
+    return {"buffers": buffers, "device": device, "steps": steps}
 
 
 def _make_call(variant: str, inputs: dict):
-    buffer, device = inputs["buffers"][variant], inputs["device"]
+    buffer, device, steps = inputs["buffers"][variant], inputs["device"], inputs["steps"]
 
-    def update_read():
-        # as the rollout's adds leave it before every update: the cached variant's tensor
-        # is stale (an attribute store; the other variants keep no tensor to rebuild)
-        buffer.step_counts_dirty = True
+    def rollout_and_update_read():
+        fill(buffer, steps)  # reset(), then every add(): each counts its env's step up
         return buffer.get_batched_sequences(device)
 
-    return update_read
+    return rollout_and_update_read
 
 
 def _max_difference(output: dict, reference: dict) -> float:
@@ -111,6 +106,8 @@ register(Finding(
     variants=VARIANTS,
     baseline="list",
     proposed="tensor",
+    ours=("numpy_view",),
+    per_iteration=per_iteration(1),  # one rollout and one update
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
@@ -118,15 +115,18 @@ register(Finding(
     check=_max_difference,
     tolerance=lambda case: 0.0,
     extra_metrics=copies_metric(_make_call),
-    reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
-             "(get_batched_sequences: `torch.tensor(self.step_counts, device=device)` at 458, "
-             "the valid mask at 459-460, then 33 `.to(device)` of tensors already there)",
-    fix="The ticket's first fix: a CPU integer tensor of counts moved by `.to(device, "
-        "non_blocking=True)` (`tensor`; ours is int64 and counts up through a NumPy view, "
-        "where the ticket's sketch is int32 and `step_counts[env_idx] += 1`: the same read "
-        "at the update, no aten op per add). Its second option, a list with a cached "
-        "tensor rebuilt when a dirty flag is set (`cached`, int32 as sketched), is the "
-        "other row.",
+    reviewed="src/esper/simic/agent/rollout_buffer.py:255-345 (add: `step_idx = "
+             "self.step_counts[env_id]` at 295, `self.step_counts[env_id] = step_idx + 1` at "
+             "345), 506-511 (reset) and 445-504 (get_batched_sequences: `torch.tensor("
+             "self.step_counts, device=device)` at 458, the valid mask at 459-460, then 33 "
+             "`.to(device)` of tensors already there) @599f3895",
+    fix="The ticket's first fix as written (`tensor`): `torch.zeros(num_envs, "
+        "dtype=torch.int32, device='cpu')`, `self.step_counts[env_idx] += 1` in each add "
+        "(which also reads its step back from the tensor), `self.step_counts.to(device, "
+        "non_blocking=True)` for the valid mask. Its second option, a list with a cached "
+        "int32 tensor rebuilt when a dirty flag is set (`cached`), is another row; ours "
+        "(`numpy_view`) is an int64 tensor read and counted up through a NumPy view of its "
+        "memory: no aten op per add.",
     premise="The ticket's 'CPU-GPU round trips' are one conversion per update: the "
             "original builds the count tensor once (line 458) and reads the list as Python "
             "ints everywhere else (GAE 376, normalize_advantages 423 and 439: slices, no "
@@ -134,24 +134,21 @@ register(Finding(
             "move nothing: the buffer lives on the agent's device (ppo.py:318-325 "
             "@599f3895), so each `.to(device)` returns its tensor.",
     notes=(
-        "One timed call = get_batched_sequences(device) of a full buffer on the run's "
-        "device, as PPOAgent's update calls it once: the buffer's tensors returned as they "
-        "are (same device), the count tensor, the valid mask. Before it the call sets "
-        "step_counts_dirty, as the rollout's add() calls leave it before every update: "
-        "the cached row rebuilds its tensor each call, as it would each update, so it "
-        "cannot win by reading a tensor the trainer would never find fresh.",
-        "Per update the list bookkeeping turns its counts into a tensor twice: once here "
-        "(the original's 458) and once in the loop GAE (esper.gae.loop, which returns 0 "
-        "past each count and so builds its own valid mask; the original wrote the valid "
-        "slices only and left the padding stale). normalize_advantages reads the list by "
-        "row slices, as the original (tests/esper/rollout/test_step_counts.py holds it to "
-        "a re-typed copy). The loop is left so: its counts of host reads and allocations "
-        "are held to the original's (B4-CR-03, B4-DRL-03). The tensor bookkeeping builds "
-        "no count tensor (its counts are one) and its normalisation a second valid mask.",
-        "On the CPU the count tensor moves nowhere, so the rows differ by a few "
-        "microseconds of tensor creation; on CUDA host_to_device_copies counts the "
-        "transfer: list and cached copy the list (a blocking copy from pageable memory), "
-        "tensor copies its CPU tensor non-blocking.",
+        "One timed call = what the bookkeeping takes part in once per iteration: reset(), "
+        "one rollout's add() calls (num_envs x max_steps, each reading its step and "
+        "counting it up: list and cached in Python, tensor by tensor ops, numpy_view "
+        "through NumPy) and get_batched_sequences(device) of the full buffer on the run's "
+        "device, as PPOAgent's update calls it once (the buffer's tensors returned as they "
+        "are, the count tensor, the valid mask). The adds' writes are the same in every "
+        "row; the cached row rebuilds its tensor once, after the adds set its dirty flag.",
+        "The counts are read elsewhere once per update too: the loop GAE reads a tensor's "
+        "per env (a host read each; a list's, no read) and normalize_advantages reads the "
+        "list by row slices, as the original (tests/esper/rollout/test_step_counts.py "
+        "holds it to a re-typed copy), a tensor by masked sums. Those are not in this "
+        "call: B4-CR-03 and B4-DRL-03 time the GAE.",
+        "On the CPU the count tensor moves nowhere; on CUDA host_to_device_copies counts "
+        "the transfer: list and cached copy the list (a blocking copy from pageable "
+        "memory), tensor and numpy_view copy their CPU tensor non-blocking.",
         "Every variant must produce identical batches (the list variant is the reference).",
     ),
 ))

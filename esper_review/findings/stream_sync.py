@@ -166,6 +166,7 @@ register(Finding(
         "and validation",
     variants=("stream", "event"),
     baseline="stream",
+    proposed="event",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,

@@ -1,7 +1,9 @@
 """The trainer's sizes, as the review's findings use them: which case heads a finding (the
-one nearest the trainer's default size, 4 envs x 25 steps, where a finding's answer matters
-most: every review finding's `headline_case`), and how deep the policy's arithmetic is (the
-depth its findings' tolerances are derived from, `harness.rounding_tolerance`).
+one nearest the trainer's default size, 4 envs x 25 steps, where the reviewed training
+loop runs and a finding's answer matters most: every review finding's `headline_case`);
+how many of a finding's calls one training iteration of that size makes; and how deep the
+policy's arithmetic is (the depth its findings' tolerances are derived from,
+`harness.rounding_tolerance`).
 """
 
 from __future__ import annotations
@@ -9,11 +11,23 @@ from __future__ import annotations
 import math
 import numbers
 
+from esper.env.config import EnvConfig
 from esper.training.trainer import TrainConfig
 from harness.findings import Case
 
 #: the size the reviewed training loop runs at by default
 DEFAULT_SIZE = {"num_envs": TrainConfig.num_envs, "max_steps": TrainConfig.max_steps}
+#: the finding whose baseline call is one training iteration at DEFAULT_SIZE
+ITERATION = "E2E-iteration"
+#: env steps of one iteration (each one host epoch of one env)
+ENV_STEPS = TrainConfig.num_envs * TrainConfig.max_steps
+#: host training batches of one iteration: every env's epochs' minibatches
+TRAIN_BATCHES = ENV_STEPS * EnvConfig.train_batches
+
+
+def per_iteration(calls: float) -> tuple[float, str]:
+    """A finding's `per_iteration`: `calls` of its headline call per training iteration."""
+    return (float(calls), ITERATION)
 
 
 def nearest_trainer_size(cases: list[Case]) -> Case:

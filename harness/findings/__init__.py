@@ -306,6 +306,12 @@ class Finding:
     """case label -> `CaseNoise`: the cells whose ratios are known to move between fresh
     processes more than the run's model says, as measured (a dict of dicts with `sd` and
     `processes` is accepted)."""
+    per_iteration: tuple[float, str] | None = None
+    """`(calls, iteration)`: how many calls of this finding one training iteration makes
+    (a number > 0), and the id of the finding whose baseline call is one iteration (itself
+    for an iteration's finding). The report then puts the headline's time difference per
+    iteration, and its share of that finding's baseline time in the same run, beside the
+    difference per call. None: not part of an iteration, or not said."""
 
     def __post_init__(self) -> None:
         self._check_text()
@@ -359,6 +365,14 @@ class Finding:
         factor = self.budget_factor
         if not (is_real(factor) and factor > 0):
             self._bad("budget_factor", "a finite number > 0", factor)
+        per_iteration = self.per_iteration
+        if per_iteration is not None:
+            if not (isinstance(per_iteration, (tuple, list)) and len(per_iteration) == 2
+                    and is_real(per_iteration[0]) and per_iteration[0] > 0
+                    and isinstance(per_iteration[1], str) and per_iteration[1].strip()):
+                self._bad("per_iteration", "None or (calls per training iteration > 0, id "
+                          "of the finding whose baseline call is one iteration)", per_iteration)
+            self._set("per_iteration", (float(per_iteration[0]), per_iteration[1]))
         duration = self.duration_s
         if duration is not None and not (
                 isinstance(duration, tuple) and len(duration) == 2

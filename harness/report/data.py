@@ -17,8 +17,8 @@ import pandas as pd
 from harness.exits import UsageError, read_json
 from harness.results import Run, load_run
 from harness.measure.stats import Verdict
-from harness.report.headline import COUNTERS, Headline, headline
-from harness.report.summary import format_seconds, sampling_line, verdict_word
+from harness.report.headline import COUNTERS, Headline, headline, headline_case
+from harness.report.summary import format_seconds, sampling_line, signed_seconds, verdict_word
 from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
 
@@ -237,22 +237,44 @@ def sentences(rows: pd.DataFrame, text: FindingText,
     return verdict, every
 
 
-def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict) -> Headline:
-    """The headline of `finding_id` in a run (its rows and the run's metadata)."""
+def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict,
+                     summary: pd.DataFrame | None = None) -> Headline:
+    """The headline of `finding_id` in a run (its rows and the run's metadata); with the
+    run's whole `summary`, a finding that names its iteration (`Finding.per_iteration`)
+    gets its share of that iteration's baseline time."""
     text = finding_text(finding_id, rows, metadata)
     info = recorded_info(metadata, finding_id) or {}
     cases = info.get("cases")
+    per_iteration = info.get("per_iteration")
+    per_iteration = (float(per_iteration[0]), str(per_iteration[1])) if per_iteration else None
+    iteration_s = (baseline_seconds(summary, metadata, per_iteration[1])
+                   if per_iteration and summary is not None else None)
     return headline(finding_id, rows, claim=text.claim, baseline=text.baseline,
                     claim_factor=text.claim_factor, peers=tuple(info.get("peers") or ()),
                     cases_expected=len(cases) if isinstance(cases, list) else None,
-                    answer=tuple(info.get("answer") or ()), proposed=info.get("proposed"))
+                    answer=tuple(info.get("answer") or ()), proposed=info.get("proposed"),
+                    ours=text.ours, per_iteration=per_iteration, iteration_s=iteration_s)
+
+
+def baseline_seconds(summary: pd.DataFrame, metadata: dict, finding_id: str) -> float | None:
+    """The baseline's median seconds of `finding_id` at its headline case in a run's
+    `summary`, or None where the run has none."""
+    rows = summary[summary["finding"] == finding_id]
+    if rows.empty:
+        return None
+    baseline = (recorded_info(metadata, finding_id) or {}).get("baseline")
+    case = headline_case(rows, baseline)
+    at = rows[(rows["case"] == case) & (rows["variant"] == baseline)]
+    value = at["median_s"].iloc[0] if len(at) and "median_s" in at else None
+    return float(value) if present(value) else None
 
 
 def run_headlines(run: Run) -> list[Headline]:
     """One headline per finding in the run, in run order: the summary table's rows."""
     if run.summary.empty:
         return []
-    return [finding_headline(f, run.summary[run.summary["finding"] == f], run.metadata)
+    return [finding_headline(f, run.summary[run.summary["finding"] == f], run.metadata,
+                             run.summary)
             for f in dict.fromkeys(run.summary["finding"])]
 
 
@@ -345,11 +367,6 @@ def format_saving(saved: tuple[float, float, float] | None) -> str:
         return "-"
     median, low, high = (signed_seconds(v) for v in saved)
     return f"{median} [{low}, {high}]"
-
-
-def signed_seconds(seconds: float) -> str:
-    """format_seconds with a sign for negative values: '-0.4 ms'."""
-    return ("-" if seconds < 0 else "") + format_seconds(abs(seconds))
 
 
 def _saving(row: dict, name: str) -> tuple[float, float, float] | None:

@@ -10,6 +10,13 @@ that they cannot disagree.
 - The headline variant is the one the claim proposes (`Finding.proposed`, recorded in the
   run); for a finding that names none, its only other variant, or else its fastest at the
   headline case.
+- Its ratio comes with its size: the time difference per call (the ratio less 1, times
+  the baseline's median) and, for a finding that says how many calls one training
+  iteration makes (`Finding.per_iteration`), per iteration and as a share of the
+  iteration's own baseline time in the same run.
+- The headline cell's placebo (the baseline timed against itself) is the run's noise
+  floor there: when it reads faster or slower, or inconclusive, the verdict says so
+  first.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from harness.measure.stats import Verdict
+from harness.report.summary import signed_seconds
 from harness.report.verdicts import case_phrase, present
 
 #: per-call counters a headline reports: column -> label
@@ -143,6 +151,17 @@ class Headline:
     decision: str = ""
     """The answer in words, where the headline row carries them in a `decision` field
     (e.g. 'cannot decide: ...'); '' where it does not."""
+    baseline_s: float | None = None
+    """The baseline's median seconds per call at the headline case."""
+    per_iteration: tuple[float, str] | None = None
+    """`Finding.per_iteration`: (calls one training iteration makes, the id of the finding
+    whose baseline call is one iteration)."""
+    iteration_s: float | None = None
+    """That finding's baseline median seconds at its headline case, in the same run."""
+    floor: tuple[str, float | None, float | None, float | None] | None = None
+    """The headline cell's placebo: (word, ratio, ci_low, ci_high); None without one."""
+    ours: tuple[str, ...] = ()
+    """The finding's variants of this project's own design (`Finding.ours`)."""
 
     def answer_text(self) -> str:
         """'changed other scale rate: per_optimizer 0 [0, 0.49] vs shared 1 [0.51, 1]'; ''.
@@ -192,6 +211,37 @@ class Headline:
             text += ", below the factor that counts (interval from unpaired samples, older run)"
         return text
 
+    def size_text(self) -> str:
+        """The ratio's size: '-1.64 ms a call, -1.64 ms an iteration (1 call), -0.28% of an
+        iteration'; '' without a ratio or a baseline time."""
+        if self.ratio is None or self.baseline_s is None:
+            return ""
+        per_call = (self.ratio - 1.0) * self.baseline_s
+        parts = [f"{_plus(per_call)} a call"]
+        if self.per_iteration is not None:
+            calls, iteration = self.per_iteration
+            per_iteration = per_call * calls
+            if calls != 1.0 or iteration != self.finding:
+                parts.append(f"{_plus(per_iteration)} an iteration ({calls:g} "
+                             f"call{'s' * (calls != 1.0)})")
+            if self.iteration_s:
+                parts.append(f"{100 * per_iteration / self.iteration_s:+.2g}% of an iteration")
+        return ", ".join(parts)
+
+    def floor_text(self) -> str:
+        """'noise floor failed: the baseline against itself read slower, 1.15 [1.12-1.18]'
+        where the headline cell's placebo is not *same*; '' where it is (or has none)."""
+        if self.floor is None:
+            return ""
+        word, ratio, low, high = self.floor
+        if word in (Verdict.FASTER.value, Verdict.SLOWER.value):
+            head = f"noise floor failed: the baseline against itself read {word}"
+        elif word == Verdict.INCONCLUSIVE.value:
+            head = "noise floor not shown: the baseline against itself read inconclusive"
+        else:
+            return ""
+        return head + (f", {ratio:.3g} [{low:.3g}-{high:.3g}]" if ratio is not None else "")
+
     def claim_text(self) -> str:
         """"ticket said ~4x: exceeded (tolerance 25%)"; '' where the claim states no factor."""
         if self.claim_factor is None:
@@ -215,17 +265,24 @@ class Headline:
                 parts.append(f"time: {self.variant} {self.ratio_text()}")
         elif self.ratio is not None:
             separator = ": " if self.verdict == Verdict.NO_DIFFERENCE.value else " "
-            parts = [f"{self.variant}{separator}{self.ratio_text()}"]
+            size = self.size_text()
+            parts = [f"{self.variant}{separator}{self.ratio_text()}"
+                     + (f" ({size})" if size else "")]
             if self.claim_factor is not None:
                 parts.append(self.claim_text())
             if self.fastest is not None:
-                parts.append(f"fastest: {self.fastest[0]} {self.fastest[1]:.3g}x")
+                name, speedup = self.fastest
+                text = f"fastest: {name} {speedup:.3g}x"
+                if name in self.ours:  # how far ours goes beyond the headline variant
+                    text += f" (ours; {speedup * self.ratio:.3g}x {self.variant})"
+                parts.append(text)
         else:
             parts = [f"{self.variant}: {_status_words(self.verdict, self.reason)}"]
         if self.broken:
             parts.append(f"{len(self.broken)} variant{'s' * (len(self.broken) > 1)} failed "
                          f"or disagreed ({', '.join(self.broken)})")
-        return "; ".join(parts)
+        floor = self.floor_text()
+        return "; ".join([floor, *parts] if floor else parts)
 
     def counter_text(self) -> str:
         """The counter that moved most ('host syncs 204 -> 0'), 'unchanged' or 'not counted'."""
@@ -247,6 +304,11 @@ class Headline:
     def css(self) -> str:
         """The verdict as a CSS class (colours the summary row)."""
         return self.verdict or "not_timed"
+
+
+def _plus(seconds: float) -> str:
+    """'+3.4 ms', '-43 ns': a time difference with its sign."""
+    return ("+" if seconds >= 0 else "") + signed_seconds(seconds)
 
 
 def _status_words(verdict: str | None, reason: str) -> str:
@@ -322,6 +384,16 @@ def fastest(at: dict[str, dict], compared: list[str], variant: str) -> tuple[str
     return None
 
 
+def _floor(at: dict[str, dict], placebos: set[str]) -> tuple | None:
+    """`Headline.floor` from a case's rows: the placebo's (word, ratio, ci_low, ci_high)."""
+    for name in placebos:
+        row = at.get(name)
+        if row is not None and _value(row, "verdict") is not None:
+            return (row["verdict"], *(float(row[k]) if _value(row, k) is not None else None
+                                      for k in ("ratio", "ci_low", "ci_high")))
+    return None
+
+
 def counter_changes(row: dict, base: dict) -> tuple[tuple[CounterChange, ...], bool]:
     """Counters of `row` that differ from `base` (same case), largest change first, and
     whether both carry counters at all."""
@@ -339,13 +411,17 @@ def counter_changes(row: dict, base: dict) -> tuple[tuple[CounterChange, ...], b
 def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
              claim_factor: float | None = None, peers: tuple[str, ...] = (),
              cases_expected: int | None = None, answer: tuple[str, ...] = (),
-             proposed: str | None = None) -> Headline:
+             proposed: str | None = None, ours: tuple[str, ...] = (),
+             per_iteration: tuple[float, str] | None = None,
+             iteration_s: float | None = None) -> Headline:
     """The headline of one finding from its summary rows (one row per case x variant);
     `answer`: the finding's answer fields (`Finding.answer`); `proposed`: the variant the
-    claim proposes (`Finding.proposed`)."""
+    claim proposes (`Finding.proposed`); `ours`: `Finding.ours`; `per_iteration`:
+    `Finding.per_iteration`, with `iteration_s` the iteration's baseline seconds."""
     empty = dict(finding=finding, claim=claim, baseline=baseline, claim_factor=claim_factor,
                  cases_expected=cases_expected, counters=(), counted=False, fastest=None,
-                 ratio=None, ci_low=None, ci_high=None, reason="", variant=None, verdict=None)
+                 ratio=None, ci_low=None, ci_high=None, reason="", variant=None, verdict=None,
+                 ours=tuple(ours), per_iteration=per_iteration, iteration_s=iteration_s)
     case = headline_case(rows, baseline)
     if case is None:
         return Headline(case=None, where="", broken=(), cases_measured=0, **empty)
@@ -353,10 +429,11 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
     broken = tuple(dict.fromkeys(r["variant"] for r in records if r.get("status") in _BROKEN))
     at = {r["variant"]: r for r in records if r["case"] == case}
     where = case_phrase(next(iter(at.values())))
-    common = dict(case=case, where=where, broken=broken,
-                  cases_measured=len(dict.fromkeys(rows["case"])))
     placebos = set(rows.loc[rows["placebo"].fillna(False).astype(bool), "variant"]) \
         if "placebo" in rows else set()
+    common = dict(case=case, where=where, broken=broken,
+                  cases_measured=len(dict.fromkeys(rows["case"])),
+                  floor=_floor(at, placebos), baseline_s=_value(at.get(baseline, {}), "median_s"))
     others = [v for v in dict.fromkeys(rows["variant"]) if v != baseline and v not in placebos]
     if not others:
         return Headline(**common, **empty)

@@ -19,6 +19,11 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def signed_seconds(seconds: float) -> str:
+    """format_seconds with a sign for negative values: '-0.4 ms'."""
+    return ("-" if seconds < 0 else "") + format_seconds(abs(seconds))
+
+
 def _present(value) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 

@@ -67,9 +67,9 @@ PATHS = st.one_of(
 )
 
 VARIANTS = st.one_of(
-    st.sampled_from(["original", "optimized", "", ",", "=", "gae=", "gae=scan,gae=loop",
-                     "original,optimized", "speed=max", "gae=\u0455can", "gae = scan",
-                     "optimized,gae=loop"]),
+    st.sampled_from(["original", "reviews", "ours", "", ",", "=", "gae=", "gae=scan,gae=loop",
+                     "original,ours", "speed=max", "gae=\u0455can", "gae = scan",
+                     "ours,gae=loop"]),
     st.builds(lambda axis, value: f"{axis}={value}", st.sampled_from(list(AXES)),
               st.sampled_from([v for values in AXES.values() for v in values] + ["x"])),
     st.text(max_size=12),

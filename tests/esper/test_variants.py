@@ -13,8 +13,10 @@ from esper.variants import Variants
 def test_variants_parse_and_errors():
     v = Variants.parse("gae=scan,reset=mask")
     assert v == dataclasses.replace(Variants.original(), gae="scan", reset="mask")
-    assert Variants.parse(Variants.optimized().spec()) == Variants.optimized()
-    assert Variants.parse("optimized,gae=batched").gae == "batched"
+    for preset in ("original", "reviews", "ours"):
+        assert Variants.parse(getattr(Variants, preset)().spec()) == getattr(Variants, preset)()
+        assert Variants.parse(preset) == getattr(Variants, preset)()
+    assert Variants.parse("ours,gae=batched").gae == "batched"
     with pytest.raises(ValueError, match="valid axes: reset, step_counts, gae, sync"):
         Variants.parse("gea=scan")
     with pytest.raises(ValueError, match="loop, batched, scan"):
@@ -42,27 +44,27 @@ def test_presets_apply_first_then_overrides_whatever_the_order(spec):
     assert Variants.parse(spec) == dataclasses.replace(Variants.original(), gae="scan")
 
 
-def test_an_override_after_or_before_optimized_wins():
-    want = dataclasses.replace(Variants.optimized(), reset="clone")
-    assert Variants.parse("reset=clone,optimized") == want
-    assert Variants.parse("optimized,reset=clone") == want
+def test_an_override_after_or_before_a_preset_wins():
+    want = dataclasses.replace(Variants.ours(), reset="clone")
+    assert Variants.parse("reset=clone,ours") == want
+    assert Variants.parse("ours,reset=clone") == want
 
 
 def test_a_preset_replaces_the_base_and_overrides_apply_on_top():
-    base = Variants.optimized()
+    base = Variants.ours()
     assert Variants.parse("gae=batched", base=base) == dataclasses.replace(base, gae="batched")
     assert Variants.parse("original,sync=event", base=base) == dataclasses.replace(
         Variants.original(), sync="event")
 
 
 def test_repeating_a_preset_or_an_axis_with_the_same_value_is_allowed():
-    assert Variants.parse("optimized,optimized") == Variants.optimized()
+    assert Variants.parse("ours,ours") == Variants.ours()
     assert Variants.parse("gae=scan,gae=scan").gae == "scan"
 
 
 def test_two_presets_in_one_spec_are_an_error_naming_both():
-    with pytest.raises(ValueError, match="'original'.*'optimized'"):
-        Variants.parse("original,gae=scan,optimized")
+    with pytest.raises(ValueError, match="'original'.*'reviews'"):
+        Variants.parse("original,gae=scan,reviews")
 
 
 def test_one_axis_given_two_values_is_an_error_naming_both():
@@ -100,4 +102,4 @@ def test_a_base_that_is_not_variants_is_a_type_error_naming_base(base):
 @pytest.mark.parametrize("spec", ["", " ", ",", " , ,"])
 def test_an_empty_spec_is_the_base(spec):
     assert Variants.parse(spec) == Variants.original()
-    assert Variants.parse(spec, Variants.optimized()) == Variants.optimized()
+    assert Variants.parse(spec, Variants.ours()) == Variants.ours()

@@ -11,7 +11,7 @@ import torch
 from esper.gae import compute_gae
 from harness.findings import Case
 from harness.measure.counters import profile_call
-from esper_review.findings.buffer_layout import Storage
+from esper_review.findings.buffer_layout import Laid, Storage
 from esper_review.findings.graph_breaks import (
     HostModel, SeedStage, auto_advance, graph_breaks, train_batch_inline,
 )
@@ -53,11 +53,12 @@ def test_assign_keeps_the_originals_reads_and_drops_its_clones(make):
 
 def test_b4_drl_03_times_assign_as_ours_and_its_check_catches_a_wrong_row():
     f = finding("B4-DRL-03")
-    assert f.variants == ("clone", "mask", "assign") and f.ours == ("assign",)
+    assert f.variants == ("clone", "mask", "assign", "restructured")
+    assert f.ours == ("assign", "restructured")
     assert f.proposed == "mask" and f.reviewed and f.fix and f.premise
     case = Case.of(num_envs=4, max_steps=25, dones="random0.05")
     rows = check_cell(f, case)
-    assert rows["assign"]["status"] is None and rows["mask"]["status"] is None
+    assert all(rows[v]["status"] is None for v in ("mask", "assign", "restructured"))
 
     def shifted(advantages):
         return advantages + 1e-3
@@ -68,8 +69,13 @@ def test_b4_drl_03_times_assign_as_ours_and_its_check_catches_a_wrong_row():
 
 # ----- B4-PT-05 -------------------------------------------------------------------------
 
-def test_b4_pt_05_times_the_update_read_with_the_cache_stale_as_after_a_rollout():
+def test_b4_pt_05_times_a_rollout_s_adds_and_the_update_read():
+    """Each call adds a rollout (so the cached row's tensor goes stale and is rebuilt) and
+    reads the batch; the ticket's tensor counts each add by tensor ops and reads its
+    step back (a host read per add), ours through a NumPy view (none)."""
     f = finding("B4-PT-05")
+    assert f.variants == ("list", "tensor", "cached", "numpy_view")
+    assert f.proposed == "tensor" and f.ours == ("numpy_view",)
     inputs = f.build(SMALL, CPU, 0)
     cached = inputs["buffers"]["cached"]
     call = f.make_call("cached", inputs)
@@ -78,12 +84,17 @@ def test_b4_pt_05_times_the_update_read_with_the_cache_stale_as_after_a_rollout(
     call()
     assert cached.step_counts_tensor() is not counts  # rebuilt by the second call too
     assert first.tolist() == [[True] * 3] * 2
-    # the list row makes the original's conversion, the tensor row none
-    ops = {v: profile_call(f.make_call(v, inputs)).ops for v in f.variants}
-    assert ops["list"].get("aten::lift_fresh", 0) == ops["cached"].get("aten::lift_fresh", 0) == 1
-    assert ops["tensor"].get("aten::lift_fresh", 0) == 0
+    # the list rows make the original's conversion (a lift_fresh more), the tensor rows none
+    counted = {v: profile_call(f.make_call(v, inputs)) for v in f.variants}
+    ops = {v: c.ops for v, c in counted.items()}
+    lifts = {v: ops[v]["aten::lift_fresh"] - ops["numpy_view"]["aten::lift_fresh"] for v in ops}
+    assert lifts == {"list": 1, "tensor": 0, "cached": 1, "numpy_view": 0}
+    adds = SMALL["num_envs"] * SMALL["max_steps"]
+    assert counted["tensor"].host_syncs == adds and ops["tensor"]["aten::add_"] == adds
+    assert counted["numpy_view"].host_syncs == counted["list"].host_syncs == 0
+    assert "aten::add_" not in ops["numpy_view"] and "aten::add_" not in ops["list"]
     rows = check_cell(f, SMALL)
-    assert all(rows[v]["status"] is None for v in ("tensor", "cached"))
+    assert all(rows[v]["status"] is None for v in ("tensor", "cached", "numpy_view"))
 
     def wrong_mask(batch):
         return {**batch, "valid_mask": ~batch["valid_mask"]}
@@ -96,13 +107,18 @@ def test_b4_pt_05_times_the_update_read_with_the_cache_stale_as_after_a_rollout(
 
 def test_audit_5_1_rows_store_the_same_rollout_and_only_checked_checks():
     f = finding("AUDIT-5.1-add-checks")
-    assert f.variants == ("none", "checked") and f.baseline == "none"
+    assert f.variants == ("none", "mask_shapes", "checked") and f.baseline == "none"
+    assert f.proposed == "mask_shapes" and f.ours == ("checked",)
     inputs = f.build(SMALL, CPU, 0)
     buffers = {v: f.make_call(v, inputs)() for v in f.variants}
-    assert [buffers["none"].variants.add_checks, buffers["checked"].variants.add_checks] == \
-        ["none", "checked"]
+    assert [buffers[v].variants.add_checks for v in f.variants] == list(f.variants)
     assert f.check(buffers["checked"], buffers["none"]) == 0.0
-    assert check_cell(f, SMALL)["checked"]["status"] is None
+    assert f.check(buffers["mask_shapes"], buffers["none"]) == 0.0
+    rows = check_cell(f, SMALL)
+    assert rows["checked"]["status"] is None and rows["mask_shapes"]["status"] is None
+    # the audit's checks read shapes only: no aten op more than the unchecked writes
+    ops = {v: profile_call(f.make_call(v, inputs)).ops for v in ("none", "mask_shapes")}
+    assert ops["mask_shapes"] == ops["none"]
 
     def one_state_off(buffer):
         buffer.states[1, 2, 0] += 1.0
@@ -114,7 +130,7 @@ def test_audit_5_1_rows_store_the_same_rollout_and_only_checked_checks():
 
 # ----- AUDIT-4.3 ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("part", ["read", "writes"])
+@pytest.mark.parametrize("part", ["evaluate", "read", "writes"])
 def test_audit_4_3_layouts_hold_the_same_values_and_its_check_catches_a_swap(part):
     f = finding("AUDIT-4.3-buffer-layout")
     case = Case.of(num_envs=3, max_steps=4, part=part)
@@ -124,26 +140,30 @@ def test_audit_4_3_layouts_hold_the_same_values_and_its_check_catches_a_swap(par
         if isinstance(output, Storage):
             output.tensors["states"][[0, 1]] = output.tensors["states"][[1, 0]]
             return output
-        return {**output, "states": output["states"].flip(0)}
+        key = "values" if part == "evaluate" else "states"
+        return Laid(output.layout, {**output.tensors, key: output.tensors[key].flip(1)})
 
     assert check_cell(f, case, make_call=planted(f, "time_major", swapped))["time_major"][
         "status"] == "mismatch"
 
 
-def test_audit_4_3_time_major_read_copies_every_field_and_env_major_none():
-    """The read evaluate needs: env-major returns its fields as stored and copies only
-    the step-0 hidden states into [L, n, H], as the original does; time-major copies
-    every field, and its step-0 hidden states, a contiguous [n, 1, H] row, are already
-    [1, n, H] in memory (one LSTM layer): no copy for them."""
+def test_audit_4_3_reads_each_layout_as_stored_by_the_same_ops():
+    """Like with like: each layout is read as get_batched_sequences reads it, every field
+    returned as stored (no transpose to the other layout) and the step-0 hidden states
+    made [L, n, H] and contiguous; the time-major network takes its batch as it is."""
     f = finding("AUDIT-4.3-buffer-layout")
     case = Case.of(num_envs=3, max_steps=4, part="read")
     inputs = f.build(case, CPU, 0)
-    fields = len(inputs["storages"]["env_major"].tensors)
-    copies = {v: profile_call(f.make_call(v, inputs)).ops.get("aten::copy_", 0) for v in f.variants}
-    assert copies == {"env_major": 2, "time_major": fields}
-    read = f.make_call("env_major", inputs)()
-    assert read["states"] is inputs["storages"]["env_major"].tensors["states"]
-    assert read["states"].shape == (3, 4, 218)
+    ops = {v: profile_call(f.make_call(v, inputs)).ops for v in f.variants}
+    # the one difference: time-major step-0 states are one contiguous row (one layer),
+    # so `contiguous()` copies nothing there; env-major copies both, as the original
+    assert ops["env_major"]["aten::copy_"] == 2 and "aten::copy_" not in ops["time_major"]
+    assert {k: n for k, n in ops["env_major"].items() if k not in ops["time_major"]} == \
+        {"aten::contiguous": 2, "aten::clone": 2, "aten::copy_": 2, "aten::empty_like": 2}
+    for variant, shape in (("env_major", (3, 4, 218)), ("time_major", (4, 3, 218))):
+        read = f.make_call(variant, inputs)().tensors
+        assert read["states"] is inputs["storages"][variant].tensors["states"]
+        assert read["states"].shape == shape
 
 
 # ----- M6 -------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def test_on_the_cpu_nothing_is_recorded():
 
 
 def small_trainer() -> VectorizedTrainer:
-    config = TrainConfig(num_envs=2, max_steps=3, seed=0, variants=Variants.optimized(),
+    config = TrainConfig(num_envs=2, max_steps=3, seed=0, variants=Variants.ours(),
                          env=EnvConfig(train_batches=1, batch_size=16, val_size=32),
                          hidden_dim=16, ppo=PPOConfig(update_epochs=1))
     return VectorizedTrainer(config, "cpu")

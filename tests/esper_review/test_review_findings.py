@@ -85,21 +85,32 @@ def test_a_pooled_env_resets_to_exactly_the_state_of_a_new_one():
 
 
 def test_env_batches_recreate_new_envs_and_pool_the_same_ones():
-    batches = {mode: EnvBatches(SMALL, CPU, Variants(env_pool=mode)) for mode in ("recreate", "pool")}
+    batches = {mode: EnvBatches(SMALL, CPU, Variants(env_pool=mode)) for mode in AXES["env_pool"]}
     first = {mode: b.next_batch()[0] for mode, b in batches.items()}
+    for mode in ("pool", "checkpoint"):  # a used env: its weights must come back
+        germinate(first[mode].envs[0])
+        first[mode].envs[0].observe(first[mode].envs[0].launch_epoch())
     second = {mode: b.next_batch() for mode, b in batches.items()}
-    assert second["pool"][0] is first["pool"]
+    assert second["pool"][0] is first["pool"] and second["checkpoint"][0] is first["checkpoint"]
     assert second["recreate"][0] is not first["recreate"]
     # recreated envs share the data drawn once
     assert second["recreate"][0].envs[0].task[0] is first["recreate"].envs[0].task[0]
     assert torch.equal(second["pool"][1], second["recreate"][1])
+    assert torch.equal(second["checkpoint"][1], second["recreate"][1])
+    fresh = second["recreate"][0].envs[0].host_network.parameters()
+    for mode in ("pool", "checkpoint"):  # trained weights back to the new env's
+        kept = second[mode][0].envs[0].host_network.parameters()
+        assert all(torch.equal(a, b) for a, b in zip(kept, fresh)), mode
+        fresh = second["recreate"][0].envs[0].host_network.parameters()
 
 
 def test_h1_check_compares_trajectories_and_catches_a_planted_difference():
     f = finding("H1-env-pooling")
+    assert f.proposed == "checkpoint" and f.ours == ("pool",)
     case = Case.of(num_envs=2, measure="boundary")
     rows = check_cell(f, case)
-    assert rows["pool"]["max_error"] == 0.0 and rows["pool"]["status"] is None
+    for variant in ("pool", "checkpoint"):
+        assert rows[variant]["max_error"] == 0.0 and rows[variant]["status"] is None
 
     def leaky_pool(variant, inputs):
         call = f.make_call(variant, inputs)
@@ -252,6 +263,22 @@ def test_flat_transfer_gives_the_values_of_one_copy_per_tensor():
         assert moved[name].dtype == tensor.dtype and torch.equal(moved[name], tensor), name
     assert move_per_tensor(tensors, CPU)["states"] is tensors["states"]
     assert again["states"].data_ptr() != moved["states"].data_ptr()  # results stay valid
+
+
+def test_audit_1_3_copies_one_tensor_per_field_or_one_flat_buffer():
+    """Counted, not timed: to another device (`meta`, which holds no values, so only the
+    copies are counted) the reviewed read copies each of its 33 fields, the flat one
+    buffer; the finding itself times them on CUDA only (`needs CUDA` here)."""
+    from harness.measure.counters import host_to_device_copies
+
+    f = finding("AUDIT-1.3-batched-transfer")
+    case = Case.of(num_envs=2, max_steps=3)
+    assert f.skip("flat", case, CPU) == "needs CUDA"
+    buffers = f.build(case, CPU, 0)["buffers"]
+    meta = torch.device("meta")
+    copies = {v: host_to_device_copies(lambda b=b: b.get_batched_sequences(meta), meta)
+              for v, b in buffers.items()}
+    assert copies == {"per_tensor": 33, "flat": 1}
 
 
 def test_audit_check_catches_a_tensor_of_the_wrong_shape():
@@ -556,7 +583,8 @@ def test_quick_run_of_every_new_finding(tmp_path):
                  "--device", "cpu"]) == 0
     rows = load_run(None, tmp_path).summary.set_index(["finding", "variant"])
     assert set(rows.index.get_level_values(0)) == set(NEW_FINDINGS)
-    cuda_only = rows["case"].str.contains("fragmentation|amp=cuda")
+    cuda_only = (rows["case"].str.contains("fragmentation|amp=cuda")
+                 | (rows.index.get_level_values(0) == "AUDIT-1.3-batched-transfer"))
     assert (rows.loc[cuda_only, "verdict"] == "needs_cuda").all()
     timed = rows[~cuda_only]
     assert timed["median_s"].notna().all(), timed[timed["median_s"].isna()]
@@ -576,12 +604,4 @@ def test_quick_run_of_every_new_finding(tmp_path):
     assert h5["preallocated"]["op_calls"] > h5["stack"]["op_calls"]  # 32 row copies for 8
     assert rows.loc[("L1-inference-mode", "no_grad"), "max_error"] == 0
     assert isinstance(rows.loc[("TL-bootstrap", "terminal"), "decision"], str)
-    assert rows.loc[("AUDIT-1.3-batched-transfer", "flat"), "host_to_device_copies"] == 1
-
-
-def test_gae_min_bytes_counts_inputs_and_outputs():
-    # 4 x 128 = 512 elements: 3 float inputs + 2 float outputs, 2 bool flags, int64 counts
-    assert gae_min_bytes(4, 128) == 5 * 512 * 4 + 2 * 512 + 8 * 4 == 11_296
-    assert gae_min_bytes(4, 128, torch.float64) == 5 * 512 * 8 + 2 * 512 + 8 * 4
-    assert gae_min_bytes(1024, 256) == 22 * 1024 * 256 + 8 * 1024
-    assert gae_min_bytes(0, 10) == 0
+    assert "needs CUDA" in rows.loc[("AUDIT-1.3-batched-transfer", "flat"), "reason"]

@@ -18,7 +18,8 @@ from harness import findings as registry
 
 #: what a user may import from `harness`; changing it breaks their finding modules
 PUBLIC_NAMES = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
-                "register", "set_defaults"]
+                "max_relative_error", "register", "rounding_tolerance", "set_defaults",
+                "unit_roundoff"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
@@ -26,7 +27,7 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
                   "long", "duration_s",
                   "ticket", "reviewed", "fix", "premise", "ours", "notes", "gated",
-                  "between_runs")
+                  "between_runs", "per_iteration")
 
 
 def test_the_public_names_are_frozen_and_are_the_registry_s_own():
@@ -75,8 +76,8 @@ def _declare(**changes) -> Finding:
     ({"check": 0.1}, "check: expected None or a callable (output, reference) -> max error; got 0.1"),
     ({"check": None, "reference": lambda x: x}, "check: expected a callable (output, reference) -> max error, since a reference is given"),
     ({"reference": "float64"}, "reference: expected None or a callable inputs -> reference output; got 'float64'"),
-    ({"tolerance": -1e-3}, "tolerance: expected a number >= 0 or a function case -> number; got -0.001"),
-    ({"tolerance": "1e-3"}, "tolerance: expected a callable case -> max error allowed; got '1e-3'"),
+    ({"tolerance": -1e-3}, "tolerance: expected a number >= 0 or a function (case[, device]) -> number; got -0.001"),
+    ({"tolerance": "1e-3"}, "tolerance: expected a callable (case[, device]) -> max error allowed; got '1e-3'"),
     ({"skip": None}, "skip: expected a callable (variant, case, device) -> reason or None; got None"),
     ({"peers": ("z",)}, "peers: expected variants of the finding (a, b); got ['z']"),
     ({"peers": ("a",)}, "peers: expected variants other than the baseline"),

@@ -119,7 +119,7 @@ def test_real_findings_quick_run_agree(tmp_path, capsys):
     assert re.search(r"\nsampling: 3 timed cells: .*timing spread", out)
     assert re.search(r"\ntime: (under a second|\d+ s (sampling|first calls|profiling))", out)
     assert re.search(r"\nnoise floor: 2 placebos ", out)  # B4-DRL-03 and B4-PT-05's headlines
-    assert re.search(r"\nwords: \d+ decisive of 6, ", out)  # 2 + 1 cells x 2 variants
+    assert re.search(r"\nwords: \d+ decisive of 9, ", out)  # 2 + 1 cells x 3 variants
     summary = load_run(None, tmp_path).summary
     h3 = summary[summary["finding"] == "H3-stream-sync"]
     assert (h3["verdict"] == "needs_cuda").all() and h3["median_s"].isna().all()

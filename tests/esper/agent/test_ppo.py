@@ -18,6 +18,7 @@ from esper.agent.ppo import (
     causal_head_table,
     ppo_losses,
     prepare_batch,
+    update_sequences,
 )
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
@@ -412,7 +413,7 @@ def parameters(policy) -> list[torch.Tensor]:
 
 METRIC_KEYS = {
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "epochs_run",
-    "early_stop_epoch",
+    "early_stop_epoch", "first_value_loss", "first_entropy",
 }
 
 
@@ -426,6 +427,11 @@ def test_update_changes_parameters_and_returns_finite_metrics(objective):
     assert set(metrics) == METRIC_KEYS
     assert all(math.isfinite(v) for v in metrics.values())
     assert metrics["epochs_run"] == 3 and metrics["early_stop_epoch"] == -1
+    # the first epoch's, before any step: what another variant computes from the same state
+    first = PPOAgent(make_policy(), PPOConfig(target_kl=1.0, update_epochs=1,
+                                              objective=objective)).update(filled_buffer(policy))
+    assert first["first_value_loss"] == first["value_loss"]
+    assert first["first_entropy"] == first["entropy"]
     # the reviewed entropy term sums 8 heads' normalised entropies, the joint one averages
     assert 0.0 <= metrics["entropy"] <= (len(HEAD_NAMES) if objective == "reviewed" else 1.0)
     assert 0.0 <= metrics["clip_fraction"] <= 1.0
@@ -434,13 +440,14 @@ def test_update_changes_parameters_and_returns_finite_metrics(objective):
     # no GERMINATE was sampled: blueprint and tempo are relevant at no step. The reviewed
     # objective leaves them alone (their entropy counts only where they matter too); the
     # joint one still pushes their entropy up on every step
-    ops = buffer.actions["op"][prepare_batch(buffer.get_batched_sequences(),
+    ops = buffer.actions["op"][prepare_batch(update_sequences(buffer, buffer.device),
                                              causal_head_table()).valid]
     assert OP_INDEX["GERMINATE"] not in ops.tolist()
     assert unchanged == ({"blueprint", "tempo"} if objective == "reviewed" else set())
 
 
-@pytest.mark.parametrize("variants", [Variants.original(), Variants.optimized()], ids=str)
+@pytest.mark.parametrize("variants", [Variants.original(), Variants.reviews(), Variants.ours()],
+                         ids=str)
 def test_stale_padding_does_not_affect_the_update(variants):
     results = []
     for garbage in (False, True):
@@ -641,7 +648,7 @@ def test_re_evaluation_restarts_the_lstm_state_after_an_interior_episode_end():
     policy = make_policy()
     buffer = buffer_with_interior_episode_ends(policy)
     write_garbage_into_padding_of(buffer, INTERIOR_COUNTS)
-    batch = prepare_batch(buffer.get_batched_sequences(), causal_head_table())
+    batch = prepare_batch(update_sequences(buffer, buffer.device), causal_head_table())
     valid = batch.valid
 
     ev = policy.evaluate(batch.states, batch.actions, batch.masks, batch.initial_hidden,

@@ -474,13 +474,15 @@ def test_a_training_batch_out_of_range_is_an_error_naming_it():
 
 def test_validation_runs_under_the_mode_variants_say_with_equal_results():
     """Variants.validation: inference_mode (esper-lite's, vectorized.py:1070-1072, and the
-    default) returns inference tensors; no_grad normal ones; the values are equal."""
-    results = {}
+    default) makes inference tensors of the loss and the count; no_grad normal ones; the
+    values are equal."""
+    results, counted = {}, {}
     for mode in AXES["validation"]:
         env = MorphoEnv(SMALL, variants=Variants(validation=mode))
         env.launch_train()
+        counted[mode] = env.process_val_batch()[:2]
         results[mode] = env.launch_val()
     assert Variants().validation == "inference_mode"
-    assert all(t.is_inference() for t in results["inference_mode"])
-    assert not any(t.is_inference() or t.requires_grad for t in results["no_grad"])
+    assert all(t.is_inference() for t in counted["inference_mode"])
+    assert not any(t.is_inference() or t.requires_grad for t in counted["no_grad"])
     assert [float(t) for t in results["inference_mode"]] == [float(t) for t in results["no_grad"]]

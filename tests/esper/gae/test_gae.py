@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esper.gae import METHODS, NON_DIFFERENTIABLE, check_gae_inputs, compute_gae
+from esper.gae import RESETS as GAE_RESETS
 from esper.gae.inputs import device_count_check
 from esper.gae.methods import TABLE, _load
 from esper.gae.reference import reference_gae
@@ -24,7 +25,9 @@ from tests.gae_inputs import COMPILED, CPU_METHODS, CUDA_METHODS, make_case, met
 FAST_METHODS = [m for m in CPU_METHODS if m != "loop"]
 #: the fast methods but the compiled one, whose property test is its own (`slow`)
 UNCOMPILED_FAST = [m for m in FAST_METHODS if m != COMPILED]
-RESETS = ["clone", "mask"]
+RESETS = list(GAE_RESETS)
+#: the resets that run the reviewed lines, which read `truncated` only where `dones` is set
+REVIEWED_LINES = ["clone", "mask", "assign"]
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
@@ -120,7 +123,11 @@ def test_compiled_equals_reference(data, gamma, lam, counts_as_tensor):
 @given(data=cases(max_envs=6, max_steps=40), gamma=gammas, lam=lambdas,
        reset=st.sampled_from(RESETS), counts_as_tensor=st.booleans())
 def test_loop_equals_reference(data, gamma, lam, reset, counts_as_tensor):
+    """Every reset on inputs whose truncations come with done set (as the reviewed trainer
+    stores a time limit); `restructured` on any input."""
     case, dtype = data
+    if reset in REVIEWED_LINES:
+        case.dones |= case.truncated
     assert_matches_reference(case, "loop", reset, gamma, lam, dtype, counts_as_tensor)
 
 
@@ -169,9 +176,11 @@ def test_loop_syncs_the_host():
     assert _syncs("loop").host_syncs > 0
 
 
-def test_clone_reset_allocates_more_than_mask():
+def test_clone_reset_allocates_more_than_assign_and_restructured():
     """On an input with many true terminals (p=0.3) the clone resets outnumber the
-    mask's one-off precompute of the not-done multiplier."""
+    restructured loop's one-off precompute of the not-done multiplier; `assign` makes
+    the clone's every other allocation (B4-DRL-03's allocation alone), and option 3
+    (`mask`) more than the clone: one tensor more per step for `1 - done_mask[t]`."""
     case = make_case(4, 25, seed=5, p_done=0.3, p_trunc=0.0, stale_padding=False,
                      step_counts=[25] * 4)
     terminals = int((case.dones & ~case.truncated).sum())
@@ -181,7 +190,9 @@ def test_clone_reset_allocates_more_than_mask():
         for reset in RESETS
     }
     assert terminals > 10
-    assert counts["clone"] > counts["mask"], counts
+    assert counts["clone"] - counts["assign"] == 4 + terminals, counts  # per env and terminal
+    assert counts["clone"] > counts["restructured"], counts
+    assert counts["mask"] > counts["clone"], counts
 
 
 @pytest.mark.parametrize(
@@ -229,12 +240,13 @@ def test_reset_is_the_loop_methods_parameter_only():
 @pytest.mark.parametrize("method", method_params(FAST_METHODS))
 def test_a_clone_reset_with_another_method_is_no_error_and_changes_nothing(method):
     """The Variants axes `reset` and `gae` are independent: `reset=clone` with a method
-    other than the loop computes what `reset=mask` does."""
+    other than the loop computes what every other reset does."""
     case = make_case(3, 12, seed=4, p_done=0.3, p_trunc=0.1)
-    clone, mask = (compute_gae(*case.args(), gamma=0.9, gae_lambda=0.8, method=method,
-                               reset=reset) for reset in RESETS)
-    for a, b in zip(clone, mask):
-        assert torch.equal(a, b)
+    first, *others = (compute_gae(*case.args(), gamma=0.9, gae_lambda=0.8, method=method,
+                                  reset=reset) for reset in RESETS)
+    for other in others:
+        for a, b in zip(first, other):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.integration  # launches a Python process

@@ -31,7 +31,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper.gae import FLOAT_DTYPES, NON_DIFFERENTIABLE, compute_gae
+from esper.gae import FLOAT_DTYPES, NON_DIFFERENTIABLE, RESETS, compute_gae
 from esper.gae.reference import reference_gae
 from tests.gae_inputs import CPU_METHODS, make_case, method_params
 
@@ -177,6 +177,9 @@ def gae_calls(draw, method: str, defect: str | None = None) -> dict:
                      p_done=draw(st.sampled_from([0.0, 0.1, 0.5])),
                      p_trunc=draw(st.sampled_from([0.0, 0.1, 0.5])),
                      dtype=dtype, step_counts=counts)
+    reset = draw(st.sampled_from(RESETS))
+    if reset != "restructured":  # the reviewed lines read truncated only where done is set
+        case.dones |= case.truncated
     requires_grad = method not in NO_GRAD_DRAWN and draw(st.booleans())
     floats = [t.clone().requires_grad_(requires_grad)
               for t in (case.rewards, case.values, case.bootstrap_values)]
@@ -187,7 +190,7 @@ def gae_calls(draw, method: str, defect: str | None = None) -> dict:
         "gamma": draw(st.sampled_from([0.0, 1.0, 0.99]) | st.floats(0.0, 1.0)),
         "gae_lambda": draw(st.sampled_from([0.0, 1.0, 0.95]) | st.floats(0.0, 1.0)),
         "method": method,
-        "reset": draw(st.sampled_from(["clone", "mask"])),
+        "reset": reset,
         "counts": counts, "max_steps": max_steps, "dtype": dtype,
         "requires_grad": requires_grad,
     }

@@ -67,20 +67,21 @@ def unchecked(num_envs=2, max_steps=4) -> RolloutBuffer:
 
 
 def test_the_axis_presets_and_the_default_of_a_buffer_made_without_variants():
-    assert AXES["add_checks"] == ("none", "checked")
+    assert AXES["add_checks"] == ("none", "mask_shapes", "checked")
     assert Variants.original().add_checks == Variants().add_checks == "none"
-    assert Variants.optimized().add_checks == "checked"
+    assert Variants.reviews().add_checks == "mask_shapes"
+    assert Variants.ours().add_checks == "checked"
     assert RolloutBuffer(2, 3, STATE_DIM).variants.add_checks == "checked"
     assert RolloutBuffer(2, 3, STATE_DIM, variants=Variants.original()).variants.add_checks == "none"
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(variants="optimized"), "variants"),
+    (dict(variants="ours"), "variants"),
     (dict(variants={"gae": "scan"}), "variants"),
-    (dict(num_envs=True, variants="optimized"), "num_envs"),
+    (dict(num_envs=True, variants="ours"), "num_envs"),
 ])
 def test_constructor_names_the_bad_argument_what_it_expected_and_got(kwargs, field):
-    """`variants='optimized'` used to fail deep inside with AttributeError ('str' object
+    """`variants='ours'` used to fail deep inside with AttributeError ('str' object
     has no attribute 'step_counts')."""
     with pytest.raises((TypeError, ValueError), match=rf"RolloutBuffer: {field}: expected .*; got "):
         RolloutBuffer(**{"num_envs": 2, "max_steps": 3, "state_dim": STATE_DIM, **kwargs})

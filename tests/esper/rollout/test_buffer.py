@@ -179,9 +179,12 @@ BAD_INPUTS = {
 
 
 def snapshot(buffer: RolloutBuffer) -> dict:
-    """A copy of every tensor of the buffer (dicts of heads included) and the counts."""
+    """A copy of every public tensor of the buffer (dicts of heads included) and the
+    counts (its private ones are views or caches of those)."""
     out = {}
     for name, value in vars(buffer).items():
+        if name.startswith("_"):
+            continue
         if isinstance(value, torch.Tensor):
             out[name] = value.clone()
         elif isinstance(value, dict):

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
-from esper.variants import Variants
+from esper.variants import AXES, Variants
 from tests.esper.rollout.test_buffer import BAD_INPUTS, HIDDEN, LAYERS, STATE_DIM, make_buffer, snapshot
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, width=32)
@@ -121,7 +121,7 @@ def assert_holds(buffer, want: dict) -> None:
             assert torch.equal(got[name], tensor), name
 
 
-@pytest.mark.parametrize("counts_kind", ["list", "tensor"])
+@pytest.mark.parametrize("counts_kind", AXES["step_counts"])
 def test_add_stores_exactly_the_step_or_rejects_it_changing_nothing(counts_kind):
     @settings(max_examples=60, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -56,7 +56,7 @@ def test_smoke_run_then_resume(tmp_path):
     assert checkpoint.is_file()
 
     resumed = train("--envs", "2", "--steps", "3", "--resume", str(checkpoint),
-                    "--iterations", "3", "--variants", "optimized")
+                    "--iterations", "3", "--variants", "ours")
     assert resumed.returncode == 0, resumed.stderr
     assert iterations_printed(resumed.stdout) == [3], resumed.stdout  # 1 and 2 were done
 
@@ -81,10 +81,12 @@ def test_cuda_without_cuda_exits_2_with_a_clear_message(capsys):
     ("gae=nope", "--variants: Variants.gae: expected one of loop, batched, scan"),
     ("speed=max", "--variants: variant spec: unknown axis 'speed'; valid axes: reset, "
                   "step_counts, gae, sync"),
-    ("fast", "--variants: variant spec: expected 'axis=value' or 'original'/'optimized'; "
-             "got 'fast'"),
-    ("", "--variants: expected 'original', 'optimized' or axis=value pairs; got ''"),
-    (" ", "--variants: expected 'original', 'optimized' or axis=value pairs; got ' '"),
+    ("fast", "--variants: variant spec: expected 'axis=value' or a preset (original, "
+             "reviews, ours); got 'fast'"),
+    ("", "--variants: expected a preset (original, reviews, ours) or axis=value pairs; "
+         "got ''"),
+    (" ", "--variants: expected a preset (original, reviews, ours) or axis=value pairs; "
+          "got ' '"),
 ])
 def test_bad_variants_exit_2_naming_the_valid_ones(capsys, spec, message):
     assert message in run_main(capsys, "--variants", spec)

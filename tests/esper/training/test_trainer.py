@@ -138,9 +138,10 @@ def test_a_gae_method_that_does_not_run_on_the_device_is_refused_by_name(monkeyp
         VectorizedTrainer(config)
 
 
-def test_original_and_optimized_variants_give_the_same_losses_and_returns(original_outcomes):
-    _, optimized = run(small_config(Variants.optimized()), 2)
-    for s, reference in zip(optimized, original_outcomes):
+@pytest.mark.parametrize("preset", ["reviews", "ours"])
+def test_every_preset_gives_the_original_s_losses_and_returns(original_outcomes, preset):
+    _, outcomes = run(small_config(getattr(Variants, preset)()), 2)
+    for s, reference in zip(outcomes, original_outcomes):
         assert outcome(s) == pytest.approx(reference, abs=1e-5)
     # a second iteration that learned something: the comparison is not of two no-ops
     assert original_outcomes[1]["approx_kl"] > 0.0

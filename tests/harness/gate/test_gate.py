@@ -174,15 +174,15 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     baseline = tmp_path / "counters.json"
     args = ["--baseline", str(baseline), "--findings", "B4-DRL-03"]
     assert gate.main(["--update-baseline", *args]) == 0
-    assert "6 cells of B4-DRL-03" in capsys.readouterr().out
+    assert "8 cells of B4-DRL-03" in capsys.readouterr().out
 
     assert gate.main(["--counters", *args, "--json", str(tmp_path / "rows.json")]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("| check | finding | variant | case | baseline | current | "
                                    "change | verdict |")
-    assert out.rstrip().endswith("PASS: 6 pass")
+    assert out.rstrip().endswith("PASS: 8 pass")
     saved = json.loads((tmp_path / "rows.json").read_text())
-    assert saved["schema_version"] == 1 and len(saved["rows"]) == 6
+    assert saved["schema_version"] == 1 and len(saved["rows"]) == 8
 
     _edit_first(baseline, "clone", "host_syncs", -3)
     assert gate.main(["--counters", *args]) == 1
@@ -190,8 +190,8 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     # the note names where the cell's host syncs come from now (the baseline has counts only)
     row = next(line for line in out.splitlines() if "| regression" in line)
     assert "host_syncs +3 | regression: host syncs " in row
-    assert " aten::is_nonzero at esper/gae/loop.py:" in row and " in gae_loop()" in row
-    assert out.rstrip().endswith("FAIL: 1 regression, 5 pass")
+    assert " aten::is_nonzero at esper/gae/loop.py:" in row and " in _reviewed_lines()" in row
+    assert out.rstrip().endswith("FAIL: 1 regression, 7 pass")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -433,7 +433,8 @@ def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tr
         assert session["modules"] == [[str(REPO / REVIEW / "__init__.py")],
                                       [str(tree_failing_clone / REVIEW / "__init__.py")]]
         cells = {(c["case"], c["variant"]): c for c in session["cells"]}
-        assert {variant for _, variant in cells} == {"clone", "mask", "assign"} and len(cells) == 6
+        assert {variant for _, variant in cells} == {"clone", "mask", "assign", "restructured"}
+        assert len(cells) == 8
         for (_, variant), cell in cells.items():
             if variant == "clone":  # only the copy raises, and only there
                 assert cell["errors"] == [None, "RuntimeError: planted failure"]

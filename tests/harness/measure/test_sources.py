@@ -34,7 +34,8 @@ def _copy_with(folder: Path, name: str, planted: bool) -> tuple[object, int]:
     planted line number."""
     lines = inspect.getsource(esper.env.accumulators).splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if "def add_(self, loss" in line)
-    body = start + 2  # after the def line and its docstring
+    # after the def line and its docstring (the first line after it that closes one)
+    body = next(i for i in range(start + 1, len(lines)) if lines[i].rstrip().endswith('"""')) + 1
     if planted:
         lines.insert(body, PLANT)
     folder.mkdir(parents=True, exist_ok=True)

@@ -518,7 +518,7 @@ def test_compare_two_runs(runs, tmp_path):
     table = compare_runs(load_run(runs["b"]), load_run(runs["a"]))
     assert len(table) == len(load_run(runs["b"]).summary)
     timed = table[table["ratio"].notna()]
-    assert len(timed) == 11  # 3 cases x 3 variants, all timed in both runs, and 2 placebos
+    assert len(timed) == 14  # 3 cases x 4 variants, all timed in both runs, and 2 placebos
     assert (timed["ci_low"] <= timed["ratio"]).all() and (timed["ratio"] <= timed["ci_high"]).all()
     assert set(table["change"]) <= {c.value for c in Change}
     index = parse(tmp_path / "index.html")
