@@ -9,9 +9,10 @@ same process, moments apart.
 
 The verdict then rests on the sessions, independent processes: each session's rounds
 give its own paired estimate of current / REV (the 20%-trimmed mean of the per-round log
-ratios), and the sessions' estimates are averaged, with the variance their spread shows
-where it exceeds what the rounds and the per-process offset predict
-(`harness.measure.estimate.paired_estimate`). A cell regresses when a one-sided test
+ratios), and the sessions' estimates are averaged, with a variance moderated between
+their own spread and the spread of every cell of the gate run at that call length, as
+the sessions measured it (`harness.measure.estimate.pool_spread` and `row_estimate`:
+nothing assumed of the machine). A cell regresses when a one-sided test
 says its slowdown exceeds the margin (`threshold`, default 5%), with Holm's correction
 over every cell of the gate run, so that the chance of any false alarm in one gate run is
 at most `alpha` (5%); it improved when the same test says so the other way.
@@ -49,9 +50,9 @@ import numpy as np
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
 from harness.gate.worker import WorkerConfig
-from harness.measure.estimate import ProcessNoise, paired_estimate
+from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
 from harness.measure.numbers import is_whole
-from harness.measure.stats import RatioCI, as_samples
+from harness.measure.stats import RatioCI
 from harness.ranks import Spread, solo_environment
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
@@ -303,16 +304,6 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
 
 # ----------------------------------------------------------------------------- statistics
 
-def session_ratio(current: Sequence[float], against: Sequence[float]) -> float:
-    """current / against of one session's paired samples (seconds, one per round): exp of
-    the 20%-trimmed mean of the per-round log ratios."""
-    a = as_samples(current, "current")
-    b = as_samples(against, "against")
-    if a.size != b.size:
-        raise ValueError(f"against: expected {a.size} samples, one per round; got {b.size}")
-    return paired_estimate([(a, b)]).ratio
-
-
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`:
     sorted p_(i) against alpha / (m - i + 1), stopping at the first that fails."""
@@ -349,8 +340,7 @@ def _pooled_median(cells: list[dict], side: int) -> float:
     return float(np.median(np.concatenate([c["samples"][side] for c in cells])))
 
 
-def compare(sessions: list[dict], options: ABOptions, label: str,
-            noise: ProcessNoise = ProcessNoise()) -> list[GateRow]:
+def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRow]:
     """One row per cell, in the order the sessions ran them (module docstring)."""
     by_cell: dict[tuple[str, str, str], list[dict]] = {}
     for session in sessions:
@@ -359,7 +349,7 @@ def compare(sessions: list[dict], options: ABOptions, label: str,
     alpha = 1.0 - options.confidence
     edge = math.log1p(options.threshold)
     rows: list[GateRow | None] = []
-    tested = []  # (row index, base fields, estimate, medians)
+    measured = []  # (row index, base fields, the sessions' rounds, medians)
     for (finding, case, variant), cells in by_cell.items():
         base = dict(check=f"A/B vs {label}", finding=finding, variant=variant, case=case)
         why = _incomparable(cells, label)
@@ -368,10 +358,12 @@ def compare(sessions: list[dict], options: ABOptions, label: str,
                                 outcome=why[0], note=why[1]))
             continue
         medians = (_pooled_median(cells, 1), _pooled_median(cells, 0))
-        estimate = paired_estimate([(c["samples"][0], c["samples"][1]) for c in cells],
-                                   process_sd=noise(min(medians)))
-        tested.append((len(rows), base, estimate, medians))
+        sessions_rounds = RowProcesses.of([(c["samples"][0], c["samples"][1]) for c in cells])
+        measured.append((len(rows), base, sessions_rounds, medians))
         rows.append(None)
+    spread = pool_spread([m[2] for m in measured])
+    tested = [(index, base, row_estimate(row, spread), medians)
+              for index, base, row, medians in measured]
     slower = holm([e.p_above(edge) for _, _, e, _ in tested], alpha)
     faster = holm([e.p_below(-edge) for _, _, e, _ in tested], alpha)
     for (index, base, estimate, medians), regressed, improved in zip(tested, slower, faster):

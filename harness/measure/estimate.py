@@ -5,45 +5,43 @@ samples of two variants saw the same machine moments apart, and their log ratio
 
     d_k = log(variant_k / baseline_k)
 
-cancels what drifts from round to round (frequency, other load, cache state). A cell's
+cancels what drifts from round to round (frequency, other load, cache state). A process's
 answer is exp(theta), theta the 20%-trimmed mean of the d_k (rounds hit by a pause or
 a context switch do not move it), with a Yuen t interval: the variance of the trimmed
 mean from the winsorised d_k, scaled up for the correlation of neighbouring rounds
-(`_long_run_factor`), with n - 2*floor(0.2 n) - 1 degrees of freedom. Pairing removes
-most of that correlation: measured here, raw times of neighbouring rounds correlate at
-0.4-0.8 and their log ratios at -0.2 to +0.2.
+(`_long_run_factor`), with n - 2*floor(0.2 n) - 1 degrees of freedom (`rounds_estimate`).
 
 The noise lives at more than one level (Kalibera and Jones, ISMM 2013). A fresh process
 runs one variant a little faster or slower against another than the next process does
-(code placement, allocator state): an offset of the ratio per process, of standard
-deviation `process_sd` on the log scale. One process cannot see its own offset, so its
-variance is added to the within-process variance; where the same cell was measured in
-several processes (the gate's sessions), their estimates are averaged with the variance
-the within-process variances plus `process_sd`^2 predict, unless their spread exceeds
-that prediction (a chi-square test at 5%): then their spread, with P - 1 degrees of
-freedom, is the variance. A run's cell measured in two or three processes (its replicas)
-moderates the prediction with their spread instead (`paired_estimate`'s `prior_df`).
+(code placement, allocator state, which core): an offset of the ratio per process, which
+no number of rounds inside one process can see. How large it is depends on the machine,
+its load and the length of the calls, so it is measured in every run, never assumed: each
+cell is measured in two or more fresh processes (`RowProcesses`), the spread of their
+estimates is pooled over the run's rows of similar call length (`pool_spread`: a robust,
+median-based variance, with the degrees of freedom the rows' agreement gives it), each
+row's variance is moderated between that pool and its own spread (`row_estimate`), a row
+whose processes disagree more than the pool allows is named (`disagreement`) and gets more
+processes, and a run whose rows disagree more often than chance allows widens every
+interval until they do not (`calibrate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special as scipy_special
 from scipy import stats as scipy_stats
 
-__all__ = ["PROCESS_SD_DF", "PairedEstimate", "ProcessNoise", "TRIM", "log_estimate",
-           "log_ratios", "paired_estimate", "rounds_estimate"]
+__all__ = ["BandSpread", "Calibration", "PairedEstimate", "ProcessSpread", "RowProcesses",
+           "TRIM", "calibrate", "disagreement", "log_estimate", "log_ratios", "pool_spread",
+           "row_estimate", "rounds_estimate"]
 
 #: the share of rounds trimmed from each end of the per-round log ratios
 TRIM = 0.2
-#: the degrees of freedom a process offset's standard deviation carries: `ProcessNoise`
-#: was measured from 5 fresh processes per row, a finding's `between_runs` as a standard
-#: deviation over 9 runs (counted as 4: a rare mode, one run in ten, is poorly estimated)
-PROCESS_SD_DF = 4.0
-
 
 def log_ratios(variant: Sequence[float], baseline: Sequence[float]) -> np.ndarray:
     """`[n]` per-round log(variant_k / baseline_k) from `n` paired samples (seconds > 0);
@@ -159,104 +157,281 @@ def log_estimate(samples: Sequence[float]) -> PairedEstimate:
     return PairedEstimate(theta, math.sqrt(variance), df, values.size, 1)
 
 
-def rounds_estimate(variant: Sequence[float], baseline: Sequence[float], *,
-                    process_sd: float = 0.0) -> PairedEstimate:
+def rounds_estimate(variant: Sequence[float], baseline: Sequence[float]) -> PairedEstimate:
     """The estimate from one process's paired rounds (`variant[k]` and `baseline[k]`,
-    seconds per call, from round k), with `process_sd` (log units) for the offset this
-    process may carry (module docstring)."""
-    return paired_estimate([(variant, baseline)], process_sd=process_sd)
+    seconds per call, from round k): what its rounds see, without the process level."""
+    theta, variance, df = _trimmed_stats(log_ratios(variant, baseline))
+    return PairedEstimate(theta, math.sqrt(variance), df, len(variant), 1)
 
 
-def paired_estimate(processes: Sequence[tuple[Sequence[float], Sequence[float]]], *,
-                    process_sd: float = 0.0, prior_df: float | None = None) -> PairedEstimate:
-    """The estimate from one or more processes, each `(variant [n_p], baseline [n_p])`
-    seconds per call paired by round (module docstring for how they combine).
+# ------------------------------------------------------------ the process level, measured
 
-    `prior_df`: the degrees of freedom `process_sd` carries, for a few processes (a run's
-    cell and its replicas): their spread then moderates the predicted variance instead of
-    replacing it, as `(prior_df * predicted + (P - 1) * spread) / (prior_df + P - 1)`
-    with `prior_df + P - 1` degrees of freedom, never below the prediction. With two
-    processes the spread alone would carry one degree of freedom (a t quantile of 12.7
-    at 95%), so one pair that disagrees would leave no word at all. None: the chi-square
-    rule (the gate's sessions, three or more)."""
-    if not processes:
-        raise ValueError("processes: expected at least one (variant, baseline) pair of "
-                         "sample lists; got none")
-    if prior_df is not None and not (math.isfinite(prior_df) and prior_df > 0):
-        raise ValueError(f"prior_df: expected None or degrees of freedom > 0; got {prior_df!r}")
-    if not (math.isfinite(process_sd) and process_sd >= 0):
-        raise ValueError(f"process_sd: expected a finite standard deviation >= 0 (log units); "
-                         f"got {process_sd!r}")
-    parts = [_trimmed_stats(log_ratios(v, b)) for v, b in processes]
-    thetas = np.array([p[0] for p in parts])
-    within = np.array([p[1] for p in parts])
-    dfs = np.array([p[2] for p in parts])
-    rounds = sum(len(v) for v, _ in processes)
-    count = len(parts)
-    predicted = float(within.mean()) + process_sd ** 2  # variance of one process's theta
-    # Welch-Satterthwaite: process_sd is a measured constant, so only `within` carries df
-    carried = float(np.sum(within ** 2 / dfs))
-    model_df = min(predicted ** 2 * count ** 2 / carried, 1e6) if carried > 0 else 1e6
-    if count >= 2:
-        spread = float(np.var(thetas, ddof=1))
-        if prior_df is not None:  # a few processes: their spread moderates the prediction
-            moderated = (prior_df * predicted + (count - 1) * spread) / (prior_df + count - 1)
-            if moderated > predicted:
-                return PairedEstimate(float(thetas.mean()), math.sqrt(moderated / count),
-                                      float(prior_df + count - 1), rounds, count)
-        # the processes disagree more than the model allows (a chi-square test at 5%):
-        # their own spread, with count - 1 degrees of freedom, is the variance
-        elif spread > predicted * scipy_stats.chi2.ppf(0.95, count - 1) / (count - 1):
-            return PairedEstimate(float(thetas.mean()), math.sqrt(spread / count),
-                                  float(count - 1), rounds, count)
-    return PairedEstimate(float(thetas.mean()), math.sqrt(predicted / count), model_df,
-                          rounds, count)
+#: call lengths (seconds) that part the run's rows into bands whose process spread is
+#: pooled apart: a ratio of short calls moves more between processes than one of long
+#: calls (code and data placement weigh more in less work)
+BAND_EDGES_S = (20e-6, 2e-3)
+#: rows a band needs to be pooled on its own; fewer borrow from the whole run's rows
+MIN_BAND_ROWS = 6
+#: a row whose processes disagree at this level (its F test) is a disagreeing row
+DISAGREE_LEVEL = 0.05
 
 
 @dataclass(frozen=True)
-class ProcessNoise:
-    """How large the per-process offset of a ratio is, by how long the calls are.
+class RowProcesses:
+    """One row (a variant against its reference at one cell) as each process measured it."""
 
-    A ratio of short calls moves more from one fresh process to the next than a ratio of
-    long ones (where code sits and how the allocator starts matter more to a few hundred
-    nanoseconds of work). Measured on the 2-core CPU this project is developed on, idle
-    (`benchmarks/verdict_stability.py processes`: eight rows, each in 5 fresh processes;
-    the spread of their estimates less what their own rounds explain; docs/statistics.md):
-    8% at 30 ns calls, 1-2% from 2 to 200 us, 0-0.4% from 2 to 50 ms. The standard
-    deviation is interpolated on log-log axes between `anchors` and held beyond them.
-    """
+    seconds: float
+    """Seconds per call (the shorter of variant and reference): which band it pools in."""
+    thetas: tuple[float, ...]
+    """Per process, its estimate of the log ratio (`_trimmed_stats`)."""
+    variances: tuple[float, ...]
+    """Per process, that estimate's variance from its own rounds."""
+    rounds: int
+    """Paired rounds, over every process."""
+    pooled: bool = True
+    """Whether the row informs the run's process spread (the placebo, the baseline's own
+    code against itself, has no offset of code placement to tell of)."""
 
-    anchors: tuple[tuple[float, float], ...] = (
-        (3e-8, 0.08), (2e-6, 0.02), (2e-4, 0.012), (2e-3, 0.004))
-    """(seconds per call, standard deviation of the log ratio's offset), by seconds."""
-    same_code_sd: float = 0.004
-    """The offset between two calls of the same code (the placebo): code placement is
-    shared, and data placement too where the placebo shares the variants' inputs (every
-    finding but a paired one). Measured with the placebo on a copy of the inputs: 0.1-0.6%
-    whatever the call's length; kept as the bound for the shared case, whose offset is
-    smaller."""
+    @classmethod
+    def of(cls, processes: Sequence[tuple[Sequence[float], Sequence[float]]],
+           pooled: bool = True) -> "RowProcesses":
+        """From each process's `(variant [n_p], reference [n_p])` seconds, paired by round."""
+        if not processes:
+            raise ValueError("processes: expected at least one (variant, reference) pair of "
+                             "sample lists; got none")
+        parts = [_trimmed_stats(log_ratios(v, b)) for v, b in processes]
+        seconds = min(min(float(np.median(v)), float(np.median(b))) for v, b in processes)
+        return cls(seconds, tuple(p[0] for p in parts), tuple(p[1] for p in parts),
+                   sum(len(v) for v, _ in processes), pooled)
 
-    def __post_init__(self) -> None:
-        points = self.anchors
-        if (not points or any(len(p) != 2 for p in points)
-                or not all(math.isfinite(s) and s > 0 and math.isfinite(sd) and sd >= 0
-                           for s, sd in points)
-                or any(a[0] >= b[0] for a, b in zip(points, points[1:]))
-                or not (math.isfinite(self.same_code_sd) and self.same_code_sd >= 0)):
-            raise ValueError(f"ProcessNoise: expected anchors of (seconds > 0, sd >= 0) in "
-                             f"increasing seconds and same_code_sd >= 0; got {self!r}")
+    @property
+    def processes(self) -> int:
+        return len(self.thetas)
 
-    def __call__(self, seconds: float) -> float:
-        """The standard deviation (log units) for calls of `seconds`."""
-        points = self.anchors
-        if not seconds > points[0][0]:
-            return points[0][1]
-        for (s0, sd0), (s1, sd1) in zip(points, points[1:]):
-            if seconds == s1:
-                return sd1
-            if seconds < s1:
-                position = math.log(seconds / s0) / math.log(s1 / s0)
-                if sd0 == 0 or sd1 == 0:
-                    return sd0 + position * (sd1 - sd0)
-                return math.exp((1 - position) * math.log(sd0) + position * math.log(sd1))
-        return points[-1][1]
+    @property
+    def within(self) -> float:
+        """The mean within-process variance of one process's estimate."""
+        return float(np.mean(self.variances))
+
+    @property
+    def spread(self) -> float:
+        """The variance of the processes' estimates (0 with one process)."""
+        return float(np.var(self.thetas, ddof=1)) if self.processes > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class BandSpread:
+    """The between-process variance of a log ratio for calls up to `upper_s` seconds."""
+
+    upper_s: float
+    tau2: float
+    """Variance (log units squared) of one process's offset."""
+    df: float
+    """The degrees of freedom `tau2` carries (0: nothing measured it)."""
+    rows: int
+    """Rows of two or more processes it was pooled from."""
+
+
+@dataclass(frozen=True)
+class ProcessSpread:
+    """How far a fresh process moves a ratio, as this run's own processes measured it: per
+    call-length band, the variance of the offset and its degrees of freedom, times
+    `inflation` where the run's calibration found its intervals too narrow."""
+
+    bands: tuple[BandSpread, ...]
+    inflation: float = 1.0
+
+    def band(self, seconds: float) -> BandSpread:
+        for band in self.bands:
+            if seconds <= band.upper_s:
+                return band
+        return self.bands[-1]
+
+
+def _band_index(seconds: float) -> int:
+    return sum(seconds > edge for edge in BAND_EDGES_S)
+
+
+def _median_tau2(rows: Sequence[RowProcesses]) -> float:
+    """The offset variance at which each row's spread, scaled by what it predicts, sits at
+    the median of its chi-square: half the rows above, half below. Robust: a row in two
+    modes moves it no more than any one row (a mean would follow it)."""
+    k = np.array([r.processes - 1 for r in rows], dtype=float)
+    spread = np.array([r.spread for r in rows])
+    within = np.array([r.within for r in rows])
+
+    def above(tau2: float) -> float:  # the median CDF, less one half: falls with tau2
+        return float(np.median(scipy_stats.chi2.cdf(k * spread / (tau2 + within), k))) - 0.5
+
+    if above(0.0) <= 0.0:
+        return 0.0
+    low, high = 0.0, max(float(spread.max()), 1e-12)
+    while above(high) > 0.0:
+        high *= 4.0
+    for _ in range(60):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if above(middle) > 0.0 else (low, middle)
+    return high
+
+
+def _prior_df(rows: Sequence[RowProcesses], tau2: float) -> float:
+    """The degrees of freedom the pooled `tau2` carries, from how much the rows' scaled
+    spreads vary beyond what chi-square sampling explains (Smyth's empirical Bayes, as
+    limma's fitFDist: the excess variance of their logs is trigamma(d0 / 2)); the log
+    spreads are winsorised at their 10% tails, so a few rows in two modes, which get
+    processes of their own, do not take every row's degrees of freedom. Never more than
+    the rows' own."""
+    k = np.array([r.processes - 1 for r in rows], dtype=float)
+    total = float(k.sum())
+    if len(rows) < 3:
+        return total
+    scaled = np.array([max(r.spread, 1e-300) / max(tau2 + r.within, 1e-300) for r in rows])
+    logs = np.log(scaled) - (scipy_special.digamma(k / 2.0) - np.log(k / 2.0))
+    low, high = np.quantile(logs, [0.1, 0.9])
+    logs = np.clip(logs, low, high)
+    excess = float(np.var(logs, ddof=1)) - float(np.mean(scipy_special.polygamma(1, k / 2.0)))
+    if excess <= 0.0:
+        return total
+    return float(min(total, 2.0 * _trigamma_inverse(excess)))
+
+
+def _trigamma_inverse(y: float) -> float:
+    """x with trigamma(x) = y (y > 0), by Newton's method from limma's start."""
+    x = 0.5 + 1.0 / y if y < 1e6 else 1.0 / math.sqrt(y)
+    for _ in range(50):
+        step = float(scipy_special.polygamma(1, x) - y) / float(scipy_special.polygamma(2, x))
+        x = max(x - step, x / 10.0)
+        if abs(step) < 1e-8 * x:
+            break
+    return x
+
+
+def _shared(rows: Sequence[RowProcesses], tau2: float, df: float) -> tuple[float, float]:
+    """(tau2, df) once an offset that one process gives all its rows alike is allowed for:
+    the first two processes measured every row (the run's own and its first worker), and
+    the mean of their signed differences over the rows estimates twice that shared
+    variance, with one degree of freedom (one pair of processes), however many rows show
+    it. The pooled variance is kept at least that large, and its degrees of freedom are
+    Satterthwaite's for the sum of the shared part (1) and the rest (`df`)."""
+    differences = np.array([r.thetas[1] - r.thetas[0] for r in rows if r.processes > 1])
+    if differences.size < 3:
+        return tau2, df
+    shared = max(0.0, float(differences.mean()) ** 2
+                 - float(np.var(differences, ddof=1)) / differences.size) / 2.0
+    if shared <= 0.0:
+        return tau2, df
+    total = max(tau2, shared)
+    rest = total - shared
+    carried = shared * shared / 1.0 + (rest * rest / df if df > 0 else 0.0)
+    return total, float(min(df, total * total / carried)) if carried > 0 else df
+
+
+def pool_spread(rows: Sequence[RowProcesses]) -> ProcessSpread:
+    """The run's process spread, per call-length band (`BAND_EDGES_S`), from its rows of two
+    or more processes that inform it (`RowProcesses.pooled`); a band of fewer than
+    `MIN_BAND_ROWS` such rows takes the whole run's. No such row at all: every band 0
+    with 0 degrees of freedom (nothing measured; `row_estimate` then says what it can)."""
+    measured = [r for r in rows if r.pooled and r.processes > 1]
+
+    def pooled(some: Sequence[RowProcesses]) -> tuple[float, float]:
+        tau2 = _median_tau2(some)
+        return _shared(some, tau2, _prior_df(some, tau2))
+
+    overall = pooled(measured) if measured else (0.0, 0.0)
+    bands = []
+    for index, upper in enumerate((*BAND_EDGES_S, math.inf)):
+        own = [r for r in measured if _band_index(r.seconds) == index]
+        if len(own) >= MIN_BAND_ROWS:
+            bands.append(BandSpread(upper, *pooled(own), len(own)))
+        else:
+            bands.append(BandSpread(upper, *overall, len(measured)))
+    return ProcessSpread(tuple(bands))
+
+
+def disagreement(row: RowProcesses, spread: ProcessSpread) -> float:
+    """The p-value of "the row's processes agree as the run's spread says they should": its
+    spread over the predicted variance, an F test with the band's degrees of freedom (1.0
+    with one process)."""
+    if row.processes < 2:
+        return 1.0
+    band = spread.band(row.seconds)
+    predicted = band.tau2 * spread.inflation + row.within
+    if predicted <= 0.0:
+        return 0.0 if row.spread > 0.0 else 1.0
+    ratio = row.spread / predicted
+    k = row.processes - 1
+    if band.df <= 0.0:
+        return 1.0  # nothing to hold it against
+    return float(scipy_stats.f.sf(ratio, k, band.df))
+
+
+def row_estimate(row: RowProcesses, spread: ProcessSpread) -> PairedEstimate:
+    """The row's log ratio: the mean of its processes' estimates, with the variance of one
+    process's estimate moderated between the band's prediction (its offset variance plus
+    the row's own within-process variance, `df` degrees of freedom) and the row's own
+    spread (`processes - 1`): `(df * predicted + k * spread) / (df + k)`, with
+    `df + k` degrees of freedom (Smyth's moderated variance). A row whose processes
+    disagree with the band (`disagreement` below `DISAGREE_LEVEL`) is not held to it: its
+    own spread alone, with `processes - 1` degrees of freedom. A row the run cannot hold
+    against anything (one process, a band no process measured) gets its within-process
+    variance doubled and one degree of freedom: wide, never narrow."""
+    band = spread.band(row.seconds)
+    k = row.processes - 1
+    theta = float(np.mean(row.thetas))
+    if band.df <= 0.0 and k == 0:
+        return PairedEstimate(theta, math.sqrt(2.0 * row.within), 1.0, row.rounds, 1)
+    if k > 0 and disagreement(row, spread) < DISAGREE_LEVEL:
+        own = max(row.spread, row.within)
+        return PairedEstimate(theta, math.sqrt(own / row.processes), float(k), row.rounds,
+                              row.processes)
+    predicted = band.tau2 * spread.inflation + row.within
+    df = band.df + k
+    variance = (band.df * predicted + k * row.spread) / df
+    return PairedEstimate(theta, math.sqrt(max(variance, 0.0) / row.processes),
+                          float(min(df, 1e6)), row.rounds, row.processes)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Whether the run's rows disagree between processes as often as its spread allows."""
+
+    rows: int
+    """Pooled rows of two or more processes."""
+    disagreeing: int
+    """Of them, those whose processes disagree at `DISAGREE_LEVEL`."""
+    expected: int
+    """The most that chance alone makes likely (the 99% binomial quantile)."""
+    inflation: float
+    """The factor on the offset variance that brings `disagreeing` down to `expected`
+    (1.0 where it already is)."""
+
+    @property
+    def too_narrow(self) -> bool:
+        return self.inflation > 1.0
+
+
+def calibrate(rows: Sequence[RowProcesses], spread: ProcessSpread) -> tuple[ProcessSpread,
+                                                                            Calibration]:
+    """Hold the run's intervals against its own processes: if more pooled rows disagree
+    between processes than chance makes likely (a model too narrow for this machine:
+    heavy tails, processes in two modes), the offset variance is inflated until they do
+    not, and the returned spread carries the factor."""
+    measured = [r for r in rows if r.pooled and r.processes > 1]
+    count = len(measured)
+    expected = int(scipy_stats.binom.ppf(0.99, count, DISAGREE_LEVEL)) if count else 0
+
+    def disagreeing(factor: float) -> int:
+        widened = dataclasses.replace(spread, inflation=factor)
+        return sum(disagreement(r, widened) < DISAGREE_LEVEL for r in measured)
+
+    found = disagreeing(1.0)
+    if found <= expected:
+        return spread, Calibration(count, found, expected, 1.0)
+    low, high = 1.0, 2.0
+    while disagreeing(high) > expected and high < 1e4:
+        low, high = high, high * 2.0
+    for _ in range(30):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if disagreeing(middle) > expected else (low, middle)
+    return (dataclasses.replace(spread, inflation=high),
+            Calibration(count, found, expected, high))

@@ -1,9 +1,9 @@
-"""harness.measure.estimate: paired ratio estimates, proven on synthetic rounds.
+"""harness.measure.estimate: one process's paired ratio estimate, proven on synthetic rounds
+(the process level, measured in every run, is proven in test_process_spread.py).
 
-The synthetic clock draws rounds the way this machine's look: a drift shared by every
-variant of a round (raw times of neighbouring rounds correlate at 0.4-0.8 here), noise of
-each sample with a little correlation left (the log ratios of neighbouring rounds
-correlate at -0.2 to +0.2), rare pauses, and an offset of the ratio per process.
+The synthetic clock draws rounds with a drift shared by every variant of a round (raw
+times of neighbouring rounds correlate strongly), noise of each sample with a little
+correlation left, rare pauses, and an offset of the ratio per process.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.measure.estimate import (
-    PROCESS_SD_DF, PairedEstimate, ProcessNoise, log_estimate, log_ratios, paired_estimate, rounds_estimate,
-)
+from harness.measure.estimate import PairedEstimate, log_estimate, log_ratios, rounds_estimate
 
 
 def ar1(rng: np.random.Generator, phi: float, sd: float, shape: tuple[int, ...]) -> np.ndarray:
@@ -40,70 +38,15 @@ def synthetic_process(rng, ratio: float, rounds: int, process_sd: float, phi: fl
     return variant, baseline
 
 
-def coverage(processes: int, rounds: int, process_sd: float, trials: int = 1500,
-             seed: int = 0, prior_df: float | None = None) -> float:
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for _ in range(trials):
-        runs = [synthetic_process(rng, 0.8, rounds, process_sd) for _ in range(processes)]
-        low, high = paired_estimate(runs, process_sd=process_sd,
-                                    prior_df=prior_df).interval(0.95)
-        hits += low <= 0.8 <= high
-    return hits / trials
-
-
-@pytest.mark.parametrize(("processes", "rounds", "process_sd"), [
-    (1, 12, 0.01),   # the fewest rounds a default cell takes
-    (1, 60, 0.01),   # a budget's worth of rounds
-    (1, 150, 0.02),  # a short call's offset dominates
-    (4, 30, 0.01),   # several processes (the gate's sessions)
-    (6, 30, 0.03),
-])
-def test_95_percent_intervals_cover_the_true_ratio_93_to_97_percent_of_the_time(
-        processes, rounds, process_sd):
-    assert 0.93 <= coverage(processes, rounds, process_sd) <= 0.97
-
-
-@pytest.mark.parametrize("process_sd", [0.01, 0.05])
-def test_a_run_s_cell_in_two_processes_with_a_prior_covers_93_to_98_percent(process_sd):
-    """A run's cell and its replica (`prior_df`): the predicted variance is never lowered,
-    so the interval errs wide, a little."""
-    assert 0.93 <= coverage(2, 40, process_sd, prior_df=PROCESS_SD_DF) <= 0.98
-
-
-def test_a_pair_that_disagrees_moderates_the_prediction_rather_than_replacing_it():
-    rng = np.random.default_rng(5)
-    runs = []
-    for offset in (0.8, 1.0):  # 22% apart, where 5% is predicted
-        base = np.exp(rng.normal(-7, 0.01, 40))
-        runs.append((base * offset * np.exp(rng.normal(0, 0.01, 40)), base))
-    own = [rounds_estimate(v, b) for v, b in runs]
-    predicted = np.mean([e.se ** 2 for e in own]) + 0.05 ** 2
-    spread = np.var([e.log_ratio for e in own], ddof=1)
-    moderated = paired_estimate(runs, process_sd=0.05, prior_df=4)
-    assert moderated.df == 5 and moderated.processes == 2
-    assert moderated.se == pytest.approx(math.sqrt((4 * predicted + spread) / 5 / 2))
-    # the chi-square rule would leave the spread alone, with 1 degree of freedom
-    replaced = paired_estimate(runs, process_sd=0.05)
-    assert replaced.df == 1
-    low, high = moderated.interval(0.95)
-    wide_low, wide_high = replaced.interval(0.95)
-    assert math.log(high / low) < math.log(wide_high / wide_low) / 3
-    # processes that agree keep the prediction: never narrower
-    agreeing = [runs[0], (runs[0][0] * 1.001, runs[0][1])]
-    kept = paired_estimate(agreeing, process_sd=0.05, prior_df=4)
-    assert kept.se == pytest.approx(math.sqrt(
-        (np.mean([rounds_estimate(v, b).se ** 2 for v, b in agreeing]) + 0.05 ** 2) / 2))
-
-
 def test_one_process_ignoring_its_offset_would_cover_too_rarely():
-    """Why the offset is added: without it, a short call's 2% offset makes a narrow
-    interval miss the true ratio far more often than 5% of the time."""
+    """Why every run measures the process level: one process cannot see its own offset,
+    and a short call's 2% offset makes its narrow interval miss the true ratio far more
+    often than 5% of the time."""
     rng = np.random.default_rng(3)
     hits = 0
     for _ in range(800):
         variant, baseline = synthetic_process(rng, 0.8, 150, process_sd=0.02)
-        low, high = rounds_estimate(variant, baseline, process_sd=0.0).interval(0.95)
+        low, high = rounds_estimate(variant, baseline).interval(0.95)
         hits += low <= 0.8 <= high
     assert hits / 800 < 0.85
 
@@ -140,20 +83,6 @@ def test_correlated_rounds_widen_the_interval():
             > 1.5 * rounds_estimate(independent, base).se)
 
 
-def test_processes_that_disagree_beyond_the_offset_are_trusted_with_their_spread():
-    """Four processes whose ratios differ by 10%, where the model allows 0.4%: their own
-    spread is the variance, with 3 degrees of freedom."""
-    rng = np.random.default_rng(4)
-    runs = []
-    for offset in (0.85, 0.95, 1.05, 1.15):
-        base = np.exp(rng.normal(-7, 0.01, 30))
-        runs.append((base * offset * np.exp(rng.normal(0, 0.01, 30)), base))
-    estimate = paired_estimate(runs, process_sd=0.004)
-    thetas = [rounds_estimate(v, b).log_ratio for v, b in runs]
-    assert estimate.df == 3 and estimate.processes == 4 and estimate.rounds == 120
-    assert estimate.se == pytest.approx(np.std(thetas, ddof=1) / 2)
-
-
 def test_p_values_agree_with_the_interval():
     estimate = PairedEstimate(log_ratio=math.log(0.9), se=0.02, df=30, rounds=31)
     low, high = estimate.interval(0.95)
@@ -180,26 +109,3 @@ def test_log_estimate_of_one_runs_samples():
 def test_log_ratios_reject_what_is_not_paired_seconds(variant, baseline, message):
     with pytest.raises(ValueError, match=message):
         log_ratios(variant, baseline)
-
-
-def test_paired_estimate_rejects_no_processes_and_a_bad_offset():
-    with pytest.raises(ValueError, match="processes: expected at least one"):
-        paired_estimate([])
-    with pytest.raises(ValueError, match=r"process_sd: expected a finite standard deviation"):
-        paired_estimate([([1.0, 1.0], [1.0, 1.0])], process_sd=float("nan"))
-    for bad in (0.0, -1.0, float("inf")):
-        with pytest.raises(ValueError, match=r"prior_df: expected None or degrees of freedom"):
-            paired_estimate([([1.0, 1.0], [1.0, 1.0])], prior_df=bad)
-
-
-def test_process_noise_falls_with_call_length_and_is_validated():
-    noise = ProcessNoise(anchors=((1e-6, 0.02), (1e-3, 0.004)))
-    assert noise(1e-9) == 0.02 and noise(1.0) == 0.004
-    assert 0.02 > noise(3e-5) > 0.004
-    assert noise(math.sqrt(1e-6 * 1e-3)) == pytest.approx(math.sqrt(0.02 * 0.004))
-    default = ProcessNoise()
-    assert default(3e-8) > default(2e-6) > default(2e-4) > default(2e-3) == default(0.05)
-    with pytest.raises(ValueError, match="ProcessNoise: expected anchors"):
-        ProcessNoise(anchors=((1e-3, 0.01), (1e-5, 0.02)))
-    with pytest.raises(ValueError, match="ProcessNoise: expected anchors"):
-        ProcessNoise(anchors=((1e-3, float("nan")),))
