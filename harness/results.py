@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness import lock
 from harness.exits import UsageError, read_json
 from harness.measure.numbers import is_real, is_whole
 from harness.measure.stats import Verdict
@@ -345,7 +346,9 @@ class RunWriter:
     moment it is measured, `rows.csv` and `latest` at the end.
 
     Create a new run with `RunWriter.create`, or continue an earlier one with
-    `RunWriter.reopen`; `add_cell` after each cell; `finish(status)` last.
+    `RunWriter.reopen`; `add_cell` after each cell; `finish(status)` last; `close()` when
+    done. Both hold the run folder's writer lock (`harness.lock`) until `close()`: a
+    second process writing the folder is refused, naming this one.
     """
 
     def __init__(self, folder: Path, metadata: dict) -> None:
@@ -354,33 +357,45 @@ class RunWriter:
         self.traces = self.folder / "traces"
         self.cells = self.folder / CELLS
         self.metadata = metadata
+        self._held = contextlib.ExitStack()
+
+    def close(self) -> None:
+        """Release the run folder's writer lock (the writer writes no more)."""
+        self._held.close()
 
     @classmethod
     def create(cls, results_dir: Path, run_id: str, metadata: dict) -> "RunWriter":
         """A new run folder (unique id), its `run.json` (status running) and `latest`."""
         folder = create_run_folder(results_dir, run_id)
         writer = cls(folder, {"run_id": folder.name, **metadata})
-        writer.traces.mkdir()
-        writer.cells.mkdir()
-        writer._write_header("running")
-        try:
-            atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
-        except UsageError:  # the run exists but cannot go on: it says so, where it can
-            with contextlib.suppress(UsageError):
-                writer._write_header("crashed")
-            raise
+        with contextlib.ExitStack() as held:  # released here unless the run is open
+            held.enter_context(lock.hold(folder, f"--out {results_dir}"))
+            writer.traces.mkdir()
+            writer.cells.mkdir()
+            writer._write_header("running")
+            try:
+                atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
+            except UsageError:  # the run exists but cannot go on: it says so, where it can
+                with contextlib.suppress(UsageError):
+                    writer._write_header("crashed")
+                raise
+            writer._held = held.pop_all()
         return writer
 
     @classmethod
-    def reopen(cls, folder: Path) -> "RunWriter":
-        """An earlier run, to add its missing cells (`harness.run --resume`)."""
-        document = _read_document(Path(folder))
-        metadata = {k: v for k, v in document.items()
-                    if k not in ("schema_version", "status", "summary", "rows")}
-        writer = cls(folder, metadata)
-        writer.traces.mkdir(exist_ok=True)
-        writer.cells.mkdir(exist_ok=True)
-        writer._write_header("running")
+    def reopen(cls, folder: Path, what: str) -> "RunWriter":
+        """An earlier run, to add its missing cells (`harness.run --resume`); `what` names
+        the run as the user gave it (`--resume latest`), for a refusal's message."""
+        with contextlib.ExitStack() as held:  # released here unless the run is open
+            held.enter_context(lock.hold(Path(folder), what))
+            document = _read_document(Path(folder))
+            metadata = {k: v for k, v in document.items()
+                        if k not in ("schema_version", "status", "summary", "rows")}
+            writer = cls(folder, metadata)
+            writer.traces.mkdir(exist_ok=True)
+            writer.cells.mkdir(exist_ok=True)
+            writer._write_header("running")
+            writer._held = held.pop_all()
         return writer
 
     @classmethod

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from harness import explain, findings as registry
-from harness import options, ranks, replica
+from harness import lock, options, ranks, replica
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
 )
@@ -243,6 +243,11 @@ def _with_project_modules(args: argparse.Namespace) -> None:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    with contextlib.ExitStack() as writing:  # a resumed run's folder lock, from the start
+        return _run(argv, writing)
+
+
+def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     args = build_parser().parse_args(argv)
     if args.resume is None:  # a resumed run imports the modules it recorded
         _with_project_modules(args)
@@ -258,6 +263,8 @@ def _main(argv: list[str] | None = None) -> int:
     resumed = None
     if args.resume is not None:  # under torchrun every rank reads it: a shared file system
         folder = resolve_run_folder(args.resume, args.out)
+        if launch.leader:  # one writer per run: a second --resume stops here, changing nothing
+            writing.enter_context(lock.hold(folder, f"--resume {args.resume}"))
         resumed = load_run(folder)
         args = _recorded_args(args, resumed.metadata)
         requested = launch.device(args.device) if launch.distributed else args.device
@@ -295,6 +302,8 @@ def _main(argv: list[str] | None = None) -> int:
             raise
         return _interrupted(opened[0], launch, err)
     finally:
+        for opened_writer in opened:
+            opened_writer.close()
         ranks.stop(launch)
     if launch.leader and not args.no_report and code not in (130, 143, 129):
         _report(writer.folder, reports)
@@ -311,7 +320,8 @@ def _open_run(args, options: RunOptions, selected, resumed, launch: ranks.Launch
     if launch.leader:
         try:
             with signals_deferred():
-                opened.append(RunWriter.reopen(resumed.folder) if resumed is not None
+                opened.append(RunWriter.reopen(resumed.folder, f"--resume {args.resume}")
+                              if resumed is not None
                               else _new_run(args, options, selected, launch))
             message = ("ok", str(opened[0].folder))
         except Exception as err:  # the other ranks must hear of it, not wait

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness import exits, options
+from harness import exits, lock, options
 from harness.exits import UsageError
 from harness.report.compare import DEFAULT_FACTOR
 from harness.report.data import ReportError, open_run
@@ -105,8 +105,9 @@ def _history(args: argparse.Namespace, results: Path) -> Path:
         readable = f" readable: {'; '.join(history.skipped)}" if history.skipped else ""
         raise UsageError(f"--results: expected run folders (each with a run.json) in {results}; "
                          f"got none{readable}")
-    page = render_history(history, out, results)
-    update_index(out.parent)
+    with lock.hold(Path(os.path.abspath(out)).parent, f"--out {out}"):
+        page = render_history(history, out, results)
+        update_index(out.parent)
     return page
 
 
@@ -142,11 +143,13 @@ def render_runs(new: Run, old: Run | None, out: Path | None, *, force: bool = Fa
         raise
     except UsageError as err:  # as a ReportError, which harness.run reports without failing
         raise ReportError(str(err)) from err
-    if old is None:
-        page = render_run(new, out)
-    else:
-        page = render_compare(new, old, out, force=force, factor=factor)
-    update_index(out.parent)
+    # one writer per reports folder: the report, its staging folder and the index live there
+    with lock.hold(Path(os.path.abspath(out)).parent, f"--out {out}"):
+        if old is None:
+            page = render_run(new, out)
+        else:
+            page = render_compare(new, old, out, force=force, factor=factor)
+        update_index(out.parent)
     return page
 
 
