@@ -14,10 +14,9 @@ options and exit codes; `esper-bench SUBCOMMAND --help` shows them. `esper-bench
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-from harness.exits import version
+from harness.exits import run_module, version
 
 #: subcommand -> module whose `main(argv)` it calls
 SUBCOMMANDS = {
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage}\nesper-bench: unknown subcommand {command!r}; "
               f"expected one of {', '.join(commands)}", file=sys.stderr)
         return 2
-    return importlib.import_module(commands[command]).main(rest)
+    return run_module(commands[command], rest)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ a finding from a crash:
 
 `command` wraps a command's `main(argv) -> int` to keep that contract: `UsageError` ->
 2, an unexpected exception -> traceback and 3, SIGTERM and SIGHUP raised as `Terminated`
-(a KeyboardInterrupt) so that every `finally` and `with` block cleans up as on Ctrl-C.
+(a KeyboardInterrupt) so that every `finally` and `with` block cleans up as on Ctrl-C;
+an error a library raises as a signal unwinds it is still the signal's 130 or 143
+(`interruption`). `run_module` is a `python -m` command's whole body: a signal while
+its imports load is 130, one while the interpreter exits is ignored (`ignore_signals`).
 `add_version` and `epilog` give the parser its `--version` and exit-code list.
 
 For inputs and outputs: `read_json` (a file's JSON, or a UsageError naming the file and
@@ -27,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.metadata
 import json
 import os
 import signal
@@ -77,6 +79,8 @@ class Terminated(KeyboardInterrupt):
 
 def version() -> str:
     """The installed esper-bench version (importlib.metadata)."""
+    import importlib.metadata  # here, not above: it would double the import of this module
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -111,21 +115,33 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+#: the signals `signals_raise` turned into exceptions while the current command ran
+_received: list[int] = []
+
+
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise `Terminated` in the main thread.
+    """While inside, SIGINT raises KeyboardInterrupt and SIGTERM and SIGHUP `Terminated`
+    in the main thread, each noted (`interruption`).
 
-    A signal whose handler is not the default (SIG_IGN under nohup, a handler someone
+    A signal whose handler is not Python's default (SIG_IGN under nohup, a handler someone
     installed) is left alone; the previous handlers come back on the way out.
     """
     if not _in_main_thread():  # signal handlers can only be set from the main thread
         yield
         return
 
+    def raise_interrupt(signum, frame):
+        _received.append(signum)
+        raise KeyboardInterrupt
+
     def raise_terminated(signum, frame):
+        _received.append(signum)
         raise Terminated(signum)
 
     previous = {}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupt)
     for signum in TERMINATING:
         if signal.getsignal(signum) is signal.SIG_DFL:
             previous[signum] = signal.signal(signum, raise_terminated)
@@ -140,17 +156,77 @@ def signals_raise() -> Iterator[None]:
 def signals_deferred() -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP while inside: a cleanup that must not be cut short.
 
-    A signal that arrives meanwhile is delivered (and raises) on the way out.
+    A signal that arrives meanwhile is delivered (and raises) on the way out. It is held
+    by a handler that only notes it, not by the thread's signal mask: the kernel hands a
+    signal the main thread blocks to another thread (torch's OpenMP workers), and Python
+    then runs the handler in the main thread all the same, inside the block.
     """
-    if not (_in_main_thread() and hasattr(signal, "pthread_sigmask")):
+    if not _in_main_thread():
         yield
         return
-    held = {signal.SIGINT, *TERMINATING}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, *TERMINATING):
+        handler = signal.getsignal(signum)
+        if handler is not None and handler is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+def loading() -> contextlib.AbstractContextManager[None]:
+    """While modules with C++ extensions load (torch, matplotlib, numba: seconds), a
+    signal waits for the end (`signals_deferred`): raised in Python code that the
+    extension's C++ called, a KeyboardInterrupt ended the process with "terminate called
+    after throwing an instance of 'pybind11::error_already_set'" (SIGABRT, 134)."""
+    return signals_deferred()
+
+
+def interruption(err: BaseException) -> KeyboardInterrupt | None:
+    """The interruption behind `err`, or None: `err` itself when it is a KeyboardInterrupt
+    (Ctrl-C, or SIGTERM/SIGHUP as `Terminated`); one in its chain of causes and contexts
+    (a library's clean-up that raised while the interrupt unwound it: a profiler stopped
+    halfway); else, when a signal reached this command (`signals_raise`), that signal: a
+    library's C++ code may turn the KeyboardInterrupt raised in a Python callback into an
+    error of its own, with no chain left to follow."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    if _received:
+        return KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated(_received[0])
+    return None
+
+
+def forget_interrupted_eval() -> None:
+    """Clear CPython's mark of an unhandled KeyboardInterrupt, once one has been handled.
+
+    CPython (3.11 at least) marks a KeyboardInterrupt that leaves an `exec` or `eval` of a
+    string (dataclasses, namedtuple, jinja2 and torch make code that way, while they
+    import or render) as unhandled even when a caller handles it; a `python -m` process
+    then ends by killing itself with SIGINT instead of exiting with its status (130, or
+    what the command returned). The next `exec` of a string clears the mark.
+    """
+    exec("None")
+
+
+def ignore_signals() -> None:
+    """Ignore SIGINT, SIGTERM and SIGHUP from now on: for a process whose command has
+    returned its status and which is only exiting. Python's exit (collecting the
+    garbage of torch and the other libraries) takes seconds, and with its own handlers
+    gone by then, a signal during it killed the process (-2 instead of its status);
+    ignored, it cannot change a result already made."""
+    if not _in_main_thread():
+        return
+    for signum in (signal.SIGINT, *TERMINATING):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
@@ -158,6 +234,7 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
 
     @functools.wraps(main)
     def run(argv: list[str] | None = None) -> int:
+        _received.clear()
         try:
             with signals_raise(), pipe_safe_stdout():
                 return main(argv)
@@ -168,11 +245,12 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             print(f"internal error (exit {INTERNAL}): {err}", file=sys.stderr)
             return INTERNAL
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP as Terminated
-            signum = getattr(err, "signum", signal.SIGINT)
-            print(f"{signal.Signals(signum).name}: stopped, after cleaning up (temporary "
-                  "folders, worktrees, child processes)", file=sys.stderr)
-            return 128 + signum
-        except Exception:  # a bug: say so, with the traceback, and exit 3 (not 1: no finding)
+            return _stopped(err)
+        except Exception as err:
+            stopped = interruption(err)
+            if stopped is not None:  # a library raised its own error as the signal unwound it
+                return _stopped(stopped, f" ({type(err).__name__} as it stopped: {err})")
+            # a bug: say so, with the traceback, and exit 3 (not 1: no finding)
             traceback.print_exc()
             print(f"internal error (exit {INTERNAL}): an unexpected exception in "
                   f"{main.__module__} ({DISTRIBUTION} {version()}), not a finding about the "
@@ -182,16 +260,36 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
     return run
 
 
-def run_module(name: str) -> int:
-    """Import the command module `name` and call its `main()`: a `__main__`'s whole body.
-    Ctrl-C while the module's imports load (matplotlib, torch: seconds) ends the command
-    like Ctrl-C during its work, exit 130 with one line, not a traceback from an import."""
+def _stopped(err: KeyboardInterrupt, detail: str = "") -> int:
+    """Say that the command was stopped by a signal; its exit status, 128 + the signal."""
+    forget_interrupted_eval()
+    signum = getattr(err, "signum", signal.SIGINT)
+    print(f"{signal.Signals(signum).name}: stopped, after cleaning up (temporary folders, "
+          f"worktrees, child processes){detail}", file=sys.stderr)
+    return 128 + signum
+
+
+def run_module(name: str, argv: list[str] | None = None) -> int:
+    """Import the command module `name` and call its `main(argv)`: a `__main__`'s whole
+    body, which then only exits with the status returned. Ctrl-C while the module's
+    imports load (matplotlib, torch: seconds) ends the command once they have loaded
+    (`loading`), exit 130 with one line, not a traceback from an import (SIGTERM: 143).
+    Once `main` has returned, signals are ignored (`ignore_signals`): the status stands."""
     try:
-        module = importlib.import_module(name)
-    except KeyboardInterrupt:
-        print("SIGINT: stopped while loading the command; nothing was done", file=sys.stderr)
-        return 128 + signal.SIGINT
-    return module.main()
+        try:
+            with signals_raise(), loading():
+                module = importlib.import_module(name)
+        except KeyboardInterrupt as err:
+            forget_interrupted_eval()
+            signum = getattr(err, "signum", signal.SIGINT)
+            print(f"{signal.Signals(signum).name}: stopped while loading the command; nothing "
+                  "was done", file=sys.stderr)
+            return 128 + signum
+        return module.main(argv)
+    except KeyboardInterrupt as err:  # one that came as `main` returned
+        return _stopped(err)
+    finally:
+        ignore_signals()
 
 
 class _PipeSafe:

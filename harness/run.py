@@ -9,6 +9,16 @@ into the run folder.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m harness.run`: this module again, under its own name,
+    # so that Ctrl-C while its imports load (torch: seconds) is exit 130, not a traceback
+    import sys
+
+    from harness.exits import run_module
+
+    _status = run_module("harness.run")
+    _ranks = sys.modules.get("harness.ranks")  # absent when the imports were interrupted
+    (_ranks.exit_process if _ranks else sys.exit)(_status)
+
 import argparse
 import contextlib
 import dataclasses
@@ -23,7 +33,8 @@ import torch
 from harness import explain, findings as registry
 from harness import lock, options, ranks, replica
 from harness.exits import (
-    UsageError, add_version, check_writable_folder, command, epilog, signals_deferred,
+    UsageError, add_version, check_writable_folder, command, epilog, interruption, loading,
+    signals_deferred,
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
@@ -221,15 +232,16 @@ def _select(ids: list[str] | None, modules: list[str] | None,
         raise UsageError(f"--all: expected without --findings (it names every finding); "
                          f"got --findings {' '.join(ids)}")
     try:
-        for module in modules or ():
-            registry.load_findings_module(module)
-        own = registry.from_modules(modules) if modules and not ids else None
-        if own == []:
-            raise ValueError(f"--findings-module: expected modules that register findings; "
-                             f"{', '.join(modules)} registered none")
-        if own is not None and not include_long:
-            own = [i for i in own if not registry.FINDINGS[i].long] or own
-        return registry.select(ids or own, include_long)
+        with loading():  # the findings modules (the built-in ones first) load torch's compiler
+            for module in modules or ():
+                registry.load_findings_module(module)
+            own = registry.from_modules(modules) if modules and not ids else None
+            if own == []:
+                raise ValueError(f"--findings-module: expected modules that register findings; "
+                                 f"{', '.join(modules)} registered none")
+            if own is not None and not include_long:
+                own = [i for i in own if not registry.FINDINGS[i].long] or own
+            return registry.select(ids or own, include_long)
     except ValueError as err:
         raise UsageError(str(err)) from err
 
@@ -301,6 +313,11 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
         if not opened:  # stopped before the run existed: nothing to keep
             raise
         return _interrupted(opened[0], launch, err)
+    except Exception as err:
+        stopped = interruption(err)  # an error a library raised as the signal unwound it
+        if stopped is None or not opened:
+            raise
+        return _interrupted(opened[0], launch, stopped)
     finally:
         for opened_writer in opened:
             opened_writer.close()
@@ -420,14 +437,19 @@ def _project_state(modules: list[str] | None) -> dict:
 
 def _report(folder: Path, reports: Path) -> None:
     """Render reports/<run-id>/ and the index; a report problem never fails the run."""
-    from harness.report.cli import render  # matplotlib and jinja2 load only when rendering
-    from harness.report.data import ReportError
-
     try:
+        with loading():
+            from harness.report.cli import render  # matplotlib and jinja2 load only now
+
         page = render(folder, out=reports / folder.name)
-    except (ReportError, UsageError) as err:
+    except UsageError as err:  # the report's input errors (ReportError is one)
         print(f"report not written: {err}", file=sys.stderr)
         return
+    except BaseException as err:
+        if interruption(err) is not None:  # stopped while rendering: the run itself is kept
+            print(f"report not written (interrupted); render it with: python -m harness.report "
+                  f"{shlex.quote(str(folder))}", file=sys.stderr)
+        raise
     print(f"report: {page}")
 
 
@@ -646,6 +668,3 @@ def _cell_detail(summary: list[dict]) -> str:
 
 
 main = command(_main)
-
-if __name__ == "__main__":
-    ranks.exit_process(main())
