@@ -393,6 +393,35 @@ def _ends_inside(text: str) -> bool:
     return in_string or depth > 0
 
 
+def elided(text: str, most: int = 100) -> str:
+    """`text`, or its start and end around '...' when it is longer than `most`: a value
+    quoted in a one-line message."""
+    return text if len(text) <= most else f"{text[:most * 3 // 5]}...{text[-most * 3 // 10:]}"
+
+
+def too_long(path: Path) -> str | None:
+    """What makes `path` too long for the file system (a name over its NAME_MAX, or the
+    whole over PATH_MAX once made absolute), said for a message; None when it fits."""
+    absolute = os.path.abspath(path)
+    existing = Path(absolute)
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):  # no such limits to ask for: the common ones
+        name_max, path_max = 255, 4096
+    shown = elided(str(path))
+    longest = max((len(os.fsencode(part)) for part in Path(absolute).parts), default=0)
+    if longest > name_max:
+        return (f"{shown!r}, a path with a name of {longest} bytes; this file system takes "
+                f"names of at most {name_max} (too long)")
+    if len(os.fsencode(absolute)) >= path_max:
+        return (f"{shown!r}, a path of {len(os.fsencode(absolute))} bytes; this file system "
+                f"takes paths of fewer than {path_max} (too long)")
+    return None
+
+
 def check_writable(path: Path, option: str) -> None:
     """UsageError, before any work is done, when the file `path` cannot be written.
 
@@ -400,6 +429,7 @@ def check_writable(path: Path, option: str) -> None:
     would be created) by creating and deleting a file there: permissions alone do not
     tell (root may write anywhere but /proc, a read-only mount refuses everyone).
     """
+    check_fits(path, option)
     if path.is_dir():
         raise UsageError(f"{option}: expected a file to write; got {path}, a folder")
     _probe(path.parent, path, option, "a file in a folder")
@@ -409,9 +439,18 @@ def check_writable_folder(folder: Path, option: str) -> None:
     """UsageError, before any work is done, when files cannot be written into `folder`
     (an existing folder, or one that would be created): it is a file, it lies under a
     file, or its first existing ancestor refuses a new file."""
+    check_fits(folder, option)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{option}: expected a folder; got {folder}, a file")
     _probe(folder, folder, option, "a folder")
+
+
+def check_fits(path: Path, option: str) -> None:
+    """UsageError naming `option` when `path` is too long for the file system (before
+    anything asks the file system about it: it answers with OSError ENAMETOOLONG)."""
+    long = too_long(path)
+    if long is not None:
+        raise UsageError(f"{option}: expected a path the file system can hold; got {long}")
 
 
 def _probe(folder: Path, path: Path, option: str, expected: str) -> None:

@@ -274,7 +274,7 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
         raise UsageError(str(err)) from err
     resumed = None
     if args.resume is not None:  # under torchrun every rank reads it: a shared file system
-        folder = resolve_run_folder(args.resume, args.out)
+        folder = resolve_run_folder(args.resume, args.out, "--resume")
         if launch.leader:  # one writer per run: a second --resume stops here, changing nothing
             writing.enter_context(lock.hold(folder, f"--resume {args.resume}"))
         resumed = load_run(folder)

@@ -28,7 +28,7 @@ from harness.report.markdown import compare_markdown, run_markdown
 from harness.report.site import (
     check_index, render_compare, render_history, render_run, update_index,
 )
-from harness.results import DEFAULT_RESULTS_DIR, Run, atomic_write_text
+from harness.results import DEFAULT_RESULTS_DIR, Run, atomic_write_text, check_results_folder
 
 DEFAULT_REPORTS_DIR = Path("reports")
 HISTORY_FOLDER = "history"
@@ -86,9 +86,10 @@ def check_options(args: argparse.Namespace) -> Path:
                                        ("--markdown", args.markdown)) if on]
         raise UsageError(f"--history: expected on its own (with --results and --out); got it "
                          f"with {', '.join(given)}")
-    if args.results is not None and not args.results.is_dir():
-        what = "a file" if args.results.exists() else "no such folder"
-        raise UsageError(f"--results: expected a folder of runs; got {args.results} ({what})")
+    if args.out is not None:  # named before RUN is looked up, as the other options are
+        exits.check_fits(args.out, "--out")
+    if args.results is not None:
+        check_results_folder(args.results, "--results")
     if args.markdown not in (None, STDOUT):
         exits.check_writable(Path(args.markdown), "--markdown")
     return args.results if args.results is not None else DEFAULT_RESULTS_DIR
@@ -160,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.history:
         print(f"history: {_history(args, results)}")
         return exits.PASS
-    new = open_run(args.run, results)
-    old = open_run(args.compare, results) if args.compare is not None else None
+    new = open_run(args.run, results, "RUN")
+    old = open_run(args.compare, results, "--compare") if args.compare is not None else None
     page = render_runs(new, old, args.out, force=args.force, factor=args.factor)
     if args.markdown is not None:
         target, link = _markdown_target(args.markdown, page)

@@ -145,6 +145,84 @@ def test_a_run_json_with_any_field_of_the_wrong_type_renders_or_is_named(what, d
         assert not (tmp_path / "out").exists()
 
 
+#: a value of each JSON kind (numbers are one kind: 7 for 2.5 is no change of kind), and
+#: the field's absence
+_KINDS = [None, True, "text", [], {}, 7, 2.5]
+_ABSENT = object()
+
+
+def _same_kind(a: object, b: object) -> bool:
+    numbers = (int, float)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b)
+    return (isinstance(a, numbers) and isinstance(b, numbers)) or type(a) is type(b)
+
+
+def _row_mutations(document: dict) -> list[tuple[str, dict]]:
+    """(what, mutated document): each field of a summary row (a compared row: it has every
+    field a baseline row has, and its ratio) given a value of each other JSON kind, or
+    removed."""
+    out = []
+    index = next(i for i, row in enumerate(document["summary"]) if "ratio" in row)
+    for field, was in document["summary"][index].items():
+        for value in [*_KINDS, _ABSENT]:
+            if value is not _ABSENT and _same_kind(value, was):
+                continue
+            changed = copy.deepcopy(document)
+            if value is _ABSENT:
+                del changed["summary"][index][field]
+            else:
+                changed["summary"][index][field] = value
+            out.append((f"row{index}.{field}={'absent' if value is _ABSENT else repr(value)}",
+                        changed))
+    return out
+
+
+@pytest.mark.parametrize(("what", "document"), _row_mutations(_run_document()),
+                         ids=lambda value: value if isinstance(value, str) else "")
+def test_a_summary_row_with_any_field_of_the_wrong_kind_or_missing_renders_or_is_named(
+        what, document, tmp_path, capsys):
+    """Every field of a summary row, wrong or missing: the report renders, or exits 2
+    naming run.json, the row and the field, what it expected and what it found; never an
+    internal error (a timed row without its median read as 'numbers that make no sense')."""
+    folder = tmp_path / "results" / "r"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(document))
+    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code in (0, 2), (what, err[-3000:])
+    if code == 2:
+        field = what.split(".", 1)[1].split("=", 1)[0]
+        assert err.startswith(f"error: {folder / 'run.json'}: summary row "), (what, err)
+        assert f"field {field!r}: expected " in err and "; got " in err, (what, err)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_run_json_that_is_a_folder_is_named_as_one(tmp_path, capsys):
+    folder = tmp_path / "r"
+    (folder / "run.json").mkdir(parents=True)
+    assert report_cli.main([str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {folder / 'run.json'}: expected a JSON file; got a folder"), err
+
+
+@pytest.mark.parametrize("command", ["run", "report", "gate", "targets"])
+@pytest.mark.parametrize("length", ["a 300-character name", "a 4200-character path"])
+def test_a_path_too_long_is_exit_2_naming_the_option(command, length, tmp_path, capsys,
+                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    long = (str(tmp_path / ("n" * 300) / "x") if length.startswith("a 300")
+            else str(tmp_path / "/".join(["d" * 200] * 21)))
+    main, valued, stop = _commands(tmp_path)[command]
+    for option in [o for o in valued if o in ("--out", "--reports", "--results", "--baseline",
+                                              "--json", "--config")]:
+        assert main([*stop, option, long]) == 2, (option, length)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and option in err, (option, err)
+        assert "too long" in err and "Traceback" not in err, (option, err)
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
 @pytest.mark.parametrize("cut", [0, 1, 10, 100, 1000, -10, -1])
 def test_a_truncated_run_json_or_cell_is_named(cut, tmp_path, capsys):
     for name in ("run.json", "cell"):
