@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.checks import check_choice
+from esper.checks import check_choice, check_device
 from esper.variants import AXES
 
 Tensor = torch.Tensor
@@ -24,7 +24,7 @@ class EpochAccumulators:
 
     def __init__(self, device: torch.device | str, mode: str = "separate") -> None:
         self.mode = check_choice("EpochAccumulators: mode", mode, MODES)
-        device = torch.device(device)
+        device = check_device("EpochAccumulators: device", device)
         if mode == "separate":
             self._loss = torch.zeros((), device=device)
             self._correct = torch.zeros((), device=device)
