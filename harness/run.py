@@ -38,7 +38,7 @@ from harness.exits import (
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
-from harness.measure.machine import describe, fingerprint, git_state
+from harness.measure.machine import KERNEL_FIELDS, describe, fingerprint_changes, git_state
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_project_config
@@ -197,12 +197,14 @@ def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device)
                 f"--resume {args.resume}: {flag}: the run was measured with "
                 f"{recorded.get(dest)!r}; got {explicit[dest]!r}. A resumed run keeps its "
                 "options; start a new run to change them")
-    mine, theirs = fingerprint(describe(device)), fingerprint(metadata)
-    different = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs[k]}
+    different = fingerprint_changes(metadata, describe(device))
     if different:
-        detail = "; ".join(f"{k}: run {a!r}, here {b!r}" for k, (a, b) in different.items())
-        raise UsageError(f"--resume {args.resume}: expected the machine the run was measured "
-                         f"on; got another ({detail}). Its timings would not be comparable")
+        detail = "; ".join(f"{k}: run {a!r}, here {b!r}" for k, a, b in different)
+        same = ("; this may be this machine, with other CPU kernels (ATEN_CPU_CAPABILITY, "
+                "ONEDNN_MAX_CPU_ISA)" if all(k in KERNEL_FIELDS for k, _, _ in different) else "")
+        raise UsageError(f"--resume {args.resume}: expected the machine and CPU kernel path "
+                         f"the run was measured on; got another ({detail}){same}. Its "
+                         "timings would not be comparable")
     here = describe(device)["git_commit"]
     if metadata.get("git_commit") != here:
         raise UsageError(f"--resume {args.resume}: expected the code the run measured "
