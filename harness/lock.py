@@ -71,7 +71,8 @@ def describe_holder(holder: dict | None) -> str:
     """`pid 1234 (python -m harness.run --resume r) on host h since 12:03:04 UTC`."""
     if holder is None:
         return "a process that has not recorded itself yet"
-    host = f" on host {holder['host']}" if holder.get("host") not in (None, socket.gethostname()) else ""
+    elsewhere = holder.get("host") not in (None, socket.gethostname())
+    host = f" on host {holder['host']}" if elsewhere else ""
     since = f", since {holder['since']}" if holder.get("since") else ""
     return f"pid {holder.get('pid')} ({holder.get('command') or 'command unknown'}){host}{since}"
 

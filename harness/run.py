@@ -439,18 +439,18 @@ def _project_state(modules: list[str] | None) -> dict:
 
 def _report(folder: Path, reports: Path) -> None:
     """Render reports/<run-id>/ and the index; a report problem never fails the run."""
+    later = f"render it with: python -m harness.report {shlex.quote(str(folder))}"
     try:
         with loading():
             from harness.report.cli import render  # matplotlib and jinja2 load only now
 
         page = render(folder, out=reports / folder.name)
     except UsageError as err:  # the report's input errors (ReportError is one)
-        print(f"report not written: {err}", file=sys.stderr)
+        print(f"report not written: {err}; {later}", file=sys.stderr)
         return
     except BaseException as err:
         if interruption(err) is not None:  # stopped while rendering: the run itself is kept
-            print(f"report not written (interrupted); render it with: python -m harness.report "
-                  f"{shlex.quote(str(folder))}", file=sys.stderr)
+            print(f"report not written (interrupted); {later}", file=sys.stderr)
         raise
     print(f"report: {page}")
 

@@ -7,17 +7,21 @@ changed that the command had no business changing):
 - options: for every value-taking option of every harness command, values that are
   empty, negative, zero, huge, inf, nan, unicode, a path that is a file, a read-only
   folder, a path under /proc, a path with spaces; each run in-process (`main(argv)`), with the other options
-  chosen so that the command stops right after checking its input;
+  chosen so that the command stops right after checking its input; and paths too long
+  for the file system (a 300-byte name, a 4.2k path) for every path option;
 - files: a run's run.json and a journaled cell, truncated at every length class, empty,
-  binary, each top-level field and each summary-row field replaced by a value of every
-  other JSON type, and a future schema version; read by `harness.report`, they must end
-  in exit 2 naming the file (or render, when the change is harmless);
+  binary, a folder, each top-level field (the CPU kernel path's included) and each
+  summary-row field replaced by a value of every other JSON type or removed, and a future
+  schema version; read by `harness.report`, they must end in exit 2 naming the file, and
+  for a row its field (or render, when the change is harmless);
 - writes (integration): the k-th atomic write of a run fails with a full disk or a
   permission error; the run must stop with exit 2 naming the file, keep every cell it
   journaled, and `--resume` must complete it.
 
 Signals at random moments (SIGINT, SIGTERM, SIGKILL, SIGPIPE and a reader that closes the
-pipe) are `tests/harness/test_run_persistence.py`'s fault injection.
+pipe, and SIGINT across a whole `python -m harness.run`) are
+`tests/harness/test_run_persistence.py`'s fault injection; a second writer of a folder is
+`tests/harness/test_lock.py`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from harness import results
+from harness.measure.machine import kernel_path
 from harness.bisect import cli as bisect_cli
 from harness.gate import cli as gate_cli, quality as gate_quality
 from harness.report import cli as report_cli
@@ -125,20 +130,29 @@ def _mutations(document: dict) -> list[tuple[str, object]]:
 
 
 def _run_document() -> dict:
+    """The old fixture run's run.json with two summary rows, and the fields of the CPU
+    kernel path that runs record since."""
     document = json.loads((OLD_RUN / "run.json").read_text())
     cell = json.loads(next((OLD_RUN / "cells").glob("*.json")).read_text())
-    return {**document, "summary": cell["summary"][:2], "rows": cell["samples"][:4]}
+    return {**document, **kernel_path(), "summary": cell["summary"][:2],
+            "rows": cell["samples"][:4]}
+
+
+def _report_of(document: dict, tmp_path: Path, capsys) -> tuple[int, str, Path]:
+    """(exit status, stderr, run folder) of `harness.report` on a run whose run.json is
+    `document`."""
+    folder = tmp_path / "results" / "r"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(document))
+    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
+    return code, capsys.readouterr().err, folder
 
 
 @pytest.mark.parametrize(("what", "document"), _mutations(_run_document()),
                          ids=lambda value: value if isinstance(value, str) else "")
 def test_a_run_json_with_any_field_of_the_wrong_type_renders_or_is_named(what, document,
                                                                          tmp_path, capsys):
-    folder = tmp_path / "results" / "r"
-    folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps(document))
-    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
+    code, err, folder = _report_of(document, tmp_path, capsys)
     assert code in (0, 2), (what, err[-3000:])
     if code == 2:
         assert str(folder / "run.json") in err or "--out" in err, (what, err)
@@ -185,11 +199,7 @@ def test_a_summary_row_with_any_field_of_the_wrong_kind_or_missing_renders_or_is
     """Every field of a summary row, wrong or missing: the report renders, or exits 2
     naming run.json, the row and the field, what it expected and what it found; never an
     internal error (a timed row without its median read as 'numbers that make no sense')."""
-    folder = tmp_path / "results" / "r"
-    folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps(document))
-    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
+    code, err, folder = _report_of(document, tmp_path, capsys)
     assert code in (0, 2), (what, err[-3000:])
     if code == 2:
         field = what.split(".", 1)[1].split("=", 1)[0]

@@ -170,3 +170,18 @@ def test_a_writer_killed_by_sigkill_leaves_a_stale_lock_the_next_writer_names(tm
     assert _cells(load_run(folder)) == {("TINY-sums", f"n={256 * (k + 1)}")
                                         for k in range(tiny.CASES)}
     assert not (folder / lock.LOCK_FILE).exists()
+
+
+def test_a_run_whose_reports_folder_is_being_written_keeps_its_run_and_says_how_to_render(
+        tmp_path, holder, capsys):
+    reports = tmp_path / "reports"
+    process = holder(reports)
+    run = [arg for arg in RUN if arg != "--no-report"]
+    assert main([*run, "--out", str(tmp_path / "results"), "--reports", str(reports)]) == 0
+    err = capsys.readouterr().err
+    (folder,) = [p for p in (tmp_path / "results").iterdir() if p.is_dir()]
+    assert f"report not written: --out {reports / folder.name}: " in err
+    assert f"pid {process.pid} " in err
+    assert f"render it with: python -m harness.report {folder}" in err
+    assert load_run(folder).metadata["status"] == "complete"
+    assert sorted(p.name for p in reports.iterdir()) == [lock.LOCK_FILE]
