@@ -27,6 +27,7 @@ and `signals_deferred` (a cleanup that a second signal must not cut short).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -274,7 +275,8 @@ def run_module(name: str, argv: list[str] | None = None) -> int:
     body, which then only exits with the status returned. Ctrl-C while the module's
     imports load (matplotlib, torch: seconds) ends the command once they have loaded
     (`loading`), exit 130 with one line, not a traceback from an import (SIGTERM: 143).
-    Once `main` has returned, signals are ignored (`ignore_signals`): the status stands."""
+    Once `main` has returned, signals are ignored as the process exits (`ignore_signals`):
+    the status stands."""
     try:
         try:
             with signals_raise(), loading():
@@ -288,8 +290,9 @@ def run_module(name: str, argv: list[str] | None = None) -> int:
         return module.main(argv)
     except KeyboardInterrupt as err:  # one that came as `main` returned
         return _stopped(err)
-    finally:
-        ignore_signals()
+    finally:  # once the process exits (Python's exit runs the last registered first), not
+        # now: a caller that goes on (a test calling a command) keeps its signals
+        atexit.register(ignore_signals)
 
 
 class _PipeSafe:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.exits import command, signals_deferred
+from harness.exits import command, run_module, signals_deferred
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,6 +76,16 @@ def test_an_error_a_library_raises_as_the_interrupt_unwinds_it_is_still_exit_130
     err = capsys.readouterr().err
     assert err.startswith("SIGINT: stopped, after cleaning up") and "RuntimeError" in err
     assert "internal error" not in err and "Traceback" not in err
+
+
+def test_a_command_run_in_this_process_leaves_the_signal_handlers_as_they_were(capsys):
+    """`run_module` ignores signals only once the process exits: a caller that goes on
+    (the console script called in a test) keeps Ctrl-C."""
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in handled}
+    assert run_module("harness.cli", ["--version"]) == 0
+    assert capsys.readouterr().out.startswith("esper-bench ")
+    assert {signum: signal.getsignal(signum) for signum in handled} == before
 
 
 def _python_m(tmp_path: Path, module: str, source: str, *args: str,
