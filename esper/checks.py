@@ -6,7 +6,8 @@ is never taken for a number (`True` is an `int` to Python, not a count or a rate
 
 `is_int` and `is_integral` are the predicates behind them, for checks on a hot path
 that test first and only build a message on failure. `parse_int` reads an int from text
-(a command-line value) with `check_int`'s bounds and message.
+(a command-line value) with `check_int`'s bounds and message. `check_device` is every
+constructor's check of the device it is given.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import re
 from numbers import Integral, Real
 from typing import Sequence, TypeVar
+
+import torch
 
 Choice = TypeVar("Choice")
 
@@ -91,3 +94,35 @@ def check_choice(field: str, value: Choice, allowed: Sequence[Choice]) -> Choice
     if value not in allowed:
         raise ValueError(f"{field}: expected one of {', '.join(map(str, allowed))}; got {value!r}")
     return value
+
+
+#: the kinds of device esper runs on; `meta` holds shapes without data (the tests' stand-in
+#: for a device the machine lacks)
+DEVICE_TYPES = ("cpu", "cuda", "meta")
+
+
+def check_device(field: str, value: object) -> torch.device:
+    """`value` (a `torch.device` or its name) as a `torch.device` esper can run on here: the
+    CPU, a CUDA device this machine has, or `meta`. Anything else is a ValueError naming
+    `field`, not torch's own error from deep inside the first tensor made there."""
+    if not isinstance(value, (str, torch.device)):
+        raise ValueError(f"{field}: expected a torch.device or its name ('cpu', 'cuda', "
+                         f"'cuda:0'); got {value!r} ({type(value).__name__})")
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{field}: expected 'cpu', 'cuda' or 'cuda:N' (or a torch.device of "
+                         f"one); got {value!r}, which torch does not know as a device") from None
+    if device.type not in DEVICE_TYPES:
+        raise ValueError(f"{field}: expected a cpu or cuda device; got {str(value)!r}: esper "
+                         "runs on the CPU and on CUDA")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{field}: expected a device this machine has; got {str(value)!r}, "
+                             "but this torch has no CUDA (torch.cuda.is_available() is False): "
+                             "use 'cpu'")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{field}: expected cuda:0 to cuda:{count - 1} (this machine has "
+                             f"{count} CUDA device(s)); got {str(value)!r}")
+    return device

@@ -14,11 +14,10 @@ its `python -m` form, with the same options and exit codes; `esper-bench SUBCOMM
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
-from harness.exits import command, version
+from harness.exits import UsageError, run_module, version
 
 #: subcommand -> module whose `main(argv)` it calls
 SUBCOMMANDS = {
@@ -41,7 +40,6 @@ def subcommands() -> dict[str, str]:
     return {**SUBCOMMANDS, **added}
 
 
-@command
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--version":
@@ -51,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if argv and argv[0] in SUBCOMMANDS:  # no findings module is imported to find it
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
-    commands = subcommands()
+        return run_module(SUBCOMMANDS[argv[0]], argv[1:])
+    try:
+        commands = subcommands()
+    except UsageError as err:  # the project's pyproject.toml or findings modules
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     usage = f"usage: esper-bench {{{','.join(commands)}}} [OPTIONS]"
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[0] + "\n\n" + usage)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage}\nesper-bench: unknown subcommand {command!r}; "
               f"expected one of {', '.join(commands)}", file=sys.stderr)
         return 2
-    return importlib.import_module(commands[command]).main(rest)
+    return run_module(commands[command], rest)
 
 
 if __name__ == "__main__":

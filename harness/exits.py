@@ -12,7 +12,10 @@ a finding from a crash:
 
 `command` wraps a command's `main(argv) -> int` to keep that contract: `UsageError` ->
 2, an unexpected exception -> traceback and 3, SIGTERM and SIGHUP raised as `Terminated`
-(a KeyboardInterrupt) so that every `finally` and `with` block cleans up as on Ctrl-C.
+(a KeyboardInterrupt) so that every `finally` and `with` block cleans up as on Ctrl-C;
+an error a library raises as a signal unwinds it is still the signal's 130 or 143
+(`interruption`). `run_module` is a `python -m` command's whole body: a signal while
+its imports load is 130, one while the interpreter exits is ignored (`ignore_signals`).
 `add_version` and `epilog` give the parser its `--version` and exit-code list.
 
 For inputs and outputs: `read_json` (a file's JSON, or a UsageError naming the file and
@@ -24,10 +27,10 @@ and `signals_deferred` (a cleanup that a second signal must not cut short).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
-import importlib.metadata
 import json
 import os
 import signal
@@ -77,6 +80,8 @@ class Terminated(KeyboardInterrupt):
 
 def version() -> str:
     """The installed esper-bench version (importlib.metadata)."""
+    import importlib.metadata  # here, not above: it would double the import of this module
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -111,21 +116,33 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+#: the signals `signals_raise` turned into exceptions while the current command ran
+_received: list[int] = []
+
+
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise `Terminated` in the main thread.
+    """While inside, SIGINT raises KeyboardInterrupt and SIGTERM and SIGHUP `Terminated`
+    in the main thread, each noted (`interruption`).
 
-    A signal whose handler is not the default (SIG_IGN under nohup, a handler someone
+    A signal whose handler is not Python's default (SIG_IGN under nohup, a handler someone
     installed) is left alone; the previous handlers come back on the way out.
     """
     if not _in_main_thread():  # signal handlers can only be set from the main thread
         yield
         return
 
+    def raise_interrupt(signum, frame):
+        _received.append(signum)
+        raise KeyboardInterrupt
+
     def raise_terminated(signum, frame):
+        _received.append(signum)
         raise Terminated(signum)
 
     previous = {}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupt)
     for signum in TERMINATING:
         if signal.getsignal(signum) is signal.SIG_DFL:
             previous[signum] = signal.signal(signum, raise_terminated)
@@ -140,17 +157,77 @@ def signals_raise() -> Iterator[None]:
 def signals_deferred() -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP while inside: a cleanup that must not be cut short.
 
-    A signal that arrives meanwhile is delivered (and raises) on the way out.
+    A signal that arrives meanwhile is delivered (and raises) on the way out. It is held
+    by a handler that only notes it, not by the thread's signal mask: the kernel hands a
+    signal the main thread blocks to another thread (torch's OpenMP workers), and Python
+    then runs the handler in the main thread all the same, inside the block.
     """
-    if not (_in_main_thread() and hasattr(signal, "pthread_sigmask")):
+    if not _in_main_thread():
         yield
         return
-    held = {signal.SIGINT, *TERMINATING}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, *TERMINATING):
+        handler = signal.getsignal(signum)
+        if handler is not None and handler is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+def loading() -> contextlib.AbstractContextManager[None]:
+    """While modules with C++ extensions load (torch, matplotlib, numba: seconds), a
+    signal waits for the end (`signals_deferred`): raised in Python code that the
+    extension's C++ called, a KeyboardInterrupt ended the process with "terminate called
+    after throwing an instance of 'pybind11::error_already_set'" (SIGABRT, 134)."""
+    return signals_deferred()
+
+
+def interruption(err: BaseException) -> KeyboardInterrupt | None:
+    """The interruption behind `err`, or None: `err` itself when it is a KeyboardInterrupt
+    (Ctrl-C, or SIGTERM/SIGHUP as `Terminated`); one in its chain of causes and contexts
+    (a library's clean-up that raised while the interrupt unwound it: a profiler stopped
+    halfway); else, when a signal reached this command (`signals_raise`), that signal: a
+    library's C++ code may turn the KeyboardInterrupt raised in a Python callback into an
+    error of its own, with no chain left to follow."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    if _received:
+        return KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated(_received[0])
+    return None
+
+
+def forget_interrupted_eval() -> None:
+    """Clear CPython's mark of an unhandled KeyboardInterrupt, once one has been handled.
+
+    CPython (3.11 at least) marks a KeyboardInterrupt that leaves an `exec` or `eval` of a
+    string (dataclasses, namedtuple, jinja2 and torch make code that way, while they
+    import or render) as unhandled even when a caller handles it; a `python -m` process
+    then ends by killing itself with SIGINT instead of exiting with its status (130, or
+    what the command returned). The next `exec` of a string clears the mark.
+    """
+    exec("None")
+
+
+def ignore_signals() -> None:
+    """Ignore SIGINT, SIGTERM and SIGHUP from now on: for a process whose command has
+    returned its status and which is only exiting. Python's exit (collecting the
+    garbage of torch and the other libraries) takes seconds, and with its own handlers
+    gone by then, a signal during it killed the process (-2 instead of its status);
+    ignored, it cannot change a result already made."""
+    if not _in_main_thread():
+        return
+    for signum in (signal.SIGINT, *TERMINATING):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
@@ -158,6 +235,7 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
 
     @functools.wraps(main)
     def run(argv: list[str] | None = None) -> int:
+        _received.clear()
         try:
             with signals_raise(), pipe_safe_stdout():
                 return main(argv)
@@ -168,11 +246,12 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             print(f"internal error (exit {INTERNAL}): {err}", file=sys.stderr)
             return INTERNAL
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP as Terminated
-            signum = getattr(err, "signum", signal.SIGINT)
-            print(f"{signal.Signals(signum).name}: stopped, after cleaning up (temporary "
-                  "folders, worktrees, child processes)", file=sys.stderr)
-            return 128 + signum
-        except Exception:  # a bug: say so, with the traceback, and exit 3 (not 1: no finding)
+            return _stopped(err)
+        except Exception as err:
+            stopped = interruption(err)
+            if stopped is not None:  # a library raised its own error as the signal unwound it
+                return _stopped(stopped, f" ({type(err).__name__} as it stopped: {err})")
+            # a bug: say so, with the traceback, and exit 3 (not 1: no finding)
             traceback.print_exc()
             print(f"internal error (exit {INTERNAL}): an unexpected exception in "
                   f"{main.__module__} ({DISTRIBUTION} {version()}), not a finding about the "
@@ -182,16 +261,38 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
     return run
 
 
-def run_module(name: str) -> int:
-    """Import the command module `name` and call its `main()`: a `__main__`'s whole body.
-    Ctrl-C while the module's imports load (matplotlib, torch: seconds) ends the command
-    like Ctrl-C during its work, exit 130 with one line, not a traceback from an import."""
+def _stopped(err: KeyboardInterrupt, detail: str = "") -> int:
+    """Say that the command was stopped by a signal; its exit status, 128 + the signal."""
+    forget_interrupted_eval()
+    signum = getattr(err, "signum", signal.SIGINT)
+    print(f"{signal.Signals(signum).name}: stopped, after cleaning up (temporary folders, "
+          f"worktrees, child processes){detail}", file=sys.stderr)
+    return 128 + signum
+
+
+def run_module(name: str, argv: list[str] | None = None) -> int:
+    """Import the command module `name` and call its `main(argv)`: a `__main__`'s whole
+    body, which then only exits with the status returned. Ctrl-C while the module's
+    imports load (matplotlib, torch: seconds) ends the command once they have loaded
+    (`loading`), exit 130 with one line, not a traceback from an import (SIGTERM: 143).
+    Once `main` has returned, signals are ignored as the process exits (`ignore_signals`):
+    the status stands."""
     try:
-        module = importlib.import_module(name)
-    except KeyboardInterrupt:
-        print("SIGINT: stopped while loading the command; nothing was done", file=sys.stderr)
-        return 128 + signal.SIGINT
-    return module.main()
+        try:
+            with signals_raise(), loading():
+                module = importlib.import_module(name)
+        except KeyboardInterrupt as err:
+            forget_interrupted_eval()
+            signum = getattr(err, "signum", signal.SIGINT)
+            print(f"{signal.Signals(signum).name}: stopped while loading the command; nothing "
+                  "was done", file=sys.stderr)
+            return 128 + signum
+        return module.main(argv)
+    except KeyboardInterrupt as err:  # one that came as `main` returned
+        return _stopped(err)
+    finally:  # once the process exits (Python's exit runs the last registered first), not
+        # now: a caller that goes on (a test calling a command) keeps its signals
+        atexit.register(ignore_signals)
 
 
 class _PipeSafe:
@@ -295,6 +396,35 @@ def _ends_inside(text: str) -> bool:
     return in_string or depth > 0
 
 
+def elided(text: str, most: int = 100) -> str:
+    """`text`, or its start and end around '...' when it is longer than `most`: a value
+    quoted in a one-line message."""
+    return text if len(text) <= most else f"{text[:most * 3 // 5]}...{text[-most * 3 // 10:]}"
+
+
+def too_long(path: Path) -> str | None:
+    """What makes `path` too long for the file system (a name over its NAME_MAX, or the
+    whole over PATH_MAX once made absolute), said for a message; None when it fits."""
+    absolute = os.path.abspath(path)
+    existing = Path(absolute)
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):  # no such limits to ask for: the common ones
+        name_max, path_max = 255, 4096
+    shown = elided(str(path))
+    longest = max((len(os.fsencode(part)) for part in Path(absolute).parts), default=0)
+    if longest > name_max:
+        return (f"{shown!r}, a path with a name of {longest} bytes; this file system takes "
+                f"names of at most {name_max} (too long)")
+    if len(os.fsencode(absolute)) >= path_max:
+        return (f"{shown!r}, a path of {len(os.fsencode(absolute))} bytes; this file system "
+                f"takes paths of fewer than {path_max} (too long)")
+    return None
+
+
 def check_writable(path: Path, option: str) -> None:
     """UsageError, before any work is done, when the file `path` cannot be written.
 
@@ -302,6 +432,7 @@ def check_writable(path: Path, option: str) -> None:
     would be created) by creating and deleting a file there: permissions alone do not
     tell (root may write anywhere but /proc, a read-only mount refuses everyone).
     """
+    check_fits(path, option)
     if path.is_dir():
         raise UsageError(f"{option}: expected a file to write; got {path}, a folder")
     _probe(path.parent, path, option, "a file in a folder")
@@ -311,9 +442,18 @@ def check_writable_folder(folder: Path, option: str) -> None:
     """UsageError, before any work is done, when files cannot be written into `folder`
     (an existing folder, or one that would be created): it is a file, it lies under a
     file, or its first existing ancestor refuses a new file."""
+    check_fits(folder, option)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{option}: expected a folder; got {folder}, a file")
     _probe(folder, folder, option, "a folder")
+
+
+def check_fits(path: Path, option: str) -> None:
+    """UsageError naming `option` when `path` is too long for the file system (before
+    anything asks the file system about it: it answers with OSError ENAMETOOLONG)."""
+    long = too_long(path)
+    if long is not None:
+        raise UsageError(f"{option}: expected a path the file system can hold; got {long}")
 
 
 def _probe(folder: Path, path: Path, option: str, expected: str) -> None:

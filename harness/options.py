@@ -124,7 +124,11 @@ def seed(text: str) -> int:
 
 
 def path(text: str) -> Path:
-    """A non-empty path (`''` would silently mean the current folder)."""
+    """A non-empty path (`''` would silently mean the current folder) that the file
+    system can hold (`harness.exits.too_long`)."""
     if not text.strip():
         raise _bad("a path", text)
+    long = exits.too_long(Path(text))
+    if long is not None:
+        raise argparse.ArgumentTypeError(f"expected a path the file system can hold; got {long}")
     return Path(text)

@@ -25,6 +25,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from harness.exits import ignore_signals
 from harness.measure.machine import device_name
 
 #: a rank may measure for hours while another waits at the final gather
@@ -136,6 +137,7 @@ def exit_process(code: int) -> NoReturn:
     full test-suite runs, after all its work was journaled, and torchrun then reported the
     whole launch failed; ending this way, 24 of 24 loaded launches passed. Everything a command writes is closed (atomic
     renames) before it returns its status, so nothing is lost by skipping finalization."""
+    ignore_signals()  # the status is made: a signal while Python exits must not change it
     if not _joined:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):

@@ -45,7 +45,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.exits import UsageError, read_json
+from harness import lock
+from harness.exits import UsageError, elided, read_json, too_long
 from harness.measure.numbers import is_real, is_whole
 from harness.measure.stats import Verdict
 
@@ -87,6 +88,11 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "max_error": float,
     "op_calls": int, "host_syncs": int, "allocations": int, "allocated_bytes": int,
     "kernel_launches": int, "peak_bytes": int, "error": str, "reason": str,
+    "stopped_by": str, "precision_reached": float, "number_per_sample": int,
+    "compared_to": str, "call_overhead_s": float, "interval": str, "lean": str,
+    "claim_word": str, "claim_factor": float, "claim_tolerance": float, "profile_note": str,
+    "warning": str, "floor_s": float, "floor_level": str, "bound": str, "min_bytes": float,
+    "achieved_bytes_per_s": float,
 }
 
 
@@ -97,7 +103,9 @@ METADATA_FIELDS: dict[str, type] = {
     "processes": int,
     "profile": bool, "findings": list, "options": dict, "cells_total": int,
     "cells_done": int, "world_size": int, "device": str, "device_name": str,
-    "cpu_model": str, "python": str, "torch": str, "cuda": str, "threads": int,
+    "cpu_model": str, "cpu_flags": str, "aten_cpu_capability": str,
+    "env_aten_cpu_capability": str, "env_onednn_max_cpu_isa": str,
+    "python": str, "torch": str, "cuda": str, "threads": int,
     "platform": str, "git_commit": str, "git_dirty": bool, "tool_version": str,
     "tool_git_commit": str, "command": str, "pid": int,
     "host": str, "process_start": str, "finding_info": dict, "process_noise": dict,
@@ -124,7 +132,7 @@ def _check_kinds(document: dict, kinds: dict, where, fix: str = "") -> None:
 
 def _fits(value, kind) -> bool:
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return value in {m.value for m in kind}
+        return isinstance(value, str) and value in {m.value for m in kind}
     if kind is bool:
         return isinstance(value, bool)
     if kind is int:
@@ -145,7 +153,34 @@ def check_row(row: object, where: str) -> dict:
             raise RunFileError(f"{where}: field {field!r}: expected a string; got "
                                f"{row.get(field)!r}")
     _check_kinds(row, ROW_FIELDS, where)
+    for field, value in row.items():
+        if field.startswith("p_") and isinstance(value, (list, dict)):
+            raise RunFileError(f"{where}: field {field!r}: expected a case parameter (a "
+                               f"string, a number or true/false); got {value!r}")
+    if row.get("status") == Status.OK.value:  # timed: the report reads its median and word
+        _check_positive(row, "median_s", where, "the median seconds of a timed row (status "
+                        "'ok'), a number > 0")
+        if row.get("verdict") is None:
+            raise RunFileError(f"{where}: field 'verdict': expected the word of a timed row "
+                               f"(status 'ok'), {_kind_name(Verdict)}; got "
+                               f"{'nothing (the field is missing)' if 'verdict' not in row else None}")
+    if any(row.get(field) is not None for field in _INTERVAL):
+        for field in _INTERVAL:
+            _check_positive(row, field, where, "a number > 0 (a row with a ratio has its "
+                            "interval: ratio, ci_low and ci_high)")
     return row
+
+
+#: the fields of a row's ratio to its baseline: all of them or none
+_INTERVAL = ("ratio", "ci_low", "ci_high")
+
+
+def _check_positive(row: dict, field: str, where: str, expected: str) -> None:
+    """RunFileError naming `field` unless `row` holds a finite number > 0 there."""
+    value = row.get(field)
+    if not (is_real(value) and value > 0):
+        found = "nothing (the field is missing)" if field not in row else repr(value)
+        raise RunFileError(f"{where}: field {field!r}: expected {expected}; got {found}")
 
 
 def migrate(document: dict, path: Path) -> dict:
@@ -352,7 +387,9 @@ class RunWriter:
     moment it is measured, `rows.csv` and `latest` at the end.
 
     Create a new run with `RunWriter.create`, or continue an earlier one with
-    `RunWriter.reopen`; `add_cell` after each cell; `finish(status)` last.
+    `RunWriter.reopen`; `add_cell` after each cell; `finish(status)` last; `close()` when
+    done. Both hold the run folder's writer lock (`harness.lock`) until `close()`: a
+    second process writing the folder is refused, naming this one.
     """
 
     def __init__(self, folder: Path, metadata: dict) -> None:
@@ -361,33 +398,45 @@ class RunWriter:
         self.traces = self.folder / "traces"
         self.cells = self.folder / CELLS
         self.metadata = metadata
+        self._held = contextlib.ExitStack()
+
+    def close(self) -> None:
+        """Release the run folder's writer lock (the writer writes no more)."""
+        self._held.close()
 
     @classmethod
     def create(cls, results_dir: Path, run_id: str, metadata: dict) -> "RunWriter":
         """A new run folder (unique id), its `run.json` (status running) and `latest`."""
         folder = create_run_folder(results_dir, run_id)
         writer = cls(folder, {"run_id": folder.name, **metadata})
-        writer.traces.mkdir()
-        writer.cells.mkdir()
-        writer._write_header("running")
-        try:
-            atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
-        except UsageError:  # the run exists but cannot go on: it says so, where it can
-            with contextlib.suppress(UsageError):
-                writer._write_header("crashed")
-            raise
+        with contextlib.ExitStack() as held:  # released here unless the run is open
+            held.enter_context(lock.hold(folder, f"--out {results_dir}"))
+            writer.traces.mkdir()
+            writer.cells.mkdir()
+            writer._write_header("running")
+            try:
+                atomic_write_text(writer.results_dir / "latest", folder.name + "\n")
+            except UsageError:  # the run exists but cannot go on: it says so, where it can
+                with contextlib.suppress(UsageError):
+                    writer._write_header("crashed")
+                raise
+            writer._held = held.pop_all()
         return writer
 
     @classmethod
-    def reopen(cls, folder: Path) -> "RunWriter":
-        """An earlier run, to add its missing cells (`harness.run --resume`)."""
-        document = _read_document(Path(folder))
-        metadata = {k: v for k, v in document.items()
-                    if k not in ("schema_version", "status", "summary", "rows")}
-        writer = cls(folder, metadata)
-        writer.traces.mkdir(exist_ok=True)
-        writer.cells.mkdir(exist_ok=True)
-        writer._write_header("running")
+    def reopen(cls, folder: Path, what: str) -> "RunWriter":
+        """An earlier run, to add its missing cells (`harness.run --resume`); `what` names
+        the run as the user gave it (`--resume latest`), for a refusal's message."""
+        with contextlib.ExitStack() as held:  # released here unless the run is open
+            held.enter_context(lock.hold(Path(folder), what))
+            document = _read_document(Path(folder))
+            metadata = {k: v for k, v in document.items()
+                        if k not in ("schema_version", "status", "summary", "rows")}
+            writer = cls(folder, metadata)
+            writer.traces.mkdir(exist_ok=True)
+            writer.cells.mkdir(exist_ok=True)
+            writer._write_header("running")
+            writer._held = held.pop_all()
         return writer
 
     @classmethod
@@ -468,27 +517,53 @@ class Run:
         return self.metadata["run_id"]
 
 
-def resolve_run_folder(run: str | Path | None, results_dir: Path = DEFAULT_RESULTS_DIR) -> Path:
-    """A run folder from a path, a run id under `results_dir`, or `latest` / None."""
-    if run is None or str(run) == "latest":
+def resolve_run_folder(run: str | Path | None, results_dir: Path = DEFAULT_RESULTS_DIR,
+                       source: str | None = None) -> Path:
+    """A run folder from a path, a run id under `results_dir`, or `latest` / None.
+
+    `source` names where `run` came from in the user's words (`--resume`, `RUN`), and
+    each message then starts with it and the value given (`--resume latest: ...`).
+    """
+    given = "latest" if run is None else str(run)
+    said = f"{source} {elided(given)}: " if source else ""
+    long = too_long(Path(given))
+    if long is not None:
+        raise RunFileError(f"{said or 'run: '}expected a run folder, a run id or latest; "
+                           f"got {long}")
+    named_by = None
+    if given == "latest":
         latest = Path(results_dir) / "latest"
         if not latest.is_file():
             raise RunFileError(
-                f"no run found: {latest} does not exist; create one with `python -m harness.run`"
-            )
+                f"{said}no run found: {latest} does not exist; create one with "
+                "`python -m harness.run`")
         run = latest.read_text(errors="replace").strip()
         if not run or "/" in run or "\0" in run:
             raise RunFileError(
-                f"{latest}: expected the id of the newest run (a folder name beside it); got "
-                f"{run!r}, which names no run; measure one with `python -m harness.run`, or "
-                f"name a run instead of latest")
+                f"{said}{latest}: expected the id of the newest run (a folder name beside it); "
+                f"got {run!r}, which names no run; measure one with `python -m harness.run`, "
+                f"or name a run instead of latest")
+        named_by = latest
     candidate = Path(run)
-    if (candidate / "run.json").is_file():
+    if (candidate / "run.json").exists():  # not only a file: what else it is, reading says
         return candidate
     under = Path(results_dir) / str(run)
-    if (under / "run.json").is_file():
+    if (under / "run.json").exists():
         return under
-    raise RunFileError(f"no run {str(run)!r}: neither {candidate} nor {under} holds a run.json")
+    if named_by is not None:
+        raise RunFileError(
+            f"{said}{named_by} names run {str(run)!r}, which is not there (deleted or moved?): "
+            f"{under} holds no run.json; measure a run with `python -m harness.run`, or name "
+            "one that exists instead of latest")
+    raise RunFileError(f"{said or f'no run {given!r}: '}neither {candidate} nor {under} holds a "
+                       f"run.json; name a run folder, or the id of a run in {results_dir}")
+
+
+def check_results_folder(results_dir: Path, option: str) -> None:
+    """RunFileError unless `results_dir` (given as `option`) is a folder, where runs are."""
+    if not Path(results_dir).is_dir():
+        what = "a file" if Path(results_dir).exists() else "no such folder"
+        raise RunFileError(f"{option}: expected a folder of runs; got {results_dir} ({what})")
 
 
 def _read_document(folder: Path) -> dict:
@@ -553,14 +628,15 @@ def read_cells(folder: Path) -> list[dict]:
     return sorted(cells, key=lambda c: tuple(c["order"]))
 
 
-def load_run(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_DIR) -> Run:
+def load_run(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_DIR,
+             source: str | None = None) -> Run:
     """Read a run (path, id or `latest`), journaled cells included.
 
     Raises `RunFileError` (a `UsageError`: exit 2 in the commands) naming the file when
     the run is missing, not valid JSON (saying whether it looks truncated) or of another
-    schema version.
+    schema version; `source` (`resolve_run_folder`) names where `run` came from.
     """
-    folder = resolve_run_folder(run, results_dir)
+    folder = resolve_run_folder(run, results_dir, source)
     document = _read_document(folder)
     cells = read_cells(folder)
     if cells:  # the journal is the record; run.json holds the same rows once finished

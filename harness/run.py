@@ -9,6 +9,16 @@ into the run folder.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m harness.run`: this module again, under its own name,
+    # so that Ctrl-C while its imports load (torch: seconds) is exit 130, not a traceback
+    import sys
+
+    from harness.exits import run_module
+
+    _status = run_module("harness.run")
+    _ranks = sys.modules.get("harness.ranks")  # absent when the imports were interrupted
+    (_ranks.exit_process if _ranks else sys.exit)(_status)
+
 import argparse
 import contextlib
 import dataclasses
@@ -21,13 +31,16 @@ import pandas as pd
 import torch
 
 from harness import explain, findings as registry
-from harness import options, ranks, replica
+from harness import lock, options, ranks, replica
 from harness.exits import (
-    UsageError, add_version, check_writable_folder, command, epilog, signals_deferred, version,
+    UsageError, add_version, check_writable_folder, command, epilog, interruption, loading,
+    signals_deferred, version,
 )
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
-from harness.measure.machine import describe, fingerprint, git_state, isolate_compile_cache
+from harness.measure.machine import (
+    KERNEL_FIELDS, describe, fingerprint_changes, git_state, isolate_compile_cache,
+)
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_findings
@@ -186,12 +199,14 @@ def _check_resumable(args, explicit: dict, metadata: dict, device: torch.device)
                 f"--resume {args.resume}: {flag}: the run was measured with "
                 f"{recorded.get(dest)!r}; got {explicit[dest]!r}. A resumed run keeps its "
                 "options; start a new run to change them")
-    mine, theirs = fingerprint(describe(device)), fingerprint(metadata)
-    different = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs[k]}
+    different = fingerprint_changes(metadata, describe(device))
     if different:
-        detail = "; ".join(f"{k}: run {a!r}, here {b!r}" for k, (a, b) in different.items())
-        raise UsageError(f"--resume {args.resume}: expected the machine the run was measured "
-                         f"on; got another ({detail}). Its timings would not be comparable")
+        detail = "; ".join(f"{k}: run {a!r}, here {b!r}" for k, a, b in different)
+        same = ("; this may be this machine, with other CPU kernels (ATEN_CPU_CAPABILITY, "
+                "ONEDNN_MAX_CPU_ISA)" if all(k in KERNEL_FIELDS for k, _, _ in different) else "")
+        raise UsageError(f"--resume {args.resume}: expected the machine and CPU kernel path "
+                         f"the run was measured on; got another ({detail}){same}. Its "
+                         "timings would not be comparable")
     here = code_state(args.findings_module).get("git_commit")
     if metadata.get("git_commit") != here:
         raise UsageError(f"--resume {args.resume}: expected the code the run measured "
@@ -234,11 +249,17 @@ def _load_modules(args: argparse.Namespace, resumed: bool) -> None:
     nearest pyproject.toml names, then --findings-module; a resumed run's exactly those it
     recorded with its options (the project's, for a run that recorded none)."""
     exact = resumed and bool(args.findings_module)
-    _, modules = load_findings(args.findings_module, with_project=not exact)
+    with loading():  # findings modules load torch's compiler and numba: C++ extensions
+        _, modules = load_findings(args.findings_module, with_project=not exact)
     args.findings_module = list(modules)
 
 
 def _main(argv: list[str] | None = None) -> int:
+    with contextlib.ExitStack() as writing:  # a resumed run's folder lock, from the start
+        return _run(argv, writing)
+
+
+def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     args = build_parser().parse_args(argv)
     isolate_compile_cache()
     if args.resume is None:  # a resumed run imports the modules it recorded, below
@@ -253,7 +274,9 @@ def _main(argv: list[str] | None = None) -> int:
         raise UsageError(str(err)) from err
     resumed = None
     if args.resume is not None:  # under torchrun every rank reads it: a shared file system
-        folder = resolve_run_folder(args.resume, args.out)
+        folder = resolve_run_folder(args.resume, args.out, "--resume")
+        if launch.leader:  # one writer per run: a second --resume stops here, changing nothing
+            writing.enter_context(lock.hold(folder, f"--resume {args.resume}"))
         resumed = load_run(folder)
         args = _recorded_args(args, resumed.metadata)
         _load_modules(args, resumed=True)
@@ -291,7 +314,14 @@ def _main(argv: list[str] | None = None) -> int:
         if not opened:  # stopped before the run existed: nothing to keep
             raise
         return _interrupted(opened[0], launch, err)
+    except Exception as err:
+        stopped = interruption(err)  # an error a library raised as the signal unwound it
+        if stopped is None or not opened:
+            raise
+        return _interrupted(opened[0], launch, stopped)
     finally:
+        for opened_writer in opened:
+            opened_writer.close()
         ranks.stop(launch)
     if launch.leader and not args.no_report and code not in (130, 143, 129):
         _report(writer.folder, reports)
@@ -308,7 +338,8 @@ def _open_run(args, options: RunOptions, selected, resumed, launch: ranks.Launch
     if launch.leader:
         try:
             with signals_deferred():
-                opened.append(RunWriter.reopen(resumed.folder) if resumed is not None
+                opened.append(RunWriter.reopen(resumed.folder, f"--resume {args.resume}")
+                              if resumed is not None
                               else _new_run(args, options, selected, launch))
             message = ("ok", str(opened[0].folder))
         except Exception as err:  # the other ranks must hear of it, not wait
@@ -414,14 +445,19 @@ def code_state(modules: list[str]) -> dict:
 
 def _report(folder: Path, reports: Path) -> None:
     """Render reports/<run-id>/ and the index; a report problem never fails the run."""
-    from harness.report.cli import render  # matplotlib and jinja2 load only when rendering
-    from harness.report.data import ReportError
-
+    later = f"render it with: python -m harness.report {shlex.quote(str(folder))}"
     try:
+        with loading():
+            from harness.report.cli import render  # matplotlib and jinja2 load only now
+
         page = render(folder, out=reports / folder.name)
-    except (ReportError, UsageError) as err:
-        print(f"report not written: {err}", file=sys.stderr)
+    except UsageError as err:  # the report's input errors (ReportError is one)
+        print(f"report not written: {err}; {later}", file=sys.stderr)
         return
+    except BaseException as err:
+        if interruption(err) is not None:  # stopped while rendering: the run itself is kept
+            print(f"report not written (interrupted); {later}", file=sys.stderr)
+        raise
     print(f"report: {page}")
 
 
@@ -640,6 +676,3 @@ def _cell_detail(summary: list[dict]) -> str:
 
 
 main = command(_main)
-
-if __name__ == "__main__":
-    ranks.exit_process(main())

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import tempfile
 import time
 import traceback
+import types
+import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +123,27 @@ class RunOptions:
         if variant == PLACEBO:
             return noise.same_code_sd
         return max(noise(seconds), (declared or {}).get(variant, 0.0))
+
+
+def check_takes(check) -> tuple[type, ...] | None:
+    """The types a finding's `check` takes as the variant's output (its first parameter's
+    annotation: `torch.Tensor` for `max_abs_difference`), or None where it does not say
+    (no annotation, `object`, one that does not resolve)."""
+    try:
+        first = next(iter(inspect.signature(check).parameters))
+        annotation = typing.get_type_hints(check).get(first)
+    except (ValueError, TypeError, NameError, AttributeError, StopIteration):  # it cannot say
+        return None
+    if annotation is None:
+        return None
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    kinds = tuple(typing.get_origin(a) or a
+                  for a in (typing.get_args(annotation) if union else (annotation,)))
+    if not all(isinstance(kind, type) for kind in kinds) or object in kinds:
+        return None
+    if float in kinds or complex in kinds:  # an int is a float to an annotation (PEP 484)
+        kinds += (int,)
+    return kinds
 
 
 def describe_error(err: BaseException) -> str:
@@ -245,15 +269,27 @@ class CaseRun:
                 self.cells[variant].update(status=Status.NOT_TIMED, reason=reason)
 
     def _first_calls(self) -> dict[str, object]:
-        """Each variant's first output (the placebo is the baseline's code: not checked)."""
+        """Each variant's first output (the placebo is the baseline's code: not checked);
+        one of a kind the finding's check does not take fails here, named."""
         outputs = {}
+        taken = check_takes(self.finding.check)
         for variant in self._active():
             if variant == PLACEBO:
                 continue
             try:
-                outputs[variant] = self._call(variant)()
+                output = self._call(variant)()
             except Exception as err:  # a crashing variant is a row, not the end of the run
                 self._fail(variant, err, "first call")
+                continue
+            if taken is not None and not isinstance(output, taken):
+                self.cells[variant].update(status=Status.FAILED, error=(
+                    f"first call: {self.finding.id} {variant}: its call returned a "
+                    f"{type(output).__name__}; the finding's check "
+                    f"{getattr(self.finding.check, '__qualname__', self.finding.check)} takes "
+                    f"a {' or '.join(kind.__name__ for kind in taken)} (make_call must return a "
+                    "callable whose result the check can compare with the reference)"))
+                continue
+            outputs[variant] = output
         return outputs
 
     def _check(self, outputs: dict[str, object]) -> None:
@@ -281,7 +317,8 @@ class CaseRun:
             try:
                 error = float(f.check(outputs[variant], reference))
             except Exception as err:
-                self._fail(variant, err, "correctness check")
+                self._fail(variant, err, f"correctness check, of the "
+                                         f"{type(outputs[variant]).__name__} its call returned")
                 continue
             self.cells[variant]["max_error"] = error
             if not error <= tolerance:  # NaN fails too

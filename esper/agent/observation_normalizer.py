@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.checks import check_choice, check_int
+from esper.checks import check_choice, check_device, check_int
 
 
 class RunningNormalizer:
@@ -90,7 +90,7 @@ class EmaNormalizer:
     def __init__(self, dim: int, device: torch.device | str = "cpu", momentum: float = 0.99,
                  eps: float = 1e-4, clip: float = 10.0) -> None:
         check_int("EmaNormalizer: dim", dim)
-        self.device = torch.device(device)
+        self.device = check_device("EmaNormalizer: device", device)
         self.mean = torch.zeros(dim, device=self.device)
         self.var = torch.ones(dim, device=self.device)
         self.count = 0

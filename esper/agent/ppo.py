@@ -24,7 +24,7 @@ from torch.profiler import record_function
 
 from esper.agent.heads import HEAD_NAMES, HEADS_FOR_OP, OPS
 from esper.agent.policy import EvalOutput, FactoredRecurrentActorCritic
-from esper.checks import check_bool, check_choice, check_int, check_number
+from esper.checks import check_bool, check_choice, check_device, check_int, check_number
 
 
 #: How `ppo_losses` reduces the 8 per-head terms (see `PPOConfig.objective`).
@@ -379,7 +379,7 @@ class PPOAgent:
         config: PPOConfig = PPOConfig(),
         device: torch.device | str = "cpu",
     ) -> None:
-        self.device = torch.device(device)
+        self.device = check_device("PPOAgent: device", device)
         self.policy = policy.to(self.device)
         self.config = config
         self.optimizer = torch.optim.Adam(

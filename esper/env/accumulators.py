@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from esper.checks import check_choice
+from esper.checks import check_choice, check_device
 from esper.variants import AXES
 
 Tensor = torch.Tensor
@@ -24,7 +24,7 @@ class EpochAccumulators:
 
     def __init__(self, device: torch.device | str, mode: str = "separate") -> None:
         self.mode = check_choice("EpochAccumulators: mode", mode, MODES)
-        device = torch.device(device)
+        device = check_device("EpochAccumulators: device", device)
         if mode == "separate":  # [1] float32 each, as parallel_env_state.py:88-89 @2df957ed
             self._loss = torch.zeros(1, device=device)
             self._correct = torch.zeros(1, device=device)

@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from esper.agent.policy import FactoredRecurrentActorCritic, Hidden
-from esper.checks import check_choice
+from esper.checks import check_choice, check_device
 from esper.rollout.staging import StagedCopy
 from esper.variants import AXES
 
@@ -45,7 +45,8 @@ class BootstrapStates:
     def __init__(self, num_envs: int, dim: int, device: torch.device | str,
                  mode: str = "tensor") -> None:
         check_choice("BootstrapStates: mode", mode, MODES)
-        self.num_envs, self.dim, self.device, self.mode = num_envs, dim, torch.device(device), mode
+        self.num_envs, self.dim, self.mode = num_envs, dim, mode
+        self.device = check_device("BootstrapStates: device", device)
         # the review's fix: one [1, dim] device buffer per env, allocated once
         self._buffers = ([torch.zeros(1, dim, device=self.device) for _ in range(num_envs)]
                          if mode == "copy" else None)

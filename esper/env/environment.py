@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OPS
-from esper.checks import check_int
+from esper.checks import check_device, check_int
 from esper.env.accumulators import EpochAccumulators
 from esper.env.blueprints import BLUEPRINTS
 from esper.env.config import EnvConfig
@@ -104,7 +104,7 @@ class MorphoEnv:
         check_int("env_index", env_index, minimum=0, below=config.num_envs)
         self.config = config
         self.env_index = env_index
-        self.device = torch.device(device)
+        self.device = check_device("MorphoEnv: device", device)
         self.variants = variants if variants is not None else Variants.original()
         self.obs_dim = OBS_DIM
         self.stream = None

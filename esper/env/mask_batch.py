@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import torch
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
-from esper.checks import check_choice
+from esper.checks import check_choice, check_device
 from esper.rollout.staging import StagedCopy
 from esper.variants import AXES
 
@@ -45,7 +45,8 @@ class MaskBatcher:
 
     def __init__(self, num_envs: int, device: torch.device | str, mode: str = "stack") -> None:
         check_choice("MaskBatcher: mode", mode, MODES)
-        self.num_envs, self.device, self.mode = num_envs, torch.device(device), mode
+        self.num_envs, self.mode = num_envs, mode
+        self.device = check_device("MaskBatcher: device", device)
         self.source: torch.device | None = None if mode == "packed" else self.device
         """Where each env's masks are built for this mode: the device (the original, and
         the review's fix), or None for the host (`packed`)."""

@@ -39,6 +39,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from esper.checks import check_device
 from esper.variants import AXES
 
 Tensor = torch.Tensor
@@ -94,7 +95,7 @@ class EnvOptimizers:
         """Seed optimizers by name (`slot<i>`), in slot order."""
         self._seed_params: dict[str, list[Tensor]] = {}
         self._arrangement = scaler
-        self._device = torch.device(device)
+        self._device = check_device("EnvOptimizers: device", device)
         self.scalers: dict[str, torch.amp.GradScaler] | None = (
             None if scaler is None else make_scalers(self._device, scaler, ()))
         """Mixed precision's GradScalers by name (`shared`, or `host` and `slot<i>`)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from esper.checks import check_device
 from esper.env.config import EnvConfig
 from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import Variants
@@ -34,7 +35,7 @@ class EnvBatches:
     def __init__(self, config: EnvConfig, device: torch.device | str,
                  variants: Variants | None = None, make_streams=None) -> None:
         self.config = config
-        self.device = torch.device(device)
+        self.device = check_device("EnvBatches: device", device)
         self.variants = variants if variants is not None else Variants.original()
         self.mode = self.variants.env_pool
         self._make_streams = make_streams

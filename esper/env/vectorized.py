@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from esper.agent.heads import HEAD_NAMES
+from esper.checks import check_device
 from esper.env.config import EnvConfig
 from esper.env.environment import OBS_DIM, MorphoEnv
 from esper.variants import Variants
@@ -23,7 +24,7 @@ class VectorizedMorphoEnv:
                  variants: Variants | None = None,
                  tasks: Sequence[tuple[torch.Tensor, ...]] | None = None) -> None:
         self.config = config
-        self.device = torch.device(device)
+        self.device = check_device("VectorizedMorphoEnv: device", device)
         tasks = tasks if tasks is not None else [None] * config.num_envs
         self.envs = [MorphoEnv(config, i, self.device, variants, task)
                      for i, task in zip(range(config.num_envs), tasks)]

@@ -18,7 +18,7 @@ from torch.profiler import record_function
 
 from esper import gae
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
-from esper.checks import check_int, is_integral
+from esper.checks import check_device, check_int, is_integral
 from esper.host_view import host_item, host_view
 from esper.rollout.device_spans import DeviceSpans
 from esper.rollout.transfer import FlatTransfer
@@ -216,7 +216,7 @@ class RolloutBuffer:
             raise TypeError(f"RolloutBuffer: variants: expected a Variants or None (e.g. "
                             f"Variants.parse('ours')); got {variants!r} "
                             f"({type(variants).__name__})")
-        self.device = torch.device(device)
+        self.device = check_device("RolloutBuffer: device", device)
         self.variants = variants if variants is not None else CHECKED
         self._checked = self.variants.add_checks == "checked"
         self._checks_mask_shapes = self.variants.add_checks == "mask_shapes"

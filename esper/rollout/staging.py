@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from esper.checks import check_device
+
 Tensor = torch.Tensor
 
 
@@ -23,7 +25,7 @@ class StagedCopy:
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype,
                  device: torch.device | str) -> None:
-        self.device = torch.device(device)
+        self.device = check_device("StagedCopy: device", device)
         on_cuda = self.device.type == "cuda"
         self.host = torch.zeros(shape, dtype=dtype, pin_memory=on_cuda)
         self._device_buffer = (self.host if self.device.type == "cpu"

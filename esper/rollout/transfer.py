@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from esper.checks import check_device
 from esper.rollout.staging import StagedCopy
 
 Tensor = torch.Tensor
@@ -45,7 +46,7 @@ class FlatTransfer:
     """
 
     def __init__(self, device: torch.device | str) -> None:
-        self.device = torch.device(device)
+        self.device = check_device("FlatTransfer: device", device)
         self._layout: dict[str, _Slot] = {}
         self._staged: StagedCopy | None = None
 

@@ -60,7 +60,7 @@ from esper.agent.observation_normalizer import OBS_NORMALIZERS, make_obs_normali
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.agent.ppo import PPOAgent, PPOConfig
 from esper.agent.reward_normalizer import RewardNormalizer
-from esper.checks import check_bool, check_choice, check_int
+from esper.checks import check_bool, check_choice, check_device, check_int
 from esper.env.bootstrap_states import BootstrapStates
 from esper.env.config import EnvConfig
 from esper.env.mask_batch import MaskBatcher
@@ -87,9 +87,7 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device: expected auto, cpu or cuda; got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device: 'cuda' was asked for, but torch.cuda.is_available() is False")
-    return torch.device(device)
+    return check_device("device", device)
 
 
 @dataclass(frozen=True)
@@ -233,7 +231,7 @@ class VectorizedTrainer:
 
     def __init__(self, config: TrainConfig, device: torch.device | str = "cpu") -> None:
         self.config = config
-        self.device = torch.device(device)
+        self.device = check_device("VectorizedTrainer: device", device)
         runs_on = gae.DEVICE_TYPES.get(config.variants.gae, ())
         if self.device.type not in runs_on:  # else it fails an iteration in, in the kernel
             raise ValueError(f"VectorizedTrainer: config.variants.gae: {config.variants.gae!r} "

@@ -27,7 +27,7 @@ from harness import exits, options
 from harness.exits import UsageError
 from esper_review.findings import gae_methods
 from esper_review.findings.peers import PEERS
-from harness.results import DEFAULT_RESULTS_DIR, load_run
+from harness.results import DEFAULT_RESULTS_DIR, check_results_folder, load_run
 from harness.report import sense
 from harness.report.summary import format_seconds
 
@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="where run ids are looked up (default results/)")
     args = p.parse_args(argv)
-    run = load_run(args.run, args.results)  # a RunFileError names the file: exit 2
+    if args.results.exists():  # a file is named here; a missing folder where a run is looked up
+        check_results_folder(args.results, "--results")
+    run = load_run(args.run, args.results, "RUN")  # a RunFileError names the file: exit 2
     if FINDING not in set(run.summary.get("finding", [])):
         raise UsageError(f"run {run.run_id}: expected {FINDING} rows; it has none (measure "
                          f"them with `python -m harness.run --findings {FINDING}`)")

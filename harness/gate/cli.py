@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import exits, options
+from harness import exits, lock, options
 from harness import findings as registry
 from harness.exits import UsageError
 from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
@@ -206,9 +206,10 @@ def _update(args: argparse.Namespace) -> int:
     findings = _findings(args, gate_counters.gated_findings(args.findings_module))
     _check_baseline_named(args)
     exits.check_writable(args.baseline, "--baseline")
-    update = gate_counters.update_baseline(
-        args.baseline, findings, replace_stale=args.findings is None,
-        modules=args.findings_module)
+    with lock.hold(args.baseline.parent, f"--baseline {args.baseline}"):  # read, merge, write
+        update = gate_counters.update_baseline(
+            args.baseline, findings, replace_stale=args.findings is None,
+            modules=args.findings_module)
     print(f"wrote {args.baseline}: {update.written} cells of {', '.join(findings)} "
           f"(each counted twice, identical)")
     if update.kept:
@@ -310,7 +311,8 @@ def _report(args: argparse.Namespace, rows: list[GateRow] | None) -> int | None:
     print()
     print(summary_line(rows))
     if args.json is not None:
-        atomic_write_text(args.json, json.dumps(rows_document(rows), indent=1) + "\n")
+        with lock.hold(args.json.parent, f"--json {args.json}"):
+            atomic_write_text(args.json, json.dumps(rows_document(rows), indent=1) + "\n")
     if step_summary_path() is not None:
         append_step_summary(rows, step_summary_path())
     if any(row.outcome in (Outcome.REGRESSION, Outcome.ERROR) for row in rows):

@@ -1,4 +1,10 @@
-"""What a run was measured on: versions, device, CPU, threads; and git state."""
+"""What a run was measured on: versions, device, CPU, the CPU kernel path, git state.
+
+Two runs' timings are comparable when their fingerprints agree: the machine
+(`FINGERPRINT_FIELDS`) and what decides which CPU kernels torch runs there (`KERNEL_FIELDS`,
+from `kernel_path`). The kernel path can differ on one machine (`ATEN_CPU_CAPABILITY=default`,
+another thread count), and a kernel difference reads as a change of the code.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +16,59 @@ from pathlib import Path
 
 import torch
 
-#: the metadata fields that must agree for two runs' timings to be comparable
-FINGERPRINT_FIELDS = ("device_name", "cpu_model", "torch", "cuda", "threads", "python")
+#: the metadata fields that identify the machine a run was measured on
+FINGERPRINT_FIELDS = ("device_name", "cpu_model", "torch", "cuda", "python")
+#: the metadata fields of the CPU kernel path (`kernel_path`, without the CPU's model)
+KERNEL_FIELDS = ("cpu_flags", "aten_cpu_capability", "env_aten_cpu_capability",
+                 "env_onednn_max_cpu_isa", "threads")
+#: the CPU's flags that decide which kernels ATen, oneDNN and the compilers pick (x86:
+#: vector widths and their integer, bf16 and fp16 forms, AMX; Arm: NEON and SVE)
+KERNEL_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                "avx512dq", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+                "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimdhp", "sve", "sve2")
+
+
+def _cpuinfo(key: str) -> str | None:
+    """The first `key : value` of /proc/cpuinfo (Linux), or None."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.split(":", 1)[0].strip() == key:
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux, else the platform's answer)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def kernel_path() -> dict:
+    """What decides which CPU kernels torch runs in this process, each field with what
+    it decides (recorded with every run, `describe`; compared by `fingerprint_changes`):
+
+    - `cpu_model`: the CPU; with it, its caches, clocks and the vector units below.
+    - `cpu_flags`: the CPU's kernel-relevant flags (`KERNEL_FLAGS`: avx2, avx512f, amx...,
+      space-separated, from /proc/cpuinfo; '' where it cannot say): the widest kernels
+      the CPU can run, for ATen, oneDNN and compiled code alike.
+    - `aten_cpu_capability`: the vector ISA ATen's kernels dispatch to here
+      (`torch.backends.cpu.get_cpu_capability()`: DEFAULT, AVX2, AVX512, ...), the CPU's
+      best unless ATEN_CPU_CAPABILITY lowers it.
+    - `env_aten_cpu_capability`: the ATEN_CPU_CAPABILITY environment value (None: unset)
+      that caps it.
+    - `env_onednn_max_cpu_isa`: the ONEDNN_MAX_CPU_ISA environment value (None: unset),
+      which caps oneDNN's kernels (convolutions, linear layers, LSTM) the same way.
+    - `threads`: torch's intra-op threads: how each kernel splits its work.
+    """
+    flags = set((_cpuinfo("flags") or _cpuinfo("Features") or "").split())
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_flags": " ".join(flag for flag in KERNEL_FLAGS if flag in flags),
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "env_aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+        "env_onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def device_name(device: torch.device) -> str:
@@ -51,18 +98,33 @@ def describe(device: torch.device) -> dict:
     return {
         "device": str(device),
         "device_name": device_name(device),
-        "cpu_model": cpu_model(),
+        **kernel_path(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if device.type == "cuda" else None,
-        "threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
 
 def fingerprint(metadata: dict) -> dict:
-    return {k: metadata.get(k) for k in FINGERPRINT_FIELDS}
+    """The machine and kernel path fields of a run's metadata (absent ones None)."""
+    return {k: metadata.get(k) for k in (*FINGERPRINT_FIELDS, *KERNEL_FIELDS)}
+
+
+def records_kernel_path(metadata: dict) -> bool:
+    """Whether a run recorded its kernel path (runs made before it did record only its
+    threads)."""
+    return "aten_cpu_capability" in metadata
+
+
+def fingerprint_changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(field, old value, new value) for each fingerprint field where two runs' metadata
+    differ: the machine's always, the kernel path's where both runs recorded it (their
+    threads always)."""
+    both = records_kernel_path(old) and records_kernel_path(new)
+    fields = [*FINGERPRINT_FIELDS, *(k for k in KERNEL_FIELDS if both or k == "threads")]
+    return [(k, old.get(k), new.get(k)) for k in fields if old.get(k) != new.get(k)]
 
 
 #: the variables that move CPU kernels off the machine's own path (another machine, simulated)

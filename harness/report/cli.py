@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness import exits, options
+from harness import exits, lock, options
 from harness.exits import UsageError
 from harness.report.compare import DEFAULT_FACTOR
 from harness.report.data import ReportError, open_run
@@ -28,7 +28,7 @@ from harness.report.markdown import compare_markdown, run_markdown
 from harness.report.site import (
     check_index, render_compare, render_history, render_run, update_index,
 )
-from harness.results import DEFAULT_RESULTS_DIR, Run, atomic_write_text
+from harness.results import DEFAULT_RESULTS_DIR, Run, atomic_write_text, check_results_folder
 
 DEFAULT_REPORTS_DIR = Path("reports")
 HISTORY_FOLDER = "history"
@@ -86,9 +86,10 @@ def check_options(args: argparse.Namespace) -> Path:
                                        ("--markdown", args.markdown)) if on]
         raise UsageError(f"--history: expected on its own (with --results and --out); got it "
                          f"with {', '.join(given)}")
-    if args.results is not None and not args.results.is_dir():
-        what = "a file" if args.results.exists() else "no such folder"
-        raise UsageError(f"--results: expected a folder of runs; got {args.results} ({what})")
+    if args.out is not None:  # named before RUN is looked up, as the other options are
+        exits.check_fits(args.out, "--out")
+    if args.results is not None:
+        check_results_folder(args.results, "--results")
     if args.markdown not in (None, STDOUT):
         exits.check_writable(Path(args.markdown), "--markdown")
     return args.results if args.results is not None else DEFAULT_RESULTS_DIR
@@ -105,8 +106,9 @@ def _history(args: argparse.Namespace, results: Path) -> Path:
         readable = f" readable: {'; '.join(history.skipped)}" if history.skipped else ""
         raise UsageError(f"--results: expected run folders (each with a run.json) in {results}; "
                          f"got none{readable}")
-    page = render_history(history, out, results)
-    update_index(out.parent)
+    with lock.hold(Path(os.path.abspath(out)).parent, f"--out {out}"):
+        page = render_history(history, out, results)
+        update_index(out.parent)
     return page
 
 
@@ -142,11 +144,13 @@ def render_runs(new: Run, old: Run | None, out: Path | None, *, force: bool = Fa
         raise
     except UsageError as err:  # as a ReportError, which harness.run reports without failing
         raise ReportError(str(err)) from err
-    if old is None:
-        page = render_run(new, out)
-    else:
-        page = render_compare(new, old, out, force=force, factor=factor)
-    update_index(out.parent)
+    # one writer per reports folder: the report, its staging folder and the index live there
+    with lock.hold(Path(os.path.abspath(out)).parent, f"--out {out}"):
+        if old is None:
+            page = render_run(new, out)
+        else:
+            page = render_compare(new, old, out, force=force, factor=factor)
+        update_index(out.parent)
     return page
 
 
@@ -157,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.history:
         print(f"history: {_history(args, results)}")
         return exits.PASS
-    new = open_run(args.run, results)
-    old = open_run(args.compare, results) if args.compare is not None else None
+    new = open_run(args.run, results, "RUN")
+    old = open_run(args.compare, results, "--compare") if args.compare is not None else None
     page = render_runs(new, old, args.out, force=args.force, factor=args.factor)
     if args.markdown is not None:
         target, link = _markdown_target(args.markdown, page)

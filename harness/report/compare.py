@@ -9,7 +9,8 @@ the results folder's repeated runs of one commit where there are some, else the 
 measured on the 2-core CPU this project is developed on (`BETWEEN_RUN_SD`). The word is
 the runs' margin word (`--factor` 1.05: a 5% margin): improved, regressed, same or
 inconclusive. Runs measured on machines whose fingerprints differ are refused unless
-forced: their times say more about the machines than the code.
+forced: their times say more about the machines than the code; so are runs whose CPU
+kernel paths differ (`harness.measure.machine.kernel_path`), which may be one machine.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import pandas as pd
 
 from harness.measure.decision import Word, decide
 from harness.measure.estimate import PairedEstimate, log_estimate
-from harness.measure.machine import fingerprint
+from harness.measure.machine import (
+    KERNEL_FIELDS, fingerprint, fingerprint_changes, records_kernel_path,
+)
 from harness.report import attribution
 from harness.report.data import ReportError, finding_headline
 from harness.report.headline import COUNTERS as HEADLINE_COUNTERS, CounterChange, counter_changes
@@ -69,22 +72,39 @@ _FROM_WORD = {Word.FASTER: Change.IMPROVED, Word.SLOWER: Change.REGRESSED,
               Word.SAME: Change.SAME, Word.INCONCLUSIVE: Change.INCONCLUSIVE}
 
 
-def fingerprint_differences(new: dict, old: dict) -> list[str]:
-    """'field: old X, new Y' for each fingerprint field where two runs' metadata differ."""
-    a, b = fingerprint(old), fingerprint(new)
-    return [f"{k}: old {a[k]!r}, new {b[k]!r}" for k in a if a[k] != b[k]]
-
-
 def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
-    """The fingerprint differences; ReportError listing them unless `force`."""
-    differences = fingerprint_differences(new.metadata, old.metadata)
-    if differences and not force:
+    """What keeps two runs' times from being comparable, each a sentence for the page: the
+    machines or the CPU kernel paths they differ in (a ReportError naming the fields,
+    unless `force`), and a run that did not record its kernel path (never refused)."""
+    changes = fingerprint_changes(old.metadata, new.metadata)
+    machine = [f"{k}: old {a!r}, new {b!r}" for k, a, b in changes if k not in KERNEL_FIELDS]
+    kernels = [f"{k}: old {a!r}, new {b!r}" for k, a, b in changes if k in KERNEL_FIELDS]
+    if machine and not force:
         raise ReportError(
             f"runs {old.run_id} and {new.run_id} were measured on different machines "
-            f"({'; '.join(differences)}); their times are not comparable. "
-            "Pass --force to compare them anyway."
-        )
-    return differences
+            f"({'; '.join(machine)}); their times are not comparable. "
+            "Pass --force to compare them anyway.")
+    if kernels and not force:
+        raise ReportError(
+            f"runs {old.run_id} and {new.run_id} ran different CPU kernels "
+            f"({'; '.join(kernels)}); this may be the same machine (ATEN_CPU_CAPABILITY, "
+            "ONEDNN_MAX_CPU_ISA and the thread count choose the kernels), and a difference "
+            "of kernels would read as a change of the code: their times are not comparable. "
+            "Pass --force to compare them anyway.")
+    notes = []
+    if machine:
+        notes.append(f"Compared with --force across different machines: {'; '.join(machine)}. "
+                     "Differences in time may come from the machines, not the code.")
+    if kernels:
+        notes.append(f"Compared with --force across different CPU kernels: "
+                     f"{'; '.join(kernels)} (this may be the same machine). Differences in "
+                     "time may come from the kernels, not the code.")
+    for label, run in (("new", new), ("old", old)):
+        if not records_kernel_path(run.metadata):
+            notes.append(f"The {label} run ({run.run_id}) did not record its CPU kernel path "
+                         "(it predates that record): a difference of kernels between the "
+                         "runs cannot be ruled out.")
+    return notes
 
 
 def samples_by_key(rows: pd.DataFrame) -> dict[tuple, list[float]]:

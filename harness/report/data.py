@@ -28,12 +28,12 @@ class ReportError(UsageError):
     --out it cannot write): one line, exit 2."""
 
 
-def open_run(run, results_dir) -> Run:
+def open_run(run, results_dir, source: str | None = None) -> Run:
     """`load_run`, with every way a run cannot be read (missing, not UTF-8, empty,
     truncated, not a run, another schema, a field of the wrong kind) a ReportError that
-    names the file."""
+    names the file; `source` names the argument `run` came from (`RUN`, `--compare`)."""
     try:
-        return load_run(run, results_dir)
+        return load_run(run, results_dir, source)
     except UsageError as err:
         raise ReportError(str(err)) from err
 

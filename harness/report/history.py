@@ -4,9 +4,9 @@ Reads every run folder under a results folder, orders the runs by the commit tim
 the commit each measured (`git show`; the run's own date where git does not know the
 commit, and between runs of one commit), and takes, per finding, the headline case of
 the newest run that has it (`harness.report.headline`): every run that measured that
-case gives one point per variant. Runs measured on different machines (their
-fingerprints, `harness.measure.machine`) are never mixed: each machine is a series of
-its own.
+case gives one point per variant. Runs measured on different machines, or with
+different CPU kernel paths (their fingerprints, `harness.measure.machine`), are never
+mixed: each is a series of its own.
 
 Where a series changed level is found by a change-point method over the whole series
 (`harness.report.changepoints`: PELT with a penalty scaled to the series' own noise),
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.measure.machine import FINGERPRINT_FIELDS, fingerprint
+from harness.measure.machine import FINGERPRINT_FIELDS, KERNEL_FIELDS, fingerprint
 from harness.report.changepoints import ChangePoint, change_points
 from harness.report.data import ReportError, finding_headline, open_run
 from harness.report.verdicts import present
@@ -252,5 +252,6 @@ def build_history(results_dir: Path, repo: Path | None = None) -> History:
                    changes=changes)
 
 
-#: the fingerprint fields, for the page's explanation of what separates machines
-MACHINE_FIELDS = ", ".join(FINGERPRINT_FIELDS)
+#: the fingerprint fields, for the page's explanation of what separates machines (and
+#: kernel paths: a run made before runs recorded theirs is a series of its own)
+MACHINE_FIELDS = ", ".join((*FINGERPRINT_FIELDS, *KERNEL_FIELDS))

@@ -8,7 +8,9 @@ metadata in a line and a link to the HTML report.
 from __future__ import annotations
 
 from harness.report import attribution
-from harness.report.compare import compare_headlines, compare_runs, DEFAULT_FACTOR
+from harness.report.compare import (
+    DEFAULT_FACTOR, check_comparable, compare_headlines, compare_runs,
+)
 from harness.report.headline import COUNTERS as HEADLINE_COUNTERS
 from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
 from harness.report.reliability import reliability
@@ -71,6 +73,8 @@ def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_F
     rows = [(h.finding, h.where, h.ratio_text(), h.changes_text(), h.counters_text())
             for h in compare_headlines(new, old, table)]
     lines = [f"### esper-bench {new.run_id} (new) vs {old.run_id} (old)", ""]
+    for note in check_comparable(new, old, force):
+        lines += [f"> {note}", ""]
     for label, run in (("new", new), ("old", old)):
         banner = status_banner(run.metadata)
         if banner:

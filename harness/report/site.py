@@ -224,14 +224,14 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
     """Write the new-vs-old report into `out`; ReportError if fingerprints differ unless forced."""
     refuse_nonsense(new)
     refuse_nonsense(old)
-    differences = check_comparable(new, old, force)
+    comparability = check_comparable(new, old, force)
     between, source = between_run_sd([new, old])
     table = compare_runs(new, old, factor=factor, force=force, between_sd=between)
     out = Path(out)
     counts = table["change"].value_counts().to_dict()
     with staged(out, protect=[new.folder, old.folder]) as stage:
         page = _TEMPLATES.get_template("compare.html.j2").render(
-            new=new, old=old, factor=factor, differences=differences,
+            new=new, old=old, factor=factor, comparability=comparability,
             between=f"\u00b1{100 * between:.2g}% sd, {source}",
             headlines=compare_headlines(new, old, table),
             banners=[(label, status_banner(r.metadata)) for label, r in (("new", new),

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from esper.checks import (
     check_bool,
@@ -98,3 +99,72 @@ def test_parse_int_bounds_as_check_int():
     assert parse_int("--seed", "0", minimum=0, below=10) == 0
     with pytest.raises(ValueError, match=r"--seed: expected an int in \[0, 10\); got 10"):
         parse_int("--seed", "10", minimum=0, below=10)
+
+
+# --- a device: every constructor that takes one checks it the same way (check_device) -----
+
+def _constructors():
+    """name -> a function building that esper object on `device` (the public ones that
+    take a device; each must check it with `check_device` before using it)."""
+    from esper.agent.observation_normalizer import EmaNormalizer
+    from esper.agent.policy import FactoredRecurrentActorCritic
+    from esper.agent.ppo import PPOAgent
+    from esper.env.accumulators import EpochAccumulators
+    from esper.env.bootstrap_states import BootstrapStates
+    from esper.env.config import EnvConfig
+    from esper.env.environment import MorphoEnv
+    from esper.env.mask_batch import MaskBatcher
+    from esper.env.optimizers import EnvOptimizers
+    from esper.env.pool import EnvBatches
+    from esper.env.vectorized import VectorizedMorphoEnv
+    from esper.rollout.buffer import RolloutBuffer
+    from esper.rollout.staging import StagedCopy
+    from esper.rollout.transfer import FlatTransfer
+    from esper.training.trainer import TrainConfig, VectorizedTrainer
+
+    return {
+        "RolloutBuffer": lambda device: RolloutBuffer(2, 3, 4, lstm_hidden_dim=8, device=device),
+        "VectorizedTrainer": lambda device: VectorizedTrainer(TrainConfig(), device=device),
+        "PPOAgent": lambda device: PPOAgent(FactoredRecurrentActorCritic(4), device=device),
+        "MorphoEnv": lambda device: MorphoEnv(EnvConfig(), device=device),
+        "VectorizedMorphoEnv": lambda device: VectorizedMorphoEnv(EnvConfig(), device=device),
+        "EnvBatches": lambda device: EnvBatches(EnvConfig(), device),
+        "EmaNormalizer": lambda device: EmaNormalizer(4, device=device),
+        "EpochAccumulators": lambda device: EpochAccumulators(device),
+        "BootstrapStates": lambda device: BootstrapStates(2, 4, device),
+        "MaskBatcher": lambda device: MaskBatcher(2, device),
+        "EnvOptimizers": lambda device: EnvOptimizers([torch.zeros(2, requires_grad=True)],
+                                                      lr=0.1, device=device),
+        "StagedCopy": lambda device: StagedCopy((2,), torch.float32, device),
+        "FlatTransfer": lambda device: FlatTransfer(device),
+    }
+
+
+CONSTRUCTORS = list(_constructors())
+
+
+@pytest.mark.parametrize("name", CONSTRUCTORS)
+@pytest.mark.parametrize(("device", "message"), [
+    ("tpu", "device: expected 'cpu', 'cuda' or 'cuda:N' (or a torch.device of one); got "
+            "'tpu', which torch does not know as a device"),
+    ("mps", "device: expected a cpu or cuda device; got 'mps': esper runs on the CPU and "
+            "on CUDA"),
+    (3, "device: expected a torch.device or its name ('cpu', 'cuda', 'cuda:0'); got 3 (int)"),
+    pytest.param("cuda", "device: expected a device this machine has; got 'cuda', but this "
+                         "torch has no CUDA (torch.cuda.is_available() is False): use 'cpu'",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                          reason="needs a torch without CUDA")),
+], ids=["tpu", "mps", "int", "cuda-without-cuda"])
+def test_a_device_esper_cannot_use_is_a_value_error_naming_device(name, device, message):
+    """`RolloutBuffer(device='cuda')` on a CPU-only torch raised torch's AssertionError and
+    `device='tpu'` its RuntimeError, neither naming `device`; every constructor that takes
+    a device says the same, through one check."""
+    with pytest.raises(ValueError) as err:
+        _constructors()[name](device)
+    assert str(err.value) == f"{name}: {message}"
+
+
+@pytest.mark.parametrize("name", CONSTRUCTORS)
+def test_every_constructor_takes_the_cpu_by_name_and_as_a_torch_device(name):
+    for device in ("cpu", torch.device("cpu")):
+        _constructors()[name](device)

@@ -7,17 +7,21 @@ changed that the command had no business changing):
 - options: for every value-taking option of every harness command, values that are
   empty, negative, zero, huge, inf, nan, unicode, a path that is a file, a read-only
   folder, a path under /proc, a path with spaces; each run in-process (`main(argv)`), with the other options
-  chosen so that the command stops right after checking its input;
+  chosen so that the command stops right after checking its input; and paths too long
+  for the file system (a 300-byte name, a 4.2k path) for every path option;
 - files: a run's run.json and a journaled cell, truncated at every length class, empty,
-  binary, each top-level field and each summary-row field replaced by a value of every
-  other JSON type, and a future schema version; read by `harness.report`, they must end
-  in exit 2 naming the file (or render, when the change is harmless);
+  binary, a folder, each top-level field (the CPU kernel path's included) and each
+  summary-row field replaced by a value of every other JSON type or removed, and a future
+  schema version; read by `harness.report`, they must end in exit 2 naming the file, and
+  for a row its field (or render, when the change is harmless);
 - writes (integration): the k-th atomic write of a run fails with a full disk or a
   permission error; the run must stop with exit 2 naming the file, keep every cell it
   journaled, and `--resume` must complete it.
 
 Signals at random moments (SIGINT, SIGTERM, SIGKILL, SIGPIPE and a reader that closes the
-pipe) are `tests/harness/test_run_persistence.py`'s fault injection.
+pipe, and SIGINT across a whole `python -m harness.run`) are
+`tests/harness/test_run_persistence.py`'s fault injection; a second writer of a folder is
+`tests/harness/test_lock.py`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from harness import results
+from harness.measure.machine import kernel_path
 from harness.bisect import cli as bisect_cli
 from harness.gate import cli as gate_cli, quality as gate_quality
 from harness.report import cli as report_cli
@@ -125,24 +130,107 @@ def _mutations(document: dict) -> list[tuple[str, object]]:
 
 
 def _run_document() -> dict:
+    """The old fixture run's run.json with two summary rows, and the fields of the CPU
+    kernel path that runs record since."""
     document = json.loads((OLD_RUN / "run.json").read_text())
     cell = json.loads(next((OLD_RUN / "cells").glob("*.json")).read_text())
-    return {**document, "summary": cell["summary"][:2], "rows": cell["samples"][:4]}
+    return {**document, **kernel_path(), "summary": cell["summary"][:2],
+            "rows": cell["samples"][:4]}
+
+
+def _report_of(document: dict, tmp_path: Path, capsys) -> tuple[int, str, Path]:
+    """(exit status, stderr, run folder) of `harness.report` on a run whose run.json is
+    `document`."""
+    folder = tmp_path / "results" / "r"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(document))
+    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
+    return code, capsys.readouterr().err, folder
 
 
 @pytest.mark.parametrize(("what", "document"), _mutations(_run_document()),
                          ids=lambda value: value if isinstance(value, str) else "")
 def test_a_run_json_with_any_field_of_the_wrong_type_renders_or_is_named(what, document,
                                                                          tmp_path, capsys):
-    folder = tmp_path / "results" / "r"
-    folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps(document))
-    code = report_cli.main([str(folder), "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
+    code, err, folder = _report_of(document, tmp_path, capsys)
     assert code in (0, 2), (what, err[-3000:])
     if code == 2:
         assert str(folder / "run.json") in err or "--out" in err, (what, err)
         assert not (tmp_path / "out").exists()
+
+
+#: a value of each JSON kind (numbers are one kind: 7 for 2.5 is no change of kind), and
+#: the field's absence
+_KINDS = [None, True, "text", [], {}, 7, 2.5]
+_ABSENT = object()
+
+
+def _same_kind(a: object, b: object) -> bool:
+    numbers = (int, float)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b)
+    return (isinstance(a, numbers) and isinstance(b, numbers)) or type(a) is type(b)
+
+
+def _row_mutations(document: dict) -> list[tuple[str, dict]]:
+    """(what, mutated document): each field of a summary row (a compared row: it has every
+    field a baseline row has, and its ratio) given a value of each other JSON kind, or
+    removed."""
+    out = []
+    index = next(i for i, row in enumerate(document["summary"]) if "ratio" in row)
+    for field, was in document["summary"][index].items():
+        for value in [*_KINDS, _ABSENT]:
+            if value is not _ABSENT and _same_kind(value, was):
+                continue
+            changed = copy.deepcopy(document)
+            if value is _ABSENT:
+                del changed["summary"][index][field]
+            else:
+                changed["summary"][index][field] = value
+            out.append((f"row{index}.{field}={'absent' if value is _ABSENT else repr(value)}",
+                        changed))
+    return out
+
+
+@pytest.mark.parametrize(("what", "document"), _row_mutations(_run_document()),
+                         ids=lambda value: value if isinstance(value, str) else "")
+def test_a_summary_row_with_any_field_of_the_wrong_kind_or_missing_renders_or_is_named(
+        what, document, tmp_path, capsys):
+    """Every field of a summary row, wrong or missing: the report renders, or exits 2
+    naming run.json, the row and the field, what it expected and what it found; never an
+    internal error (a timed row without its median read as 'numbers that make no sense')."""
+    code, err, folder = _report_of(document, tmp_path, capsys)
+    assert code in (0, 2), (what, err[-3000:])
+    if code == 2:
+        field = what.split(".", 1)[1].split("=", 1)[0]
+        assert err.startswith(f"error: {folder / 'run.json'}: summary row "), (what, err)
+        assert f"field {field!r}: expected " in err and "; got " in err, (what, err)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_run_json_that_is_a_folder_is_named_as_one(tmp_path, capsys):
+    folder = tmp_path / "r"
+    (folder / "run.json").mkdir(parents=True)
+    assert report_cli.main([str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {folder / 'run.json'}: expected a JSON file; got a folder"), err
+
+
+@pytest.mark.parametrize("command", ["run", "report", "gate", "targets"])
+@pytest.mark.parametrize("length", ["a 300-character name", "a 4200-character path"])
+def test_a_path_too_long_is_exit_2_naming_the_option(command, length, tmp_path, capsys,
+                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    long = (str(tmp_path / ("n" * 300) / "x") if length.startswith("a 300")
+            else str(tmp_path / "/".join(["d" * 200] * 21)))
+    main, valued, stop = _commands(tmp_path)[command]
+    for option in [o for o in valued if o in ("--out", "--reports", "--results", "--baseline",
+                                              "--json", "--config")]:
+        assert main([*stop, option, long]) == 2, (option, length)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and option in err, (option, err)
+        assert "too long" in err and "Traceback" not in err, (option, err)
+    assert [p.name for p in tmp_path.iterdir()] == []
 
 
 @pytest.mark.parametrize("cut", [0, 1, 10, 100, 1000, -10, -1])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import findings as registry
+from harness import findings as registry, lock
 from harness.report.cli import render
 from harness.results import (
     DiskFullError, RunFileError, RunWriter, atomic_write_text, create_run_folder, load_run,
@@ -136,6 +136,139 @@ def test_fault_injection_signals_at_random_moments_lose_nothing(tmp_path, refere
         assert _cells(resumed) == reference
         # each cell measured once; the headline cell also holds the placebo
         assert len(resumed.summary) == 2 * tiny.CASES + 1
+
+
+#: a whole run of `python -m harness.run`, report included, for the whole-life injection
+WHOLE_RUN = [arg for arg in RUN if arg != "--no-report"] + ["--time-budget", "0.02"]
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    """What a clean exit never leaves: temp files, report staging folders, writer locks."""
+    return [p for p in folder.rglob("*") if p.name.endswith(".tmp") or ".staging-" in p.name
+            or p.name == lock.LOCK_FILE]
+
+
+class _Trial:
+    """One `python -m harness.run` (a real process: the interpreter's start-up, the
+    imports, the run, its report and the interpreter's exit) sent SIGINT `delay` seconds
+    after it was started, or `delay` seconds after its stderr first shows `after` (a
+    progress line); its output goes to files, so that two run side by side."""
+
+    def __init__(self, folder: Path, delay: float, after: str | None = None) -> None:
+        self.folder, self.delay, self.after = folder, delay, after
+        folder.mkdir()
+        self.stdout, self.stderr = folder / "stdout", folder / "stderr"
+        with self.stdout.open("w") as out, self.stderr.open("w") as err:
+            # SIGINT as an interactive shell leaves it: CI may start the tests with it ignored
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "harness.run", *WHOLE_RUN, "--out", str(folder / "results")],
+                cwd=REPO, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.due = None if after else time.monotonic() + delay
+        self.sent = False
+
+    def poll(self) -> bool:
+        """Send the signal when it is due; whether the process has ended."""
+        ended = self.process.poll() is not None
+        if self.due is None and (ended or self.after in self.stderr.read_text()):
+            self.due = time.monotonic() + self.delay
+        if not self.sent and self.due is not None and time.monotonic() >= self.due:
+            if not ended:
+                self.process.send_signal(signal.SIGINT)
+            self.sent = True
+        return self.sent and ended
+
+
+def _run_trials(tmp_path: Path, moments: list[tuple[float, str | None]]) -> list[_Trial]:
+    """A trial per (delay, after) moment, two at a time (the CPU's cores), each to its end."""
+    waiting, running, done = list(enumerate(moments)), [], []
+    while waiting or running:
+        while waiting and len(running) < 2:
+            index, (delay, after) = waiting.pop(0)
+            running.append(_Trial(tmp_path / f"trial{index}", delay, after))
+        time.sleep(0.005)
+        for trial in [t for t in running if t.poll()]:
+            running.remove(trial)
+            done.append(trial)
+    return done
+
+
+def _judge(trial: _Trial) -> tuple[str, list[str]]:
+    """(the phase the signal stopped `trial` in, what went wrong there)."""
+    code, err, out = trial.process.returncode, trial.stderr.read_text(), trial.stdout.read_text()
+    runs = [p for p in (trial.folder / "results").glob("*") if (p / "run.json").is_file()]
+    when = f"{trial.delay:.2f} s" + (f" after {trial.after!r}" if trial.after else "")
+    said = f"SIGINT at {when}: exit {code}: {err[-1500:]!r}"
+    problems = [] if code in (0, 130) else [said]
+    if "internal error" in err or ("Fatal Python error" in err and code != 1):
+        problems.append(said)
+    if _leftovers(trial.folder):
+        problems.append(f"{said}: left {_leftovers(trial.folder)}")
+    if code in (-signal.SIGINT, 1) and "in run_module" not in err and not runs and not out:
+        # Python itself was starting (its site module, runpy), before any of the command's
+        # code: it dies by SIGINT, as any program does then, or fails to start (exit 1)
+        starting = (err == "" or err.startswith("Traceback")) if code < 0 else \
+            err.startswith("Fatal Python error: init_import_site")
+        return "before the command", [] if starting else [said]
+    if not runs:  # stopped before the run existed
+        if _reported_cells(err) or not ("nothing was done" in err or "stopped, after" in err):
+            problems.append(f"{said}: no run, yet cells reported or no word of the stop")
+        return "before the run", problems
+    (folder,) = runs
+    run = load_run(folder)
+    if not _reported_cells(err) <= _cells(run):
+        problems.append(f"{said}: reported cells missing from the run")
+    status = run.metadata["status"]
+    if code == 0:
+        if status != "complete" or _cells(run) != ALL_CELLS or not (
+                trial.folder / "reports" / run.run_id / "index.html").is_file():
+            problems.append(f"{said}: exit 0 without a complete run and its report")
+        return "after the work", problems
+    if status not in ("complete", "interrupted"):
+        problems.append(f"{said}: the run reads {status}")
+    if status == "interrupted":
+        resumed = main(["--resume", str(folder), "--no-report"])
+        run = load_run(folder)
+        if resumed != 0 or run.metadata["status"] != "complete" or _cells(run) != ALL_CELLS \
+                or len(run.summary) != 2 * tiny.CASES + 1:
+            problems.append(f"{said}: --resume did not complete it ({resumed})")
+        return "in the cells", problems
+    return "in the report", problems
+
+
+@pytest.mark.integration
+def test_sigint_at_any_moment_of_a_whole_run_ends_in_130_and_loses_nothing(tmp_path):
+    """SIGINT at 100 moments across the whole life of `python -m harness.run` with its
+    report: 10 in its first second, 10 around its last, 40 anywhere, and (so that a busy
+    machine's slower start-up cannot crowd them out) 15 among its cells and 25 after its
+    last cell, in the report and the interpreter's exit. Every process ends
+    in 130 after cleaning up (0 when the signal came after it had finished its work, as
+    the interpreter exited), never 1, 2, 3 or a crash (134, 139): a signal while the
+    command loads, works, writes its report or exits. Only while Python itself starts,
+    before any of the command's code, does it end as any Python program then does: killed
+    by SIGINT (-2, which a shell shows as 130) or failing to import its site module (1),
+    with nothing created. Every cell a run said it measured is in its results, nothing is
+    left half-written (no temp file, staging folder or lock), and `--resume` completes
+    every run that was stopped."""
+    started = time.monotonic()  # two whole runs side by side, as the trials run: how long
+    whole = [_Trial(tmp_path / f"whole{i}", 3600.0) for i in range(2)]
+    assert [w.process.wait(timeout=600) for w in whole] == [0, 0]
+    life = time.monotonic() - started
+    rng = random.Random(20261127)
+    first, last = f"[ 1/{tiny.CASES}]", f"[{tiny.CASES}/{tiny.CASES}]"
+    moments = ([(rng.uniform(0.0, 1.0), None) for _ in range(10)]
+               + [(rng.uniform(life - 1.0, life + 0.2), None) for _ in range(10)]
+               + [(rng.uniform(0.0, 0.5), first) for _ in range(15)]  # among the cells
+               + [(rng.uniform(0.0, 3.0), last) for _ in range(25)]  # the report, the exit
+               + [(rng.uniform(0.0, life), None) for _ in range(40)])
+    phases, problems = {}, []
+    for trial in _run_trials(tmp_path, moments):
+        phase, found = _judge(trial)
+        phases[phase] = phases.get(phase, 0) + 1
+        problems += found
+    assert problems == [], (phases, problems)
+    # the moments covered every phase of the run's life
+    assert {"before the run", "in the cells", "in the report"} <= set(phases), phases
 
 
 def test_interrupt_inside_a_variant_keeps_finished_cells_then_resume(tmp_path, reference, monkeypatch):

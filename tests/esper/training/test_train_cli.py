@@ -74,7 +74,8 @@ def run_main(capsys, *argv: str) -> str:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_exits_2_with_a_clear_message(capsys):
     err = run_main(capsys, "--device", "cuda")
-    assert "error: --device: device: 'cuda' was asked for, but torch.cuda.is_available() is False" in err
+    assert ("error: --device: device: expected a device this machine has; got 'cuda', but this "
+            "torch has no CUDA (torch.cuda.is_available() is False): use 'cpu'") in err
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -567,6 +568,57 @@ def test_compare_refuses_runs_from_different_machines(runs, tmp_path, capsys):
     assert report_main([*args, "--force"]) == 0
     assert "Compared with --force across different machines" in \
         (tmp_path / "cmp" / "index.html").read_text()
+
+
+def _copy_with(run: Path, where: Path, **changes) -> Path:
+    """A copy of `run` in `where` whose run.json has `changes` (None: the field removed)."""
+    copy = where / run.name
+    shutil.copytree(run, copy)
+    document = json.loads((copy / "run.json").read_text())
+    for field, value in changes.items():
+        if value is None:
+            document.pop(field, None)
+        else:
+            document[field] = value
+    (copy / "run.json").write_text(json.dumps(document))
+    return copy
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"aten_cpu_capability": "DEFAULT", "env_aten_cpu_capability": "default"},
+     "aten_cpu_capability: old 'DEFAULT'"),
+    ({"env_onednn_max_cpu_isa": "AVX2"}, "env_onednn_max_cpu_isa: old 'AVX2', new None"),
+    ({"threads": 7}, "threads: old 7"),
+])
+def test_compare_refuses_runs_whose_kernel_paths_differ_saying_it_may_be_one_machine(
+        runs, tmp_path, capsys, changes, field):
+    """An AVX-512 run against one on the default kernels, or on another thread count, read
+    as a change of the code (exit 0, no note); the thread count was refused as 'different
+    machines' even on one machine."""
+    other = _copy_with(runs["a"], tmp_path / "other", **changes)
+    args = [str(runs["b"]), "--compare", str(other), "--out", str(tmp_path / "cmp")]
+    assert report_main(args) == 2
+    err = capsys.readouterr().err
+    assert field in err and "ran different CPU kernels" in err, err
+    assert "may be the same machine" in err and "different machines" not in err, err
+    assert not (tmp_path / "cmp").exists()
+    assert report_main([*args, "--force", "--markdown", str(tmp_path / "cmp.md")]) == 0
+    for text in (html.unescape((tmp_path / "cmp" / "index.html").read_text()),
+                 (tmp_path / "cmp.md").read_text()):
+        assert "Compared with --force across different CPU kernels" in text and field in text
+
+
+def test_a_run_recorded_before_the_kernel_path_still_compares_and_says_so(runs, tmp_path, capsys):
+    older = _copy_with(runs["a"], tmp_path / "older", aten_cpu_capability=None, cpu_flags=None,
+                       env_aten_cpu_capability=None, env_onednn_max_cpu_isa=None)
+    args = [str(runs["b"]), "--compare", str(older), "--out", str(tmp_path / "cmp"),
+            "--markdown", str(tmp_path / "cmp.md")]
+    assert report_main(args) == 0, capsys.readouterr().err
+    note = (f"The old run ({older.name}) did not record its CPU kernel path (it predates "
+            "that record): a difference of kernels between the runs cannot be ruled out.")
+    assert note in html.unescape((tmp_path / "cmp" / "index.html").read_text())
+    assert note in (tmp_path / "cmp.md").read_text()
+    assert report_main([str(older), "--out", str(tmp_path / "alone")]) == 0  # and renders
 
 
 # --- attachments, the flamegraph and the index --------------------------------------------
