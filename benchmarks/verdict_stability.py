@@ -11,15 +11,6 @@ docs quote. Parts, in the order the docs give them:
         run time;
     python benchmarks/verdict_stability.py quick --runs 3 OUT
         `--quick` runs, reports included: their run time;
-    python benchmarks/verdict_stability.py noise --commit REV OUT
-        from `repeat`'s runs after the first (a warm-up), the rows whose ratios move
-        between runs (their standard deviation) more than their intervals say, written
-        to esper_review/between_runs.json (`--to`), where the built-in findings read
-        them: those rows' intervals carry that spread, and the cells where it can
-        change a word are measured in 2 processes (`--processes`).
-        Derive it from runs of one process each (`repeat --run-args --processes 1`): a
-        row two processes combined spreads less, and its cell would drop out of the table
-        that put it there;
     python benchmarks/verdict_stability.py planted OUT
         one run of benchmarks/planted_findings.py: a +10% planted slowdown should read
         slower, a +3% one never faster;
@@ -168,86 +159,6 @@ def placebos(runs: list[dict]) -> dict:
             "decisive_examples": [f"{r['finding']} {r['case']}: {r['verdict']} {r['ratio']:.3g} "
                                   f"[{r['ci_low']:.3g}-{r['ci_high']:.3g}]" for r in rows
                                   if r["verdict"] in ("faster", "slower")]}
-
-
-# ----------------------------------------------------------------------------- noise
-
-#: where the built-in findings read the rows measured to move between processes
-BETWEEN_RUNS = REPO / "esper_review" / "between_runs.json"
-#: a row is declared when its ratio's spread between runs exceeds its in-run standard
-#: error by this factor (9 runs estimate a standard deviation to about +-25%)
-EXCESS = 1.5
-#: how far (in between-run standard deviations) a row's ratio may wander either way:
-#: a cell whose rows can reach a word boundary that far is measured in more processes
-REACH = 2.0
-#: runs left out at the start of a set: the first run after a fresh clone reads more rows
-#: off than any other (18-24 of 238 rows beyond 5 robust deviations in three sets, where
-#: the median run reads 3-6), as a warm-up does
-WARM_UP_RUNS = 1
-#: the fewest runs, warm-up aside, a row's spread is taken from
-MIN_RUNS = 5
-
-
-def between_runs(runs: list[dict], margin: float = 0.05, processes: int = 2) -> dict:
-    """finding -> case -> {"sd": {variant: sd}, "processes": n} from repeated default runs.
-
-    Per row (placebo rows aside), over the runs after the first `WARM_UP_RUNS`: the
-    standard deviation of its log ratio across runs, against the in-run standard error of
-    one run (log units; from its interval where an older run did not record it), both of
-    the row's estimate as the runs combined it. A plain standard deviation, not a robust
-    one: a row that reads in two modes (B4-CR-03 `compiled` at 1024 x 256: 0.73-0.77 in
-    most processes, 0.99-1.03 in two or three of ten) must carry both, and a robust spread
-    takes the rarer mode for a disturbed run. Rows whose spread exceeds `EXCESS` times
-    that error are declared with that spread, scaled by the square root of the processes
-    a run combined (to one process's offset); a cell whose declared rows' median +-
-    `REACH` spreads crosses a word's boundary (1 + margin either way) gets `processes`.
-    """
-    logs: dict[tuple, list[float]] = {}
-    errors: dict[tuple, list[float]] = {}
-    combined: dict[tuple, int] = {}  # the most processes a run combined into the row
-    for run in runs[WARM_UP_RUNS:]:
-        for key, row in _words(run["rows"]).items():
-            if not row.get("ratio"):
-                continue
-            logs.setdefault(key, []).append(math.log(row["ratio"]))
-            se = row.get("log_se") or math.log(row["ci_high"] / row["ci_low"]) / 2 / 1.96
-            errors.setdefault(key, []).append(se)
-            combined[key] = max(combined.get(key, 1), int(row.get("processes") or 1))
-    boundary = math.log(1 + margin)
-    table: dict[str, dict] = {}
-    for key in sorted(logs):
-        values = logs[key]
-        if len(values) < MIN_RUNS:
-            continue
-        centre = statistics.median(values)
-        spread = statistics.stdev(values)
-        error = math.sqrt(statistics.fmean(e * e for e in errors[key]))
-        if spread <= EXCESS * error:
-            continue
-        finding, case, variant = key
-        cell = table.setdefault(finding, {}).setdefault(case, {"sd": {}, "processes": 1})
-        cell["sd"][variant] = round(spread * math.sqrt(combined[key]), 3)
-        if any(centre - REACH * spread < b < centre + REACH * spread
-               for b in (-boundary, boundary)):
-            cell["processes"] = processes
-    return table
-
-
-def noise(args) -> None:
-    """The rows of `repeat`'s runs whose ratios move between processes: written where the
-    built-in findings read them (`--to`)."""
-    runs = _load(args.out, "repeat")
-    if not runs:
-        raise SystemExit(f"noise: expected {args.out / 'repeat.json'} (run `repeat` first)")
-    document = {"measured": f"{len(runs)} default runs at {args.commit}, one after the other "
-                            f"(benchmarks/verdict_stability.py repeat), spread over runs "
-                            f"{WARM_UP_RUNS + 1}-{len(runs)} (the first: warm-up)",
-                "findings": between_runs(runs, processes=args.processes)}
-    args.to.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-    cells = [c for f in document["findings"].values() for c in f.values()]
-    print(f"{args.to}: {sum(len(c['sd']) for c in cells)} rows in {len(cells)} cells, "
-          f"{sum(c['processes'] > 1 for c in cells)} cells in {args.processes} processes",
-          file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- planted
@@ -702,19 +613,6 @@ def _duet_table(folder: Path) -> list[str]:
     return lines
 
 
-def between_runs_table() -> str:
-    """The committed `BETWEEN_RUNS` table as markdown: what the run declares."""
-    document = json.loads(BETWEEN_RUNS.read_text())
-    lines = [f"Measured from {document['measured']}.", "",
-             "| finding | case | processes | rows declared (spread between processes) |",
-             "|---|---|---|---|"]
-    for finding, cells in document["findings"].items():
-        for case, cell in sorted(cells.items(), key=lambda c: (-c[1]["processes"], c[0])):
-            rows = ", ".join(f"{v} {sd:.1%}" for v, sd in sorted(cell["sd"].items()))
-            lines.append(f"| {finding} | {case} | {cell['processes']} | {rows} |")
-    return "\n".join(lines)
-
-
 TABLES = {"stability": _stability_table, "run-times": _run_times_table,
           "planted": _planted_table, "processes": _processes_table, "gate-power": _gate_table,
           "duet": _duet_table}
@@ -734,7 +632,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     sub = p.add_subparsers(dest="part", required=True)
-    for name in ("repeat", "quick", "noise", "planted", "processes", "gate", "duet", "table"):
+    for name in ("repeat", "quick", "planted", "processes", "gate", "duet", "table"):
         part = sub.add_parser(name)
         part.add_argument("out", type=Path)
         if name in ("repeat", "quick", "planted"):
@@ -742,12 +640,6 @@ def main(argv=None) -> int:
                               help="more options for harness.run")
     sub.choices["repeat"].add_argument("--runs", type=int, default=10)
     sub.choices["quick"].add_argument("--runs", type=int, default=3)
-    sub.choices["noise"].add_argument("--to", type=Path, default=BETWEEN_RUNS)
-    sub.choices["noise"].add_argument("--commit", required=True,
-                                      help="the commit `repeat` ran, said with the table")
-    sub.choices["noise"].add_argument("--processes", type=int, default=2,
-                                      help="processes for a cell whose words the noise can "
-                                           "change")
     sub.choices["processes"].add_argument("--processes", type=int, default=5)
     sub.choices["processes"].add_argument("--threads", type=int, default=2)
     sub.choices["processes"].add_argument("--budget", type=float, default=1.0)
@@ -762,7 +654,7 @@ def main(argv=None) -> int:
                                      help="gate runs per slowdown per saved chunk")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
-    {"repeat": repeat, "quick": quick, "noise": noise, "planted": planted,
+    {"repeat": repeat, "quick": quick, "planted": planted,
      "processes": processes, "gate": gate, "duet": duet, "table": table}[args.part](args)
     return 0
 

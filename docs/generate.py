@@ -30,8 +30,6 @@ Kinds:
   stability, planted, processes, gate-power, run-times, duet
                   the verdict benchmark's tables, from the reduced results committed in
                   benchmarks/results/ (`benchmarks/verdict_stability.py`)
-  between-runs    the cells the review's findings declare noisy between processes
-                  (esper_review/between_runs.json, `verdict_stability.py noise`)
 
 Exit status: 0 written or current; 1 --check found stale blocks (each named); 2 a marker
 that names an unknown kind, or a block left open.
@@ -190,7 +188,6 @@ KINDS = {
     "targets": _targets,
     **{kind: (lambda kind=kind: _benchmark(kind))
        for kind in ("stability", "planted", "processes", "gate-power", "run-times", "duet")},
-    "between-runs": lambda: _verdict_stability().between_runs_table() + "\n",
 }
 
 

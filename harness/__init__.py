@@ -4,7 +4,6 @@ The public API, for declaring findings of your own (see `harness.findings`)::
 
     from harness import Case, Finding, max_abs_difference, register
     from harness import max_relative_error, rounding_tolerance  # tolerances from the math
-    from harness import CaseNoise  # optional: a cell's measured noise between processes
     from harness import Defaults, PlantTarget, set_defaults  # optional: the commands' defaults
 
 A module of yours that calls `register` is measured by
@@ -19,7 +18,7 @@ import importlib
 from typing import Any
 
 #: the public names: frozen by tests/harness/test_public_api.py
-__all__ = ["Case", "CaseNoise", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+__all__ = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
            "max_relative_error", "register", "rounding_tolerance", "set_defaults",
            "unit_roundoff"]
 

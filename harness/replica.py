@@ -1,22 +1,25 @@
-"""A replica: cells of a run measured again in a fresh process, for their ratios' sake.
+"""A worker: a fresh process that times the run's cells beside the run's own process.
 
-Some ratios move from one fresh process to the next by more than rounds inside one
-process can see (measured: a finding declares such cells in `Finding.between_runs`). The
-run measures each of them in its own process and in `processes - 1` replicas, each a
-fresh `python -m harness.replica` with the run's options, the cell's sampling budget
-shared out between them; `harness.runner.CaseRun` then combines every process's paired
-rounds (`harness.measure.estimate.paired_estimate`).
+A fresh process can run one variant faster or slower against another than the next
+process does (where its code and data land, how its allocator starts), an offset that no
+number of rounds inside one process sees. So the run times every cell in two or more
+processes and words each row from all of them (`harness.combine`): its own, and workers
+started with `python -m harness.replica SPEC_JSON` (`WorkerSpec`: the findings modules,
+the device, the threads and the sampling options of the run).
 
-One replica measures every such cell of the run in one process (one torch start and one
-set of first compilations), before the run measures its own share. Its output is kept
-in the run folder (`replicas/`), written atomically as soon as it is measured, so a
-resumed run measures only what is missing. A replica that fails costs its cells only
-their extra processes: each row says so in `process_note`.
+A worker loads the findings modules once, then reads one JSON command per line on stdin,
+`{"finding", "case", "headline", "sampling_s", "timed"}`, and times that cell as the run's
+own process does (`harness.runner.CaseRun` with `check=False`: the run's process checked
+the variants `timed` lists; no profiling), writing one JSON line per command on its
+protocol pipe: `{"finding", "case", "samples": [sample rows, each with its "process"],
+"failed": {variant: why}, "seconds", "stages": {stage: seconds}}`, or `{"finding",
+"case", "error"}`. Its first line
+says it is ready (`{"ready": seconds to load}`) or why it is not (`{"error"}`). The run
+interleaves them: for each cell, one process after the other, the order alternating.
 
-Input: one JSON argument (`ReplicaSpec`). Output: one JSON object on stdout,
-`{"cells": [{"finding", "case", "samples": {variant: [seconds, ...]}, "failed":
-{variant: error}}]}` (samples: one per round, in round order), or a cell with `"error"`;
-the run keeps it with the replica's wall `"seconds"` added.
+Nothing the findings print reaches the protocol (the worker's stdout goes to its stderr).
+A worker ends at the end of its input, and with the run that started it, even one killed
+outright (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -26,177 +29,177 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from harness import findings as registry
-from harness.exits import UsageError, command, run_group
+from harness.exits import UsageError, command, kill_group
 from harness.measure.timing import pinned_threads
 from harness.ranks import solo_environment
-from harness.results import atomic_write_text
 from harness.runner import CaseRun, RunOptions
 
-#: the folder of a run that holds its replicas' output
-FOLDER = "replicas"
-#: the `RunOptions` fields a replica takes from the run as they are; of the others it
-#: takes the device by name, and leaves profiling, sources and the bandwidth floor off
-#: (its samples are all the run reads) and the process noise at its default (no option
-#: changes it)
-CARRIED_OPTIONS = ("quick", "seed", "time_budget_s", "min_samples", "max_samples", "margin",
-                   "precision", "placebo", "processes")
+#: the `RunOptions` fields a worker takes from the run as they are; of the others it takes
+#: the device by name and leaves profiling, sources and the bandwidth floor off (its
+#: samples are all the run reads)
+CARRIED_OPTIONS = ("quick", "seed", "min_samples", "max_samples", "margin", "precision",
+                   "placebo")
 
 
 @dataclass(frozen=True)
-class ReplicaSpec:
-    """What one replica process measures, and how (the run's own options)."""
+class WorkerSpec:
+    """How a worker measures (the run's own options); the cells come on its stdin."""
 
-    cells: tuple[tuple[str, str, bool], ...]
-    """(finding id, case label, headline) of each cell, in the run's order."""
     findings_modules: tuple[str, ...] = ()
     device: str = "cpu"
     quick: bool = False
     seed: int = 0
-    time_budget_s: float = 1.0
     min_samples: int = 8
     max_samples: int = 200
     margin: float = 0.05
     precision: float = 0.03
     placebo: str = "headline"
-    processes: int | None = None
     threads: int = 1
+    process: int = 2
+    """Which of the run's processes it is, in its sample rows."""
     parent: int | None = None
-    """The run's pid: the replica stops when that process is gone."""
+    """The run's pid: the worker stops when that process is gone."""
 
     @classmethod
-    def of(cls, cells: Sequence[tuple[str, str, bool]], options, threads: int,
-           findings_modules: Sequence[str] | None) -> "ReplicaSpec":
-        """The replica of `cells` under `options` (`harness.runner.RunOptions`)."""
-        return cls(cells=tuple(tuple(c) for c in cells),
-                   findings_modules=tuple(findings_modules or ()), device=str(options.device),
-                   threads=threads, parent=os.getpid(),
+    def of(cls, options: RunOptions, threads: int, findings_modules: Sequence[str] | None,
+           process: int) -> "WorkerSpec":
+        """The spec of worker `process` of a run under `options`."""
+        return cls(findings_modules=tuple(findings_modules or ()), device=str(options.device),
+                   threads=threads, process=process, parent=os.getpid(),
                    **{name: getattr(options, name) for name in CARRIED_OPTIONS})
+
+    def options(self) -> RunOptions:
+        return RunOptions(device=torch.device(self.device), profile=False,
+                          **{name: getattr(self, name) for name in CARRIED_OPTIONS})
+
+
+def measure_cell(spec: WorkerSpec, command: dict) -> dict:
+    """In the worker: one cell timed as the command says (module docstring)."""
+    entry = {"finding": command["finding"], "case": command["case"]}
+    started = time.perf_counter()
+    try:
+        finding = registry.planned(registry.select([command["finding"]])[0], spec.quick)
+        case = next((c for c in finding.cases(spec.quick) if c.label == command["case"]), None)
+        if case is None:
+            raise ValueError(f"{command['finding']} has no case {command['case']!r} here")
+        cell = CaseRun(finding, case, spec.options(), headline=command["headline"],
+                       sampling_s=command["sampling_s"], process=spec.process,
+                       timed=command["timed"], check=False).run()
+    except Exception as err:  # one cell that cannot run is that cell's, said
+        return {**entry, "error": f"{type(err).__name__}: {err}"}
+    failed = {v: row.get("error") or row.get("reason") or row["status"]
+              for v, row in cell.cells.items()
+              if v in command["timed"] and v not in cell.measurements and row.get("status")}
+    return {**entry, "samples": cell.samples, "failed": failed,
+            "seconds": time.perf_counter() - started, "stages": cell.seconds}
 
 
 def _die_with_parent(parent: int | None) -> None:
-    """No replica outlives the run that started it, even one killed outright: on Linux
-    the kernel kills this process when its parent dies (PR_SET_PDEATHSIG). (The gate's
-    worker does the same on its own: it runs as a script that imports nothing of the
-    harness before it has set up the trees it compares.)"""
+    """No worker outlives the run that started it, even one killed outright: on Linux the
+    kernel kills this process when its parent dies (PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:
-        sys.exit(f"the run that started this replica (pid {parent}) is gone")
+        sys.exit(f"the run that started this worker (pid {parent}) is gone")
 
 
-def measure(spec: ReplicaSpec) -> dict:
-    """In the replica process: each cell of `spec` measured as the run measures it, without
-    the profiling pass. Returns the output document (module docstring)."""
-    for module in spec.findings_modules:
-        registry.load_findings_module(module)
-    options = RunOptions(device=torch.device(spec.device), profile=False,
-                         **{name: getattr(spec, name) for name in CARRIED_OPTIONS})
-    cells = []
-    with pinned_threads(spec.threads):
-        for finding_id, label, headline in spec.cells:
-            entry = {"finding": finding_id, "case": label}
-            try:
-                finding = registry.planned(registry.select([finding_id])[0], spec.quick)
-                case = next((c for c in finding.cases(spec.quick) if c.label == label), None)
-                if case is None:
-                    raise ValueError(f"{finding_id} has no case {label!r} here")
-                cell = CaseRun(finding, case, options, headline=headline).run()
-            except Exception as err:  # one cell that cannot run is that cell's, said
-                entry["error"] = f"{type(err).__name__}: {err}"
-            else:
-                entry["samples"] = {v: list(m.samples) for v, m in cell.measurements.items()}
-                entry["failed"] = {v: row.get("error") or row.get("reason") or row["status"]
-                                   for v, row in cell.cells.items()
-                                   if v not in cell.measurements and row.get("status")}
-            cells.append(entry)
-    return {"cells": cells}
-
-
-def run_replica(spec: ReplicaSpec, path: Path) -> dict[tuple[str, str], dict]:
-    """Start one replica of `spec`, wait for it, and keep its output at `path` (atomic).
-    Returns (finding id, case label) -> that cell's entry; where the replica itself failed,
-    every cell's entry is `{"error": why}`."""
+def serve(spec: WorkerSpec, commands, protocol) -> None:
+    """Load the findings modules, say so, then answer each command line of `commands` on
+    `protocol` until the input ends."""
     started = time.perf_counter()
-    done = run_group([sys.executable, "-m", "harness.replica",
-                      json.dumps(dataclasses.asdict(spec))], env=solo_environment())
-    seconds = time.perf_counter() - started
     try:
-        if done.returncode != 0:
-            raise ValueError(f"exited with {done.returncode}")
-        document = json.loads(done.stdout)
-        cells = document["cells"]
-    except (ValueError, KeyError, TypeError) as err:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        why = f"the replica process failed ({err}: {tail[0]})"
-        cells = [{"finding": f, "case": c, "error": why} for f, c, _ in spec.cells]
-        document = {"cells": cells}
-    document["seconds"] = seconds
-    atomic_write_text(path, json.dumps(document))
-    return {(c["finding"], c["case"]): c for c in cells}
+        for module in spec.findings_modules:
+            registry.load_findings_module(module)
+    except registry.FindingsModuleError as err:
+        protocol.write(json.dumps({"error": str(err)}) + "\n")
+        protocol.flush()
+        return
+    protocol.write(json.dumps({"ready": time.perf_counter() - started}) + "\n")
+    protocol.flush()
+    with pinned_threads(spec.threads):
+        for line in commands:
+            if line.strip():
+                protocol.write(json.dumps(measure_cell(spec, json.loads(line))) + "\n")
+                protocol.flush()
 
 
-def load_replica(path: Path) -> dict[tuple[str, str], dict]:
-    """A replica's kept output, as `run_replica` returns it; {} where none is readable."""
-    try:
-        cells = json.loads(Path(path).read_text())["cells"]
-        return {(c["finding"], c["case"]): c for c in cells}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+class WorkerError(RuntimeError):
+    """A worker that could not start, or stopped answering."""
 
 
-def kept_seconds(folder: Path) -> list[float]:
-    """The wall seconds of each replica a run's folder keeps (for the run's time line)."""
-    seconds = []
-    for path in sorted((Path(folder) / FOLDER).glob("*.json")):
+class Worker:
+    """The run's side of one worker process: `measure` one cell at a time, `close` last."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.errors = tempfile.TemporaryFile(mode="w+")
+        # a session of its own: a Ctrl-C at the terminal is the run's to handle, and the
+        # worker's group is killed with whatever it started
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "harness.replica", json.dumps(dataclasses.asdict(spec))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
+            env=solo_environment(), start_new_session=True)
+        first = self._answer()
+        if "error" in first:
+            self.close()
+            raise WorkerError(f"worker {spec.process} could not start: {first['error']}")
+        self.startup_s = float(first.get("ready", 0.0))
+
+    def _answer(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=30)
+            self.errors.seek(0)
+            tail = self.errors.read().strip().splitlines()[-1:] or ["no output"]
+            raise WorkerError(f"worker {self.spec.process} exited with "
+                              f"{self.process.returncode}: {tail[0]}")
+        return json.loads(line)
+
+    def measure(self, finding: str, case: str, headline: bool, sampling_s: float,
+                timed: Sequence[str]) -> dict:
+        """The worker's entry for one cell; `{"error": why}` where the worker failed."""
+        command = {"finding": finding, "case": case, "headline": headline,
+                   "sampling_s": sampling_s, "timed": list(timed)}
         try:
-            seconds.append(float(json.loads(path.read_text())["seconds"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return seconds
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+            return self._answer()
+        except (OSError, WorkerError, ValueError) as err:
+            return {"finding": finding, "case": case, "error": f"the worker failed: {err}"}
+
+    def close(self) -> None:
+        """End the worker (its input first, then its group) and forget its errors."""
+        try:
+            if self.process.stdin and not self.process.stdin.closed:
+                self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):  # it did not end by itself: killed below
+            pass
+        finally:
+            kill_group(self.process)
+            self.errors.close()
 
 
-def replicas_for(cells: Sequence[tuple[str, str, bool, int]], folder: Path, spec_of: Callable,
-                 label: str = "", progress: Callable[[str], None] | None = None
-                 ) -> dict[tuple[str, str], list[dict]]:
-    """The replicas of a run's cells (finding id, case label, headline, processes): replica
-    k (k = 1, 2, ...) measures the cells with more than k processes, unless `folder`
-    already holds its output for all of them (a resumed run). `spec_of(cells)` is the
-    spec of a replica of those cells; `label` tells ranks apart in file names. Returns
-    (finding id, case label) -> each replica's entry for that cell, in replica order."""
-    found: dict[tuple[str, str], list[dict]] = {(f, c): [] for f, c, _, _ in cells}
-    rounds = max((p for *_, p in cells), default=1)
-    for k in range(1, rounds):
-        mine = [(f, c, h) for f, c, h, p in cells if p > k]
-        path = Path(folder) / FOLDER / f"{label}replica{k}.json"
-        kept = load_replica(path)
-        if not all((f, c) in kept for f, c, _ in mine):
-            if progress is not None:
-                progress(f"replica {k} of {rounds - 1}: {len(mine)} cells in a fresh process")
-            kept = run_replica(spec_of(mine), path)
-        for f, c, _ in mine:
-            found[(f, c)].append(kept.get((f, c), {"error": "not measured by the replica"}))
-    return found
-
-
-def _spec(argv: list[str]) -> ReplicaSpec:
-    """The one argument, a `ReplicaSpec` as JSON; UsageError naming what is wrong."""
+def _spec(argv: list[str]) -> WorkerSpec:
+    """The one argument, a `WorkerSpec` as JSON; UsageError naming what is wrong."""
     if len(argv) != 1:
-        raise UsageError(f"expected one argument, a replica spec as JSON (python -m "
+        raise UsageError(f"expected one argument, a worker spec as JSON (python -m "
                          f"harness.replica SPEC_JSON); got {len(argv)}")
     try:
         raw = json.loads(argv[0])
-        return ReplicaSpec(**{**raw, "cells": tuple(tuple(c) for c in raw["cells"])})
-    except (ValueError, TypeError, KeyError) as err:
-        raise UsageError(f"SPEC_JSON: expected the fields of harness.replica.ReplicaSpec; "
+        return WorkerSpec(**{**raw, "findings_modules": tuple(raw.get("findings_modules", ()))})
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"SPEC_JSON: expected the fields of harness.replica.WorkerSpec; "
                          f"got {argv[0][:200]!r} ({type(err).__name__}: {err})") from err
 
 
@@ -204,11 +207,10 @@ def _spec(argv: list[str]) -> ReplicaSpec:
 def main(argv: list[str] | None = None) -> int:
     spec = _spec(sys.argv[1:] if argv is None else argv)
     _die_with_parent(spec.parent)
-    try:
-        document = measure(spec)
-    except registry.FindingsModuleError as err:  # the run's own --findings-module, not importable here
-        raise UsageError(str(err)) from err
-    print(json.dumps(document))
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the findings print goes to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    serve(spec, sys.stdin, protocol)
     return 0
 
 

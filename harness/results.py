@@ -46,7 +46,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness import lock
+from harness.combine import combine
 from harness.exits import UsageError, elided, read_json, too_long
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.numbers import is_real, is_whole
 from harness.measure.stats import Verdict
 
@@ -85,6 +87,7 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "ratio": float, "ci_low": float, "ci_high": float, "ci_level": float, "speedup": float,
     "ci_halfwidth": float, "margin": float, "pvalue": float, "log_se": float, "df": float,
     "process_sd": float, "processes": int, "process_note": str, "rounds_to_decide": int,
+    "process_df": float, "process_p": float,
     "max_error": float,
     "op_calls": int, "host_syncs": int, "allocations": int, "allocated_bytes": int,
     "kernel_launches": int, "peak_bytes": int, "error": str, "reason": str,
@@ -99,7 +102,8 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
 #: run.json's metadata fields whose kind is fixed (None, where allowed, is absent)
 METADATA_FIELDS: dict[str, type] = {
     "status": str, "run_id": str, "created": str, "quick": bool, "seed": int,
-    "time_budget_s": float, "precision": float, "margin": float, "placebo": str,
+    "time_budget_s": float, "budget_s": float, "precision": float, "margin": float,
+    "placebo": str, "process_level": dict, "seconds": float,
     "processes": int,
     "profile": bool, "findings": list, "options": dict, "cells_total": int,
     "cells_done": int, "world_size": int, "device": str, "device_name": str,
@@ -479,12 +483,15 @@ class RunWriter:
         return document
 
     def finish(self, status: str) -> None:
-        """Gather the journal into `run.json` (with `status`) and `rows.csv`; point `latest` here."""
+        """Gather the journal into `run.json` (with `status`; every row worded from all its
+        processes, `worded`) and `rows.csv`; point `latest` here."""
         if status not in STATUSES:
             raise ValueError(f"status: expected one of {', '.join(STATUSES)}; got {status!r}")
         cells = read_cells(self.folder)
-        summary = [row for c in cells for row in c["summary"]]
+        summary, level = worded(cells, self.metadata)
         samples = [row for c in cells for row in c["samples"]]
+        if level is not None:
+            self.metadata["process_level"] = level
         document = {"schema_version": SCHEMA_VERSION, "status": status, **self.metadata,
                     "cells_done": len(cells), "summary": summary, "rows": samples}
         atomic_write_text(self.folder / "run.json", json.dumps(_json_safe(document), indent=1))
@@ -493,8 +500,26 @@ class RunWriter:
 
     @property
     def summary(self) -> list[dict]:
-        """Every summary row journaled so far, in run order."""
-        return [row for c in read_cells(self.folder) for row in c["summary"]]
+        """Every summary row journaled so far, in run order, worded from all its processes."""
+        return worded(read_cells(self.folder), self.metadata)[0]
+
+
+def measures_processes(metadata: dict) -> bool:
+    """Whether a run timed each cell in several processes and words its rows from them
+    all (`harness.combine`): runs made before kept one process's words per row."""
+    return "budget_s" in metadata
+
+
+def worded(cells: list[dict], metadata: dict) -> tuple[list[dict], dict | None]:
+    """The journal's summary rows, worded from all their processes where the run measured
+    them so, with what run.json keeps of its process level (else as journaled, and None)."""
+    summary = [row for c in cells for row in c["summary"]]
+    if not measures_processes(metadata) or not summary:
+        return summary, None
+    combined = combine(summary, [row for c in cells for row in c["samples"]],
+                       metadata.get("finding_info") or {},
+                       metadata.get("margin") or DEFAULT_MARGIN)
+    return combined.summary, combined.noise()
 
 
 # ------------------------------------------------------------------------------ reading
@@ -640,7 +665,7 @@ def load_run(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_
     document = _read_document(folder)
     cells = read_cells(folder)
     if cells:  # the journal is the record; run.json holds the same rows once finished
-        summary = pd.DataFrame([row for c in cells for row in c["summary"]])
+        summary = pd.DataFrame(worded(cells, document)[0])
         rows = pd.DataFrame([row for c in cells for row in c["samples"]])
     else:
         summary, rows = pd.DataFrame(document["summary"]), pd.DataFrame(document["rows"])

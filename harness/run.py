@@ -25,6 +25,7 @@ import dataclasses
 import datetime as dt
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -45,18 +46,28 @@ from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 from harness.project import load_findings
 from harness.report.reliability import reliability
-from harness.report.summary import format_seconds, sampling_line, summary_table, time_line
+from harness.report.summary import (
+    format_seconds, process_line, sampling_line, summary_table, time_line,
+)
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
     remove_orphan_temps, resolve_run_folder,
 )
 from harness.measure.decision import DEFAULT_MARGIN
+from harness.combine import combine
+from harness.plan import FLOOR_S, RESERVE_SHARE, Plan
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
+
+#: the run's wall seconds by default, and with --quick (report included)
+DEFAULT_BUDGET_S = 140.0
+QUICK_BUDGET_S = 35.0
+#: the most processes that time one cell
+MAX_PROCESSES = 6
 
 #: options a resumed run keeps from the run it continues (dest -> flag)
 MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--findings",
                        "findings_module": "--findings-module", "all": "--all",
-                       "time_budget": "--time-budget", "precision": "--precision",
+                       "budget": "--budget", "precision": "--precision",
                        "margin": "--margin", "placebo": "--placebo",
                        "no_profile": "--no-profile", "sources": "--sources",
                        "seed": "--seed", "threads": "--threads",
@@ -84,10 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "own findings; repeatable; also read from [tool.esper-bench] "
                         "findings-modules in the nearest pyproject.toml)")
     p.add_argument("--list", action="store_true", help="list the findings and exit")
-    p.add_argument("--time-budget", type=options.seconds, default=None, metavar="S",
-                   help="the most sampling seconds per cell, a finding x case (default 1.0, "
-                        "quick 0.3; a finding of slow calls may declare a multiple, "
-                        "its budget_factor)")
+    p.add_argument("--budget", type=options.seconds, default=None, metavar="S",
+                   help=f"the run's wall seconds, report included (default {DEFAULT_BUDGET_S:g}, "
+                        f"quick {QUICK_BUDGET_S:g}): the plan shares its sampling out over the "
+                        "cells (a finding of slow calls weighs its budget_factor) and their "
+                        "processes as the run goes; each process still takes its minimum "
+                        "rounds")
     p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="the practical margin of the words: a ratio whose interval lies "
                         "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "
@@ -101,12 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the baseline is also timed against a second copy of itself, "
                         "the run's measured noise floor (default: each finding's headline "
                         "cell)")
-    p.add_argument("--processes", type=options.integer_from(1, registry.CaseNoise.MAX_PROCESSES),
-                   default=None, metavar="N",
-                   help="fresh processes for each cell whose ratios are known to move "
-                        "between processes (a finding's between_runs): its budget shared out over N processes and their rounds "
-                        "combined (default: the count each such cell declares; 1: the run's "
-                        "own process only)")
+    p.add_argument("--processes", type=options.integer_from(2, MAX_PROCESSES), default=2,
+                   metavar="N",
+                   help="fresh processes that time every cell, interleaved: the run's own "
+                        "and N - 1 workers (default 2); a row whose processes disagree gets "
+                        f"more, up to {MAX_PROCESSES}, where the budget allows")
     p.add_argument("--out", type=options.path, default=DEFAULT_RESULTS_DIR, metavar="DIR",
                    help="results folder (default results/)")
     p.add_argument("--resume", metavar="RUN",
@@ -219,11 +231,11 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
                          "the profiler counts); got it with --no-profile")
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
-        time_budget_s=args.time_budget or (0.3 if args.quick else 1.0),
+        budget_s=args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S),
         min_samples=5 if args.quick else 8, precision=args.precision, margin=args.margin,
         placebo=args.placebo, profile=not args.no_profile,
         sources=bool(getattr(args, "sources", False)),
-        processes=getattr(args, "processes", None),
+        processes=getattr(args, "processes", None) or 2,
     )
 
 
@@ -413,10 +425,9 @@ def _new_run(args, options: RunOptions, selected, launch: ranks.Launch) -> RunWr
     recorded = {dest: getattr(args, dest) for dest in MEASUREMENT_OPTIONS}
     recorded["device"] = args.device if launch.distributed else str(options.device)
     metadata = {"created": stamp.isoformat(timespec="seconds"), "quick": options.quick,
-                "seed": options.seed, "time_budget_s": options.time_budget_s,
+                "seed": options.seed, "budget_s": options.budget_s,
                 "precision": options.precision, "margin": options.margin,
                 "placebo": options.placebo, "processes": options.processes,
-                "process_noise": dataclasses.asdict(options.process_noise),
                 "profile": options.profile, "findings": [f.id for f in selected],
                 "finding_info": {f.id: finding_info(f, options) for f in selected},
                 "options": recorded,
@@ -481,22 +492,32 @@ def _plan(writer: RunWriter, selected, options: RunOptions, launch: ranks.Launch
     return ranks.broadcast(plan, group, launch)
 
 
-def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[float]:
-    """How long each (finding, case) cell should take: its seconds in the newest earlier
-    run that journaled it (of the 5 newest in `results_dir`), else a guess from its
-    variants and the time budget."""
-    known: dict[tuple[str, str], float] = {}
+def earlier_costs(results_dir: Path) -> dict[tuple[str, str], tuple[float, float]]:
+    """(finding, case) -> (fixed seconds, all seconds) of the cell in the newest earlier run
+    of `results_dir` that journaled it (of its 5 newest): fixed is all but the sampling, in
+    every process."""
+    known: dict[tuple[str, str], tuple[float, float]] = {}
     runs = sorted((p for p in Path(results_dir).glob("*/cells") if p.is_dir()),
                   key=lambda p: p.stat().st_mtime)[-5:]
     for cells_dir in runs:  # oldest first: newer runs overwrite
         try:
             for cell in read_cells(cells_dir.parent):
-                if cell.get("seconds"):
-                    known[(cell["finding"], cell["case"])] = sum(cell["seconds"].values())
+                seconds = cell.get("seconds") or {}
+                if seconds:
+                    total = float(sum(seconds.values()))
+                    sampling = float(seconds.get("time", 0.0) + seconds.get("worker_time", 0.0))
+                    known[(cell["finding"], cell["case"])] = (total - sampling, total)
         except RunFileError:  # an unreadable earlier run only costs the estimate
             continue
-    budget = options.time_budget_s
-    return [known.get((f.id, c.label), (1 + len(f.variants)) * budget * f.budget_factor)
+    return known
+
+
+def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[float]:
+    """How long each (finding, case) cell should take, to share the cells out over ranks:
+    its seconds in the newest earlier run that journaled it, else a guess from its
+    weight."""
+    known = earlier_costs(results_dir)
+    return [known.get((f.id, c.label), (0.0, (1 + len(f.variants)) * f.budget_factor))[1]
             for f, c in cells]
 
 
@@ -533,64 +554,168 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
 def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launch,
                    label: str, rank_info: dict, measured: list[dict], *,
                    sources: bool = False) -> str | None:
-    """Measure and journal the cells `mine`, appending each journal entry to `measured`
-    (with `sources`, each profiled variant's counters split by line: `_sources`). Under
-    torchrun an error outside any cell fails this rank's remaining cells (the other
-    ranks' results are kept) and is returned; in one process it is raised."""
+    """Measure and journal the cells `mine`, each in this process and its workers,
+    interleaved (`_measure_cell`), appending each journal entry to `measured` (with
+    `sources`, each profiled variant's counters split by line: `_sources`); then the rows
+    whose processes disagree in more processes, as the budget allows
+    (`_more_processes`). Under torchrun an error outside any cell fails this rank's
+    remaining cells (the other ranks' results are kept) and is returned; in one process
+    it is raised."""
     fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
                    if launch.distributed else {})
-    with Progress(len(mine), "cell") as progress:
-        replicas = _replicas(writer, selected, options, mine, launch, label, progress)
-        for position, (finding_index, case_index) in enumerate(mine):
-            finding = selected[finding_index]
-            case = finding.cases(options.quick)[case_index]
-            progress.describe(f"{label}{finding.id}")
-            trace = (writer.traces / f"{finding.id}.json.gz"
-                     if options.profile and case_index == 0 else None)
-            try:
-                cell = CaseRun(finding, case, options,
-                               headline=case.label == headline_label(finding, options),
-                               replicas=replicas.get((finding.id, case.label), ())).run(trace)
-            except Exception as err:
-                if not launch.distributed:
-                    raise
-                for fi, ci in mine[position:]:
-                    failed_finding = selected[fi]
-                    failed = CaseRun(failed_finding, failed_finding.cases(options.quick)[ci],
-                                     options).fail_all(err, f"not run: rank {launch.rank} failed")
+    cells = [(selected[fi], selected[fi].cases(options.quick)[ci], (fi, ci)) for fi, ci in mine]
+    plan = Plan(options.budget_s,
+                {(f.id, c.label): f.budget_factor * len(f.variants) for f, c, _ in cells},
+                options.processes,
+                {k: v[0] for k, v in earlier_costs(writer.results_dir).items()},
+                started=STARTED)
+    workers = _Workers(options, writer.metadata.get("options", {}).get("findings_module"))
+    try:
+        with Progress(len(mine), "cell") as progress:
+            progress.note(plan.describe())
+            for position, (finding, case, order) in enumerate(cells):
+                progress.describe(f"{label}{finding.id}")
+                try:
+                    cell, entry = _measure_cell(finding, case, options, plan, workers,
+                                                position, writer)
+                except Exception as err:
+                    if not launch.distributed:
+                        raise
+                    for failed_finding, failed_case, failed_order in cells[position:]:
+                        failed = CaseRun(failed_finding, failed_case, options).fail_all(
+                            err, f"not run: rank {launch.rank} failed")
+                        measured.append(writer.add_cell(
+                            failed_finding.id, failed_case.label, failed_order,
+                            _marked(failed.summary, fingerprint), [], **fingerprint))
+                    return f"{type(err).__name__}: {err}"
+                extra = {"sources": _sources(finding, cell, options)} if sources else {}
+                with signals_deferred():  # a signal now must not cut the journal entry short
                     measured.append(writer.add_cell(
-                        failed_finding.id, failed.case.label, (fi, ci),
-                        _marked(failed.summary, fingerprint), [], **fingerprint))
-                return f"{type(err).__name__}: {err}"
-            extra = {"sources": _sources(finding, cell, options)} if sources else {}
-            with signals_deferred():  # a signal now must not cut the journal entry short
-                measured.append(writer.add_cell(
-                    finding.id, case.label, (finding_index, case_index),
-                    _marked(cell.summary, fingerprint), _marked(cell.samples, fingerprint),
-                    seconds=cell.seconds, **fingerprint, **extra))
-            progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
+                        finding.id, case.label, order, _marked(cell.summary, fingerprint),
+                        _marked(cell.samples + entry["samples"], fingerprint),
+                        seconds=entry["seconds"], process_notes=entry["notes"],
+                        **fingerprint, **extra))
+                progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
+            _more_processes(writer, selected, options, workers, measured, progress)
+    finally:
+        workers.close()
     return None
 
 
-def _replicas(writer: RunWriter, selected, options: RunOptions, mine, launch: ranks.Launch,
-              label: str, progress: Progress) -> dict[tuple[str, str], list[dict]]:
-    """The cells of `mine` measured in more than one process (`RunOptions.cell_processes`),
-    measured first in their replica processes (`harness.replica`)."""
-    cells = []
-    for finding_index, case_index in mine:
-        finding = selected[finding_index]
-        case = finding.cases(options.quick)[case_index]
-        processes = options.cell_processes(finding, case)
-        if processes > 1:
-            cells.append((finding.id, case.label,
-                          case.label == headline_label(finding, options), processes))
-    if not cells:
-        return {}
-    modules = writer.metadata.get("options", {}).get("findings_module")
-    return replica.replicas_for(
-        cells, writer.folder,
-        lambda some: replica.ReplicaSpec.of(some, options, torch.get_num_threads(), modules),
-        label=f"rank{launch.rank}-" if launch.distributed else "", progress=progress.note)
+#: when this process started (the plan counts the run's wall seconds from here)
+STARTED = time.perf_counter()
+
+
+class _Workers:
+    """The run's worker processes (`harness.replica`), each started when first needed."""
+
+    def __init__(self, options: RunOptions, modules) -> None:
+        self.options, self.modules = options, modules
+        self.started: dict[int, replica.Worker | str] = {}
+        """process index (2, 3, ...) -> its worker, or why it could not start."""
+
+    def get(self, process: int) -> replica.Worker | str:
+        if process not in self.started:
+            try:
+                self.started[process] = replica.Worker(replica.WorkerSpec.of(
+                    self.options, torch.get_num_threads(), self.modules, process))
+            except replica.WorkerError as err:
+                self.started[process] = str(err)
+        return self.started[process]
+
+    def close(self) -> None:
+        for worker in self.started.values():
+            if isinstance(worker, replica.Worker):
+                worker.close()
+
+
+def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Workers,
+                  position: int, writer: RunWriter) -> tuple[CaseRun, dict]:
+    """One cell: this process prepares it (inputs, first calls, checks), then this
+    process and each worker time the variants that agreed, one after the other (who goes
+    first alternates from cell to cell), then this process profiles it. Returns the cell
+    and the workers' entry: their sample rows, notes on any that failed, and the seconds
+    of every stage (the workers' as `worker_time` and `worker_other`)."""
+    key = (finding.id, case.label)
+    headline = case.label == headline_label(finding, options)
+    share = plan.share(key)
+    trace = (writer.traces / f"{finding.id}.json.gz"
+             if options.profile and case == finding.cases(options.quick)[0] else None)
+    started = time.perf_counter()
+    cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
+    timed = cell.timed_variants()
+    samples, notes, worker_seconds = [], [], {"worker_time": 0.0, "worker_other": 0.0}
+
+    def in_workers() -> None:
+        for process in range(2, options.processes + 1):
+            worker = workers.get(process)
+            if isinstance(worker, str):
+                notes.append(f"process {process}: {worker}")
+                continue
+            done = worker.measure(finding.id, case.label, headline, share, timed)
+            if "error" in done:
+                notes.append(f"process {process}: {done['error']}")
+                continue
+            samples.extend(done["samples"])
+            notes.extend(f"process {process}: {v}: {why}" for v, why in done["failed"].items())
+            worker_seconds["worker_time"] += done["stages"].get("time", 0.0)
+            worker_seconds["worker_other"] += done["seconds"] - done["stages"].get("time", 0.0)
+
+    if timed:
+        if position % 2:  # the workers first in every other cell
+            in_workers()
+            cell.time()
+        else:
+            cell.time()
+            in_workers()
+    cell.finish(trace)
+    seconds = {**cell.seconds, **worker_seconds}
+    sampling = seconds.get("time", 0.0) + worker_seconds["worker_time"]
+    plan.measured(key, time.perf_counter() - started - sampling, sampling)
+    return cell, {"samples": samples, "notes": notes, "seconds": seconds}
+
+
+def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _Workers,
+                    measured: list[dict], progress: Progress) -> None:
+    """The cells with a row whose processes disagree with the run's spread and whose word
+    is still inconclusive, timed again in a fresh process (one more each round, up to
+    `MAX_PROCESSES`) while the budget lasts (it keeps the last half of its reserve for the
+    report): each one's rows join the cell's journal entry."""
+    by_id = {f.id: f for f in selected}
+    deadline = options.budget_s * (1 - RESERVE_SHARE / 2)
+    for process in range(options.processes + 1, MAX_PROCESSES + 1):
+        cells = read_cells(writer.folder)
+        combined = combine([r for c in cells for r in c["summary"]],
+                           [r for c in cells for r in c["samples"]],
+                           writer.metadata.get("finding_info", {}), options.margin)
+        wanted = list(dict.fromkeys((f, c) for f, c, _ in combined.undecided()))
+        left = deadline - (time.perf_counter() - STARTED)
+        if not wanted or left <= 0:
+            return
+        worker = workers.get(process)
+        if isinstance(worker, str):
+            progress.note(f"more processes: {worker}")
+            return
+        progress.note(f"process {process}: {len(wanted)} cells whose processes disagree")
+        share = max(FLOOR_S, left / 2 / len(wanted))
+        for finding_id, label in wanted:
+            if time.perf_counter() - STARTED > deadline:
+                return
+            entry = next(c for c in cells if (c["finding"], c["case"]) == (finding_id, label))
+            finding = by_id[finding_id]
+            done = worker.measure(finding_id, label, label == headline_label(finding, options),
+                                  share, sorted({r["variant"] for r in entry["samples"]}))
+            if "error" in done:
+                continue
+            samples = entry["samples"] + done["samples"]
+            with signals_deferred():
+                writer.add_cell(finding_id, label, tuple(entry["order"]), entry["summary"],
+                                samples, **{k: v for k, v in entry.items() if k not in (
+                                    "schema_version", "finding", "case", "order", "summary",
+                                    "samples")})
+            for item in measured:  # the entry this rank hands to rank 0
+                if (item["finding"], item["case"]) == (finding_id, label):
+                    item["samples"] = samples
 
 
 def _sources(finding, cell: CaseRun, options: RunOptions) -> dict[str, list[dict] | str]:
@@ -620,6 +745,7 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
                                 cell["summary"], cell["samples"], **extra)
     if len(outcomes) > 1:
         writer.metadata["ranks"] = [o["rank"] for o in outcomes]
+    writer.metadata["seconds"] = time.perf_counter() - STARTED
     warned = row_warnings(writer.summary)
     if warned:
         writer.metadata["warnings"] = warned
@@ -643,7 +769,8 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
     lines = [sampling_line(table, writer.metadata.get("precision", 0.0)),
-             time_line(read_cells(writer.folder), replica.kept_seconds(writer.folder))]
+             process_line(table, writer.metadata.get("process_level")),
+             time_line(read_cells(writer.folder))]
     trust = reliability(table)
     lines += [trust.placebo_line(), trust.words_line()]
     for line in filter(None, lines):

@@ -1,17 +1,21 @@
-"""Measure one cell (a finding at one case): inputs, correctness gate, timing, profile.
+"""Measure one cell (a finding at one case) in one process: inputs, correctness gate,
+timing, profile.
 
 `CaseRun(finding, case, options).run()` does, in order (DESIGN.md, data flow):
-  1. inputs built once from the seed;
-  2. each variant called once and checked against the reference: a mismatch is a
-     `mismatch` row carrying the max error and that variant is not timed there;
-  3. the variants that agree are timed together, interleaved, on the device's clock;
-  4. a separate profiling pass counts ops, syncs, allocations and kernel launches (and,
-     at a finding's first case, its profiles make the Chrome trace);
-  5. each variant's time ratio to the baseline, from the per-round log ratios, gets its
-     interval (`harness.measure.estimate`) and its word (`harness.measure.decision`);
-  6. for a finding that counts its bytes (`Finding.min_bytes`), the achieved bandwidth per
-     variant and the case's bandwidth floor and label (`harness.measure.bandwidth`).
-A variant that raises is recorded as a `failed` row with its error; the run goes on.
+  1. `prepare`: inputs built once from the seed, and each variant called once and checked
+     against the reference: a mismatch is a `mismatch` row carrying the max error and that
+     variant is not timed there;
+  2. `time`: the variants that agree are timed together, interleaved, on the device's
+     clock, for this process's share of the cell's sampling seconds;
+  3. `finish`: a separate profiling pass counts ops, syncs, allocations and kernel
+     launches (and, at a finding's first case, its profiles make the Chrome trace); each
+     variant's time ratio to the baseline from this process's rounds, its interval and
+     word (provisional: the run words every row again from all its processes,
+     `harness.combine`); for a finding that counts its bytes (`Finding.min_bytes`), the
+     achieved bandwidth per variant and the case's bandwidth floor and label.
+The run's other processes (`harness.replica`) time the same cell with `check=False` and
+the variants this one found correct (`timed`). A variant that raises is recorded as a
+`failed` row with its error; the run goes on.
 """
 
 from __future__ import annotations
@@ -35,10 +39,9 @@ import torch
 from harness.measure.bandwidth import bound_label, working_set_bandwidth
 from harness.measure.counters import profile_call
 from harness.findings import PLACEBO, Case, Finding
-from harness.measure.decision import (
-    DEFAULT_MARGIN, Word, claim_word, decide, lean, rounds_to_decide, word_p_value,
-)
-from harness.measure.estimate import PROCESS_SD_DF, ProcessNoise, paired_estimate
+from harness.measure.decision import DEFAULT_MARGIN
+from harness.combine import word_fields
+from harness.measure.estimate import rounds_estimate
 from harness.measure.stats import Verdict, paired_difference_ci
 from harness.measure.timing import (
     Measurement, Sampling, VariantError, make_clock, measure_interleaved,
@@ -58,11 +61,11 @@ class RunOptions:
     device: torch.device
     quick: bool = False
     seed: int = 0
-    time_budget_s: float = 1.0
-    """Seconds of sampling per finding x case (the rounds only; first calls, warm-up and
-    profiling are reported apart)."""
+    budget_s: float = 140.0
+    """The run's wall seconds, report included: the planner shares its sampling out over
+    the cells and their processes (`harness.plan`)."""
     min_samples: int = 8
-    """Rounds always taken, and the first check of the words."""
+    """Rounds always taken in each process, and the first check of the words."""
     max_samples: int = 200
     margin: float = DEFAULT_MARGIN
     """The practical margin of the words: within it either way is *same*."""
@@ -71,8 +74,9 @@ class RunOptions:
     half-width is at most this fraction of it; 0: every variant samples the whole budget."""
     placebo: str = "headline"
     """Where the baseline is also timed against a second copy of itself (PLACEBO_MODES)."""
-    process_noise: ProcessNoise = ProcessNoise()
-    """The per-process offset of a ratio, by call length (`harness.measure.estimate`)."""
+    processes: int = 2
+    """Fresh processes that time every cell: the run's own and `processes - 1` workers
+    (`harness.replica`); rows whose processes disagree get more."""
     profile: bool = True
     sources: bool = False
     """With the profile: also split each variant's counters by the line of the project's
@@ -81,48 +85,15 @@ class RunOptions:
     """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
     None: no bandwidth floor in the rows."""
 
-    processes: int | None = None
-    """Fresh processes for each cell a finding declares noisy between processes
-    (`Finding.between_runs`); None: the count each such cell declares. Other cells are
-    measured in the run's own process only."""
-
-    def cell_processes(self, finding: Finding, case: Case) -> int:
-        """How many fresh processes measure `finding` at `case` (1: the run's own only)."""
-        noise = finding.between_runs.get(case.label)
-        if noise is None:
-            return 1
-        return noise.processes if self.processes is None else self.processes
-
-    def sampling(self, finding: Finding, case: Case) -> Sampling:
-        """The sampling of `finding` at `case` under these options: its budget shared out
-        over the cell's processes, its declared noise in the stop rule."""
-        declared = self.declared_sd(finding, case)
+    def sampling(self, finding: Finding, seconds: float) -> Sampling:
+        """The sampling of one of `finding`'s cells in one process: `seconds` of rounds."""
         return Sampling(
-            time_budget_s=(self.time_budget_s * finding.budget_factor
-                           / self.cell_processes(finding, case)),
-            min_rounds=self.min_samples, max_rounds=self.max_samples,
+            time_budget_s=seconds, min_rounds=self.min_samples, max_rounds=self.max_samples,
             # paired: every variant makes the same calls, one per sample
             min_sample_time=None if finding.paired else 1e-3,
             warmup_budget_s=math.inf if finding.paired else 0.1,
             sequential=self.precision > 0, precision=self.precision,
-            margin=finding.margin or self.margin, seed=self.seed, paired=finding.paired,
-            process_sd=lambda variant, seconds: self.process_sd(variant, seconds, declared))
-
-    @staticmethod
-    def declared_sd(finding: Finding, case: Case) -> dict[str, float]:
-        """variant -> the measured offset between processes `finding` declares at `case`."""
-        noise = finding.between_runs.get(case.label)
-        return {} if noise is None else dict(noise.sd)
-
-    def process_sd(self, variant: str, seconds: float,
-                   declared: dict[str, float] | None = None) -> float:
-        """The per-process offset (log units) of `variant`'s ratio for calls of `seconds`:
-        the model's, or the one the finding measured for the cell (`declared`) where that
-        is larger (the placebo runs the baseline's own code: `ProcessNoise.same_code_sd`)."""
-        noise = self.process_noise
-        if variant == PLACEBO:
-            return noise.same_code_sd
-        return max(noise(seconds), (declared or {}).get(variant, 0.0))
+            margin=finding.margin or self.margin, seed=self.seed, paired=finding.paired)
 
 
 def check_takes(check) -> tuple[type, ...] | None:
@@ -159,14 +130,20 @@ class CaseRun:
     """Everything measured for one finding x case; `summary` and `samples` are the rows."""
 
     def __init__(self, finding: Finding, case: Case, options: RunOptions,
-                 headline: bool = False, replicas: Sequence[dict] = ()) -> None:
+                 headline: bool = False, sampling_s: float = 1.0, process: int = 1,
+                 timed: Sequence[str] | None = None, check: bool = True) -> None:
         self.finding, self.case, self.options = finding, case, options
         self.headline = headline
         """Whether this is the finding's headline case (`Finding.headline_case`)."""
-        self.replicas = tuple(replicas)
-        """This cell as other fresh processes measured it (`harness.replica`), each
-        `{"samples": {variant: [seconds per call, one per round]}}` or `{"error": why}`:
-        combined with this process's rounds into each ratio."""
+        self.sampling_s = sampling_s
+        """Seconds of rounds this process takes of the cell (the planner's share)."""
+        self.process = process
+        """Which of the run's processes this is (1: the run's own), in its sample rows."""
+        self.timed_only = None if timed is None else tuple(timed)
+        """The variants to time (the others are left out, said so); None: every one."""
+        self.check = check
+        """Whether outputs are checked against the reference (the run's own process does;
+        its workers time the variants it found correct)."""
         placebo = options.placebo == "all" or (headline and options.placebo == "headline")
         self.variants: tuple[str, ...] = finding.variants + ((PLACEBO,) if placebo else ())
         """The finding's variants, and the placebo where this cell times one."""
@@ -187,6 +164,11 @@ class CaseRun:
     # ------------------------------------------------------------------ steps
 
     def run(self, trace_path: Path | None = None) -> "CaseRun":
+        """Every step in this process: `prepare`, `time`, `finish`."""
+        return self.prepare().time().finish(trace_path)
+
+    def prepare(self) -> "CaseRun":
+        """Skips, inputs, each variant's first call and (with `check`) its check."""
         f, options = self.finding, self.options
         self._skip()
         if not self._active():
@@ -199,7 +181,9 @@ class CaseRun:
                 self._fail(variant, err, "building inputs")
             return self
         with self._stage("check"):
-            self._check(self._first_calls())
+            outputs = self._first_calls()
+            if self.check:
+                self._check(outputs)
         if PLACEBO in self._active() and f.baseline not in self._active():
             self.cells[PLACEBO].update(status=Status.NOT_TIMED,
                                        reason=f"the baseline {f.baseline} was not timed here")
@@ -216,9 +200,23 @@ class CaseRun:
                     self._call(PLACEBO)()
             except Exception as err:  # the placebo is the baseline's code: said, not fatal
                 self._fail(PLACEBO, err, "building the placebo's inputs or its first call")
-        with self._stage("time"):
-            self._time()
-        if options.profile:
+        return self
+
+    def timed_variants(self) -> list[str]:
+        """The variants the prepared cell will time (those that agreed, or were not
+        checked)."""
+        return self._active()
+
+    def time(self) -> "CaseRun":
+        """This process's rounds of the prepared cell."""
+        if self._active():
+            with self._stage("time"):
+                self._time()
+        return self
+
+    def finish(self, trace_path: Path | None = None) -> "CaseRun":
+        """Profile, extra metrics, this process's ratios and the bandwidth floor."""
+        if self.options.profile and self.measurements:
             with self._stage("profile"):
                 self._profile(trace_path)
         with self._stage("extra"):
@@ -262,6 +260,10 @@ class CaseRun:
 
     def _skip(self) -> None:
         for variant in self.variants:
+            if self.timed_only is not None and variant not in self.timed_only:
+                self.cells[variant].update(status=Status.NOT_TIMED,
+                                           reason="not timed by the run's own process")
+                continue
             reason = self.finding.skip(self._code(variant), self.case, self.options.device)
             if reason == "needs CUDA":
                 self.cells[variant].update(status=Status.NEEDS_CUDA, reason=reason)
@@ -331,7 +333,7 @@ class CaseRun:
         f = self.finding
         while self._active():
             calls = {v: self._call(v) for v in self._active()}
-            sampling = self.options.sampling(f, self.case)
+            sampling = self.options.sampling(f, self.sampling_s)
             if PLACEBO in calls and len(calls) > 1:  # the placebo brings its own share
                 own = len(calls) - 1
                 sampling = dataclasses.replace(
@@ -424,58 +426,17 @@ class CaseRun:
             cell.update(self._words(m, base, variant, reference))
         self._compare_sample_metrics(reference, timed)
 
-    def _processes(self, variant: str, reference: str) -> tuple[list[tuple], list[str]]:
-        """`(variant samples, reference samples)` of each other process that timed both,
-        paired by round, and why any other process adds nothing."""
-        paired, missing = [], []
-        for index, replica in enumerate(self.replicas, start=2):
-            samples = replica.get("samples", {})
-            if "error" in replica:
-                missing.append(f"process {index}: {replica['error']}")
-            elif variant in samples and reference in samples:
-                own = samples[variant]
-                if not 2 <= len(own) <= len(samples[reference]):
-                    missing.append(f"process {index}: {len(own)} rounds, against "
-                                   f"{len(samples[reference])} of {reference}")
-                    continue
-                paired.append((own, samples[reference][:len(own)]))
-            else:
-                why = replica.get("failed", {}).get(variant) or replica.get("failed", {}).get(
-                    reference) or "not timed there"
-                missing.append(f"process {index}: {why}")
-        return paired, missing
-
     def _words(self, m: Measurement, base: Measurement, variant: str, reference: str) -> dict:
         """The ratio of `m` to `base` over the rounds `m` was sampled in (a variant that
-        stopped early is compared with the baseline's samples of the same rounds), combined
-        with the cell's other processes where it has any, its interval at the level its
-        checks used, its word and, for a claim that states a factor, the claim's word."""
+        stopped early is compared with the baseline's samples of the same rounds), its
+        interval at the level its checks used and its word: this process's alone, until
+        the run words the row from all its processes (`harness.combine`)."""
         margin = self.finding.margin or self.options.margin
-        process_sd = self.options.process_sd(variant, min(m.median, base.median),
-                                              self.options.declared_sd(self.finding, self.case))
-        others, missing = self._processes(variant, reference)
-        estimate = paired_estimate([(m.samples, base.samples[:m.n]), *others],
-                                   process_sd=process_sd, prior_df=PROCESS_SD_DF)
-        low, high = estimate.interval(m.confidence)
-        word = decide(low, high, margin)
-        fields = dict(ratio=estimate.ratio, ci_low=low, ci_high=high, ci_level=m.confidence,
-                      speedup=1.0 / estimate.ratio,
-                      ci_halfwidth=(high - low) / 2.0 / estimate.ratio,
-                      verdict=Verdict(word.value), margin=margin, interval="paired",
-                      log_se=estimate.se, df=estimate.df, process_sd=process_sd,
-                      processes=estimate.processes,
-                      pvalue=word_p_value(estimate, word, margin))
-        if missing:
-            fields["process_note"] = "; ".join(missing)
-        if word is Word.INCONCLUSIVE:
-            fields.update(lean=lean(estimate.ratio, margin).value,
-                          rounds_to_decide=rounds_to_decide(estimate, m.confidence, margin))
-        factor = self.finding.claim_factor
-        if factor is not None and variant != PLACEBO and variant not in self.finding.peers:
-            fields.update(claim_factor=factor, claim_tolerance=self.finding.claim_tolerance,
-                          claim_word=claim_word(1.0 / high, 1.0 / low, factor,
-                                                self.finding.claim_tolerance).value)
-        return fields
+        estimate = rounds_estimate(m.samples, base.samples[:m.n])
+        info = {"claim_factor": self.finding.claim_factor, "peers": self.finding.peers,
+                "claim_tolerance": self.finding.claim_tolerance}
+        return word_fields(estimate, m.confidence, margin, variant, info,
+                           placebo=variant == PLACEBO)
 
     def _compare_sample_metrics(self, reference: str, timed: list[str]) -> None:
         """Median of each sample metric per variant; in a paired finding, the per-round
@@ -548,8 +509,9 @@ class CaseRun:
 
     @property
     def samples(self) -> list[dict]:
-        """One row per sample: its round (samples of one round pair up across variants)
-        and where in the round's shuffled order it was taken."""
+        """One row per sample: its process (`process`), its round (samples of one round of
+        one process pair up across variants) and where in the round's shuffled order it
+        was taken."""
         counters = {s["variant"]: s for s in self.summary}
         rows = []
         for variant, m in self.measurements.items():
@@ -560,7 +522,8 @@ class CaseRun:
             for index, (seconds, metrics, position) in enumerate(
                     zip(m.samples, per_sample, positions)):
                 rows.append({**self._base(), "variant": variant, "threads": m.key.threads,
-                             "sample": index, "round": index, "position": position,
+                             "process": self.process, "sample": index, "round": index,
+                             "position": position,
                              "seconds": seconds, "number_per_sample": m.number_per_sample,
                              **extra, **metrics})
         return rows

@@ -109,7 +109,7 @@ def test_a_users_project_runs_reports_gates_and_bisects_from_the_wheel(wheel_sit
 
     # the run, in a process that then lists what it imported (its findings, not esper)
     run = _run(wheel_site, project, "-c", "import sys; from harness.run import main; "
-               "code = main(['--quick', '--time-budget', '0.05', '--device', 'cpu']); "
+               "code = main(['--quick', '--budget', '10', '--device', 'cpu']); "
                "print(*sorted(m for m in sys.modules if m.split('.')[0] in "
                "('my_findings', 'mylib', 'esper', 'esper_review')), file=sys.stderr); "
                "sys.exit(code)")
@@ -144,7 +144,7 @@ def test_a_users_project_runs_reports_gates_and_bisects_from_the_wheel(wheel_sit
 
 def test_the_reviews_own_findings_run_from_the_wheel(wheel_site, tmp_path):
     run = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module", "esper_review",
-               "--findings", "B4-PT-05", "--quick", "--time-budget", "0.05", "--no-report",
+               "--findings", "B4-PT-05", "--quick", "--budget", "1", "--no-report",
                "--device", "cpu")
     assert run.returncode == 0, run.stderr[-3000:]
     listed = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module",

@@ -11,7 +11,6 @@ from esper.variants import Variants
 from harness.findings import Case, Finding, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
-from esper_review.findings.measured_noise import between_runs
 
 VARIANTS = ("per_tensor", "flat")
 STATE_DIM, HIDDEN = 218, 128
@@ -86,7 +85,6 @@ def _skip(variant: str, case: Case, device: torch.device) -> str | None:
 
 register(Finding(
     id="AUDIT-1.3-batched-transfer",
-    between_runs=between_runs("AUDIT-1.3-batched-transfer"),
     title="get_batched_sequences to the device: one .to() per tensor vs one flat copy",
     claim="The dictionary comprehension pattern with 20+ .to() calls may not be optimal ... "
           "If ever called in a tight loop, consider batching transfers or using pinned memory",

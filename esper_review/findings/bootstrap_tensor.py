@@ -15,7 +15,6 @@ from esper.training.trainer import TrainConfig
 from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration, policy_depth
-from esper_review.findings.measured_noise import between_runs
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -81,7 +80,6 @@ def _extra(variant: str, inputs: dict) -> dict[str, float]:
 
 register(Finding(
     id="H4-bootstrap-tensor",
-    between_runs=between_runs("H4-bootstrap-tensor"),
     title="Bootstrap values at an episode's end: per env a new tensor, a batch-1 forward and "
           "a read vs a pre-allocated state buffer vs one packed forward",
     claim="For truncated episodes (every episode ends truncated), this creates a new tensor "

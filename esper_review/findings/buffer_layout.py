@@ -17,7 +17,6 @@ from esper.agent.policy import FactoredRecurrentActorCritic, MaskedCategorical
 from harness.findings import Case, Finding, max_abs_difference, register
 from esper_review.findings.step_counts import rollout_steps
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
-from esper_review.findings.measured_noise import between_runs
 
 VARIANTS = ("env_major", "time_major")
 STATE_DIM, HIDDEN, LAYERS = 218, 128, 1
@@ -210,7 +209,6 @@ def _difference(output, reference) -> float:
 
 register(Finding(
     id="AUDIT-4.3-buffer-layout",
-    between_runs=between_runs("AUDIT-4.3-buffer-layout"),
     title="Buffer layout: env-major [num_envs, max_steps, ...] vs time-major [max_steps, num_envs, ...]",
     claim="the [num_envs, max_steps, ...] layout ... for batched network evaluation in "
           "get_batched_sequences ... may not be the most cache-friendly layout; consider "

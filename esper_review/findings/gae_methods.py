@@ -10,7 +10,6 @@ from esper.gae.reference import reference_gae
 from esper_review.findings import peers
 from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
-from esper_review.findings.measured_noise import between_runs
 
 GAMMA, LAMBDA = 0.995, 0.98
 #: the loop's terminal reset as reviewed (599f3895 rollout_buffer.py:388, 409)
@@ -132,7 +131,6 @@ def gae_min_bytes(num_envs: int, max_steps: int, dtype: torch.dtype = torch.floa
 
 register(Finding(
     id="B4-CR-03",
-    between_runs=between_runs("B4-CR-03"),
     title="GAE: per-env Python loop vs vectorized methods",
     claim="GAE computation uses O(envs * steps) Python loop - could be ~4x faster with "
           "tensor operations",

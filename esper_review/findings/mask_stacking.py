@@ -17,7 +17,6 @@ from harness.findings import Case, Finding, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.inference_mode import germinate
 from esper_review.findings.trainer_size import DEFAULT_SIZE, nearest_trainer_size, per_iteration
-from esper_review.findings.measured_noise import between_runs
 
 #: a small host: the envs are only asked for their masks, never trained
 _HOST = EnvConfig(train_batches=1, batch_size=8, val_size=8)
@@ -63,7 +62,6 @@ def masks_difference(output: dict, reference: dict) -> float:
 
 register(Finding(
     id="H5-mask-stacking",
-    between_runs=between_runs("H5-mask-stacking"),
     title="A step's action masks: built on the device and stacked per head vs copied row by "
           "row into pre-allocated tensors vs one packed transfer",
     claim="This creates intermediate lists and stacks tensors inside a dict comprehension "

@@ -140,29 +140,6 @@ class _Listed:
 
 
 @dataclass(frozen=True)
-class CaseNoise:
-    """How much a cell's ratios move from one fresh process to the next, measured.
-
-    A fresh process can run one variant faster or slower against another than the next
-    process does (where its large tensors land in memory, what the allocator holds): an
-    offset of the ratio that no number of rounds inside one process sees. Measured from
-    repeated runs of one commit (`benchmarks/verdict_stability.py noise`), it widens those
-    rows' intervals, and `processes` > 1 has the run measure the cell in that many fresh
-    processes, sharing its sampling budget, and combine them
-    (`harness.measure.estimate.paired_estimate`).
-    """
-
-    sd: dict[str, float]
-    """variant -> the standard deviation of its ratio's offset between processes, in log
-    units (0.05: about 5%); a variant not named uses the run's model (`ProcessNoise`)."""
-    processes: int = 1
-    """The fresh processes the run measures this cell in (1: the run's own only)."""
-
-    #: the most processes a cell may ask for (each one a torch start and its first calls)
-    MAX_PROCESSES = 8
-
-
-@dataclass(frozen=True)
 class Finding:
     """A claim turned into a measurement: declare one and pass it to `register`.
 
@@ -253,10 +230,10 @@ class Finding:
     profiler slows a call by the number of ops it records (about 20x for a Python loop of
     small ops), and such a call's counts scale with its size. None: profile every call."""
     budget_factor: float = 1.0
-    """Multiplies the run's `--time-budget` (sampling seconds per cell) for this finding's
-    cells: for a call so slow that the run's budget holds only the minimum rounds
-    (a training iteration of half a second, say), so that adaptive sampling can reach
-    its precision. Sampling still stops as soon as it does."""
+    """The weight of this finding's cells when the run shares its sampling seconds out
+    (`--budget`; times the variants a cell times): more for a call so slow that one share
+    holds only the minimum rounds (a training iteration of half a second, say), so that
+    adaptive sampling can reach its precision. Sampling still stops as soon as it does."""
     margin: float | None = None
     """The practical margin of this finding's words (a fraction in (0, 1), e.g. 0.1: a
     change within 10% either way is *same*); None: the run's `--margin` (default 5%)."""
@@ -302,10 +279,6 @@ class Finding:
     gated: bool = True
     """Whether `harness.gate` checks it (its counters, and its A/B timing): True unless its
     counts are not deterministic (they depend on state that varies from run to run)."""
-    between_runs: dict[str, CaseNoise] = field(default_factory=dict)
-    """case label -> `CaseNoise`: the cells whose ratios are known to move between fresh
-    processes more than the run's model says, as measured (a dict of dicts with `sd` and
-    `processes` is accepted)."""
     per_iteration: tuple[float, str] | None = None
     """`(calls, iteration)`: how many calls of this finding one training iteration makes
     (a number > 0), and the id of the finding whose baseline call is one iteration (itself
@@ -317,7 +290,6 @@ class Finding:
         self._check_text()
         self._check_variants()
         self._check_callables()
-        self._check_between_runs()
         if self.reference is not None and self.check is None:
             self._bad("check", "a callable (output, reference) -> max error, since a "
                       "reference is given (without it the reference is never compared)",
@@ -427,38 +399,6 @@ class Finding:
             self._bad("proposed", f"None or a variant other than the baseline "
                       f"({', '.join(v for v in self.variants if v != self.baseline)})",
                       self.proposed)
-
-    def _check_between_runs(self) -> None:
-        table = self.between_runs
-        if not isinstance(table, dict):
-            self._bad("between_runs", "a dict case label -> CaseNoise", table)
-        checked = {}
-        for label, noise in table.items():
-            where = f"between_runs[{label!r}]"
-            if not isinstance(label, str) or not label:
-                self._bad("between_runs", "case labels (str) as keys", label)
-            if isinstance(noise, dict):
-                if "sd" not in noise or set(noise) - {"sd", "processes"}:
-                    self._bad(where, "a CaseNoise or a dict of sd and processes", noise)
-                noise = CaseNoise(**noise)
-            if not isinstance(noise, CaseNoise):
-                self._bad(where, "a CaseNoise(sd={variant: sd}, processes=n)", noise)
-            if not isinstance(noise.sd, dict):
-                self._bad(f"{where}.sd", "a dict variant -> sd (log units)", noise.sd)
-            for variant, sd in noise.sd.items():
-                if variant not in self.variants:
-                    self._bad(f"{where}.sd", f"variants of the finding "
-                              f"({', '.join(self.variants)})", variant)
-                if not (is_real(sd) and 0 <= sd < 1):
-                    self._bad(f"{where}.sd[{variant!r}]", "a standard deviation in [0, 1) "
-                              "(log units, e.g. 0.05)", sd)
-            count = noise.processes
-            if not (isinstance(count, int) and not isinstance(count, bool)
-                    and 1 <= count <= CaseNoise.MAX_PROCESSES):
-                self._bad(f"{where}.processes", f"an integer from 1 to "
-                          f"{CaseNoise.MAX_PROCESSES}", count)
-            checked[label] = CaseNoise({v: float(sd) for v, sd in noise.sd.items()}, count)
-        self._set("between_runs", checked)
 
     def _check_callables(self) -> None:
         if isinstance(self.cases, (list, tuple)):

@@ -230,6 +230,8 @@ class BandSpread:
     """The degrees of freedom `tau2` carries (0: nothing measured it)."""
     rows: int
     """Rows of two or more processes it was pooled from."""
+    own: bool = True
+    """Whether those were the band's own rows (else too few: the whole run's)."""
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,7 @@ def pool_spread(rows: Sequence[RowProcesses]) -> ProcessSpread:
         if len(own) >= MIN_BAND_ROWS:
             bands.append(BandSpread(upper, *pooled(own), len(own)))
         else:
-            bands.append(BandSpread(upper, *overall, len(measured)))
+            bands.append(BandSpread(upper, *overall, len(measured), own=False))
     return ProcessSpread(tuple(bands))
 
 

@@ -264,11 +264,6 @@ class StopReason(str, enum.Enum):
     """The sampling budget was spent first."""
 
 
-def no_process_noise(variant: str, seconds: float) -> float:
-    """`Sampling.process_sd` for callers that know of no offset between processes: 0."""
-    return 0.0
-
-
 @dataclass(frozen=True)
 class Sampling:
     """How the variants of one cell are sampled and when each one stops.
@@ -308,10 +303,6 @@ class Sampling:
     paired: bool = False
     """Round k of every variant does the same work (stateful calls, e.g. training
     iterations): the variants stop together, once every word is decided."""
-    process_sd: Callable[[str, float], float] = no_process_noise
-    """(variant, seconds per call) -> the standard deviation (log units) of the offset a
-    fresh process gives that variant's ratio to the reference, for calls that long
-    (`harness.measure.estimate`)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.time_budget_s, (int, float)) and math.isfinite(self.time_budget_s)
@@ -528,9 +519,7 @@ class _StopRule:
     def estimate(self, samples: Mapping[str, Sequence[float]], name: str) -> PairedEstimate:
         """`name`'s ratio to the reference over the rounds `name` was sampled in."""
         own = samples[name]
-        base = samples[self.reference][:len(own)]
-        seconds = min(stats.median(own), stats.median(base))
-        return rounds_estimate(own, base, process_sd=self.sampling.process_sd(name, seconds))
+        return rounds_estimate(own, samples[self.reference][:len(own)])
 
     def _settle(self, samples: Mapping[str, list[float]]) -> bool:
         """Check every open word; stop those decided (all at once when paired). True when

@@ -18,7 +18,9 @@ from harness.exits import UsageError, read_json
 from harness.results import Run, load_run
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline, headline_case
-from harness.report.summary import format_seconds, sampling_line, signed_seconds, verdict_word
+from harness.report.summary import (
+    format_seconds, process_line, sampling_line, signed_seconds, verdict_word,
+)
 from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
 
@@ -279,8 +281,11 @@ def run_headlines(run: Run) -> list[Headline]:
 
 
 def run_sampling_line(run: Run) -> str | None:
-    """`harness.report.summary.sampling_line` of a run, from its rows and options."""
-    return sampling_line(run.summary, run.metadata.get("precision") or 0.0)
+    """How the run's sampling went and the process level it measured, in a line or two:
+    `harness.report.summary.sampling_line` and `process_line` of its rows and options."""
+    lines = [sampling_line(run.summary, run.metadata.get("precision") or 0.0),
+             process_line(run.summary, run.metadata.get("process_level"))]
+    return "; ".join(filter(None, lines)) or None
 
 
 def counters_at(rows: pd.DataFrame, case: str | None) -> list[dict]:
@@ -447,10 +452,20 @@ def metadata_line(metadata: dict) -> str:
              f"Python {metadata['python']}" if metadata.get("python") else None,
              f"commit {commit}",
              format_date(metadata.get("created")),
-             ("quick, " if metadata.get("quick") else "")
-             + (f"{metadata['time_budget_s']:g} s per case"
-                if present(metadata.get("time_budget_s")) else "default budget")]
+             ("quick, " if metadata.get("quick") else "") + budget_text(metadata)]
     return " \u00b7 ".join(p for p in parts if p)
+
+
+def budget_text(metadata: dict) -> str:
+    """'140 s budget, 131 s spent': the run's one budget, and what it spent (a run made
+    before the whole-run budget: its sampling seconds per case)."""
+    if present(metadata.get("budget_s")):
+        spent = metadata.get("seconds")
+        return (f"{metadata['budget_s']:g} s budget"
+                + (f", {spent:.0f} s spent" if present(spent) else ""))
+    if present(metadata.get("time_budget_s")):
+        return f"{metadata['time_budget_s']:g} s of sampling per case"
+    return "default budget"
 
 
 #: how a run that did not finish is described: status -> (what happened, why)
@@ -500,8 +515,7 @@ def metadata_panel(metadata: dict) -> list[tuple[str, str]]:
         ("platform", metadata.get("platform")),
         ("commit", commit),
         ("command", metadata.get("command")),
-        ("budget", f"{metadata.get('time_budget_s')} s per case"
-                   + (", quick" if metadata.get("quick") else "")),
+        ("budget", budget_text(metadata) + (", quick" if metadata.get("quick") else "")),
         ("seed", metadata.get("seed")),
     ]
     return [(label, str(value)) for label, value in fields if value is not None]

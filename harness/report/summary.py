@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Sequence
 
 import pandas as pd
 
@@ -100,16 +99,53 @@ def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
     cells = f"{len(ends)} timed cell" + ("" if len(ends) == 1 else "s")
     mode = "" if precision > 0 else "fixed budget (--precision 0), "
     line = f"sampling: {mode}{cells}" + (f": {told}" if told else "")
-    if "processes" in timed.columns:
-        combined = timed[timed.processes.fillna(1) > 1].groupby(["finding", "case"]).processes.max()
-        if len(combined):
-            line += (f"; {len(combined)} cell{'' if len(combined) == 1 else 's'} combined "
-                     f"{int(combined.max())} processes")
     spread = float((timed.iqr_s / timed.median_s).median())
     line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
     if spread > NOISY_SPREAD:
         line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; close words may need a larger "
-                 "--time-budget or a quieter machine)")
+                 "--budget or a quieter machine)")
+    return line
+
+
+def process_line(summary: pd.DataFrame, level: dict | None) -> str | None:
+    """The process level the run measured, in one line: how many processes timed its
+    rows, how far a fresh process moved a ratio per call-length band (with the degrees of
+    freedom that carries), how many rows' processes disagreed against how many chance
+    allows, and whether that widened every interval. None for runs that did not measure
+    it (they assumed it: run.json's `process_noise`)."""
+    if not level or summary.empty or "processes" not in summary.columns:
+        return None
+    counts = summary.processes.dropna()
+    if counts.empty:
+        return None
+    bands, borrowed = [], []
+    lower = 0.0
+    for band in level["bands"]:
+        upper = band["upper_s"]
+        where = (f"calls under {format_seconds(upper)}" if lower == 0.0 else
+                 f"calls over {format_seconds(lower)}" if upper is None else
+                 f"calls of {format_seconds(lower)}-{format_seconds(upper)}")
+        if not band.get("worded", 1):
+            pass  # no row of the run is that long
+        elif band.get("own", True):
+            bands.append(f"{100 * band['sd']:.2g}% at {where} ({band['df']:.0f} df)")
+        else:
+            borrowed.append(band)
+        lower = upper or lower
+    if borrowed:  # too few rows of their own: the whole run's pool
+        pool = borrowed[0]
+        bands.append(f"{100 * pool['sd']:.2g}% " + ("at every call length" if not bands else
+                                                    "at the other lengths")
+                     + f" ({pool['df']:.0f} df, the run's {pool['rows']} rows together)")
+    calibration = level["calibration"]
+    line = (f"processes: each row timed in {int(counts.min())}"
+            + (f" to {int(counts.max())}" if counts.max() > counts.min() else "")
+            + f" fresh processes; a process moved a ratio by {', '.join(bands)}; "
+            f"{calibration['disagreeing']} of {calibration['rows']} rows' processes "
+            f"disagreed (chance allows {calibration['expected']})")
+    if calibration["inflation"] > 1.0:
+        line += (f": too many, every interval widened x{calibration['inflation'] ** 0.5:.2g} "
+                 "(this machine's processes vary more than the model they are pooled by)")
     return line
 
 
@@ -118,21 +154,20 @@ _STAGES = (("time", "sampling"), ("check", "first calls and checks"), ("profile"
            ("build", "building inputs"), ("extra", "other measures"))
 
 
-def time_line(cells: list[dict], replicas: Sequence[float] = ()) -> str | None:
+def time_line(cells: list[dict]) -> str | None:
     """Where a run's seconds went, from its journaled cells' `seconds`: 'time: 95 s
-    sampling, 20 s first calls and checks, 22 s profiling, 3 s building inputs', and the
-    wall seconds of its `replicas` (fresh processes measuring cells again,
-    `harness.replica`). The budget bounds sampling; first calls (compiling) and profiling
-    are reported apart. None for runs that journaled no stage times."""
+    sampling, 20 s first calls and checks, 22 s profiling, 3 s building inputs, 30 s in
+    the workers' (their sampling counted with the run's). The budget bounds sampling;
+    first calls (compiling) and profiling are reported apart. None for runs that journaled
+    no stage times."""
     totals: dict[str, float] = {}
     for cell in cells:
         for stage, seconds in (cell.get("seconds") or {}).items():
             totals[stage] = totals.get(stage, 0.0) + float(seconds)
     if not totals:
         return None
+    totals["time"] = totals.get("time", 0.0) + totals.get("worker_time", 0.0)
     parts = [f"{totals[key]:.0f} s {words}" for key, words in _STAGES if totals.get(key, 0) >= 0.5]
-    if replicas:
-        count = len(replicas)
-        parts.append(f"{sum(replicas):.0f} s in {count} replica process"
-                     + ("" if count == 1 else "es"))
+    if totals.get("worker_other", 0.0) >= 0.5:
+        parts.append(f"{totals['worker_other']:.0f} s of the workers' inputs and first calls")
     return "time: " + (", ".join(parts) or "under a second")

@@ -1,22 +1,29 @@
-"""NOISE-tiny: a finding that declares one cell noisy between processes (`between_runs`),
-measured in 2 processes, so that a run starts a replica process for it."""
+"""NOISE-tiny: two cells of a sum against doubling then halving, and a print to stdout in
+every call (a worker's protocol must not take it for an answer)."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.findings import Case, CaseNoise, Finding, max_abs_difference, register
+from harness.findings import Case, Finding, max_abs_difference, register
+
+
+def _double(x: torch.Tensor):
+    def call():
+        print("a finding that prints")
+        return (x + x).sum() / 2
+    return call
+
 
 register(Finding(
     id="NOISE-tiny",
-    title="a cell measured in two processes",
+    title="a sum against doubling then halving",
     claim="doubling then halving costs more than a sum",
     variants=("sum", "double"),
     baseline="sum",
     cases=lambda quick: [Case.of(n=64), Case.of(n=4096)],
     build=lambda case, device, seed: torch.arange(case["n"], dtype=torch.float64, device=device),
-    make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum" else (lambda: (x + x).sum() / 2),
+    make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum" else _double(x),
     check=max_abs_difference,
     tolerance=lambda case: 1e-9,
-    between_runs={"n=4096": CaseNoise(sd={"double": 0.2}, processes=2)},
 ))

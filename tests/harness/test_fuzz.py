@@ -59,7 +59,7 @@ def _commands(tmp: Path) -> dict[str, tuple]:
     checks). The stopping argv never measures: run lists, report reads a run that is not
     there, the gate asks for a check on a finding that does not exist."""
     return {
-        "run": (run_cli.main, ["--time-budget", "--margin", "--precision", "--seed", "--threads",
+        "run": (run_cli.main, ["--budget", "--margin", "--precision", "--seed", "--threads",
                                "--out", "--reports", "--device", "--placebo", "--findings"],
                 ["--list"]),
         "report": (report_cli.main, ["--out", "--results", "--factor", "--compare"],
@@ -263,7 +263,7 @@ def shutil_copy(source: Path, destination: Path) -> None:
 
 
 RUN = ["--findings-module", "tests.findings_modules.tiny", "--findings", "TINY-sums",
-       "--time-budget", "0.02", "--no-profile", "--no-report"]
+       "--budget", "1", "--no-profile", "--no-report"]
 
 
 @pytest.mark.integration

@@ -94,8 +94,8 @@ def _finding(returned) -> Finding:
 @pytest.mark.parametrize(("returned", "kind"), [(None, "NoneType"), ([1.0, 2.0], "list")])
 def test_a_call_that_returns_what_the_check_cannot_take_fails_at_its_first_call(returned, kind):
     finding = _finding(returned)
-    cell = CaseRun(finding, Case.of(n=4), RunOptions(device=torch.device("cpu"),
-                                                     time_budget_s=0.02, min_samples=2)).run()
+    cell = CaseRun(finding, Case.of(n=4), RunOptions(device=torch.device("cpu"), min_samples=2),
+                   sampling_s=0.02).run()
     rows = {row["variant"]: row for row in cell.summary}
     assert rows["good"]["status"] == "ok"
     assert rows["bad"]["status"] == "failed"

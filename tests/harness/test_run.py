@@ -61,7 +61,7 @@ def tiny(request):
     del registry.FINDINGS[TEST_ID]
 
 
-ARGS = ["--findings", TEST_ID, "--time-budget", "0.05", "--device", "cpu"]
+ARGS = ["--findings", TEST_ID, "--budget", "1", "--device", "cpu"]
 
 
 def test_gate_failure_isolation_and_schema(tiny, tmp_path):
@@ -111,7 +111,7 @@ def test_ctrl_c_keeps_what_was_measured(tiny, tmp_path):
 
 def test_real_findings_quick_run_agree(tmp_path, capsys):
     code = main(["--quick", "--findings", "B4-DRL-03", "B4-PT-05", "H3-stream-sync",
-                 "--time-budget", "0.1", "--out", str(tmp_path), "--device", "cpu"])
+                 "--budget", "1", "--out", str(tmp_path), "--device", "cpu"])
     assert code == 0
     # how sampling went, under the table: 3 timed cells (H3 needs CUDA and is not one),
     # where the time went, the placebos and the words
@@ -132,7 +132,7 @@ def test_usage_errors_exit_2(capsys):
     assert main(["--findings", "NOPE"]) == 2
     err = capsys.readouterr().err
     assert "unknown id(s) NOPE" in err and "B4-CR-03" in err
-    assert main(["--time-budget", "-1"]) == 2
+    assert main(["--budget", "-1"]) == 2
     if not torch.cuda.is_available():
         assert main(["--device", "cuda"]) == 2
         assert "torch.cuda.is_available() is False" in capsys.readouterr().err
@@ -197,9 +197,9 @@ def test_paired_finding_interval_over_rounds_whose_work_varies():
         sample_metrics=lambda variant, inputs: {
             "work_ms": float((2 if variant == "double" else 1) * (1 + (inputs["calls"][variant] - 1) % 4))},
     )
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.01, min_samples=16,
+    options = RunOptions(device=torch.device("cpu"), min_samples=16,
                          max_samples=16, precision=0.0, profile=False)
-    cell = CaseRun(finding, Case.of(n=1), options).run()
+    cell = CaseRun(finding, Case.of(n=1), options, sampling_s=0.01).run()
     rows = {r["variant"]: r for r in cell.summary}
     double = rows["double"]
     assert double["ci_low"] <= double["ratio"] <= double["ci_high"]
@@ -236,7 +236,7 @@ def test_rows_that_carry_a_warning_are_named_for_the_run_metadata():
 def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys,
                                                       outside_the_repository):
     module = ["--findings-module", "tests.findings_modules.long_and_short"]
-    quick = ["--time-budget", "0.05", "--no-profile", "--no-report"]
+    quick = ["--budget", "1", "--no-profile", "--no-report"]
     assert main([*module, "--list"]) == 0
     listed = capsys.readouterr().out
     assert ("TEST-long" in listed and "TEST-short" in listed
@@ -262,14 +262,15 @@ def test_calls_over_the_findings_profile_limit_get_no_counters_and_say_why():
         make_call=lambda variant, x: ((lambda: (x * 2).sum()) if variant == "good"
                                       else (lambda: (time_module.sleep(0.03), (x * 2).sum())[1])),
     )
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3)
-    rows = {r["variant"]: r for r in CaseRun(finding, Case.of(n=64), options).run().summary}
+    options = RunOptions(device=torch.device("cpu"), min_samples=3)
+    rows = {r["variant"]: r for r in CaseRun(finding, Case.of(n=64), options,
+                                             sampling_s=0.05).run().summary}
     assert rows["good"]["op_calls"] >= 1 and "profile_note" not in rows["good"]
     assert "op_calls" not in rows["twice"] and rows["twice"]["status"] == "ok"
     assert rows["twice"]["profile_note"].startswith("not profiled: one call takes 0.03")
 
 
-def test_a_findings_budget_factor_multiplies_the_runs_budget_per_cell():
+def test_a_cell_samples_its_share_of_seconds_and_stops_there():
     import dataclasses
     import time as time_module
 
@@ -279,17 +280,15 @@ def test_a_findings_budget_factor_multiplies_the_runs_budget_per_cell():
         return lambda: (time_module.sleep(2e-3), (x * 2).sum())[1]
 
     finding = dataclasses.replace(_tiny_finding(), variants=("good", "twice"), make_call=make_call)
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3,
-                         precision=0.0, profile=False)
+    options = RunOptions(device=torch.device("cpu"), min_samples=3, precision=0.0, profile=False)
     rounds = {}
-    for factor in (1.0, 8.0):
-        cell = CaseRun(dataclasses.replace(finding, budget_factor=factor), Case.of(n=64),
-                       options).run()
+    for share in (0.05, 0.4):
+        cell = CaseRun(finding, Case.of(n=64), options, sampling_s=share).run()
         (row,) = [r for r in cell.summary if r["variant"] == "twice"]
         assert row["stopped_by"] == "time_budget"
-        rounds[factor] = row["n"]
+        rounds[share] = row["n"]
     # ~4 ms a round: 0.05 s holds a handful of rounds, 0.4 s several times as many
-    assert rounds[8.0] >= 3 * rounds[1.0], rounds
+    assert rounds[0.4] >= 3 * rounds[0.05], rounds
 
 
 def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path):
@@ -317,7 +316,7 @@ def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path)
     registry.FINDINGS[finding.id] = finding
     try:
         assert main(["--findings", finding.id, "--quick", "--out", str(tmp_path), "--no-report",
-                     "--no-profile", "--time-budget", "0.05"]) == 0
+                     "--no-profile", "--budget", "1"]) == 0
     finally:
         del registry.FINDINGS[finding.id]
     rows = load_run(None, tmp_path).rows
@@ -351,9 +350,8 @@ def test_the_placebo_shares_the_variants_inputs_unless_its_finding_is_paired(pai
         variants=("a", "b"), baseline="a", cases=lambda quick: [Case.of(n=1)],
         build=build, make_call=make_call, check=lambda out, ref: abs(float(out) - float(ref)),
         tolerance=lambda case: 0.0, paired=paired)
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.02, min_samples=3,
-                         profile=False)
-    cell = CaseRun(finding, Case.of(n=1), options, headline=True).run()
+    options = RunOptions(device=torch.device("cpu"), min_samples=3, profile=False)
+    cell = CaseRun(finding, Case.of(n=1), options, headline=True, sampling_s=0.02).run()
     assert cell.cells[PLACEBO].get("status", "ok") == "ok", cell.cells[PLACEBO]
     assert any(r["variant"] == PLACEBO for r in cell.summary)
     assert len(builds) == (2 if paired else 1)

@@ -30,7 +30,7 @@ from tests.findings_modules import tiny
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "tests.findings_modules.tiny"
-RUN = ["--findings-module", MODULE, "--findings", "TINY-sums", "--time-budget", "0.1",
+RUN = ["--findings-module", MODULE, "--findings", "TINY-sums", "--budget", "1",
        "--no-profile", "--no-report"]
 ALL_CELLS = {("TINY-sums", f"n={256 * (k + 1)}") for k in range(tiny.CASES)}
 
@@ -139,7 +139,7 @@ def test_fault_injection_signals_at_random_moments_lose_nothing(tmp_path, refere
 
 
 #: a whole run of `python -m harness.run`, report included, for the whole-life injection
-WHOLE_RUN = [arg for arg in RUN if arg != "--no-report"] + ["--time-budget", "0.02"]
+WHOLE_RUN = [arg for arg in RUN if arg != "--no-report"] + ["--budget", "1"]
 
 
 def _leftovers(folder: Path) -> list[Path]:
@@ -409,7 +409,7 @@ def stopped_run(tmp_path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("extra, message", [
     (["--seed", "5"], "--seed: the run was measured with 0; got 5"),
-    (["--time-budget", "2"], "--time-budget: the run was measured with 0.1; got 2.0"),
+    (["--budget", "2"], "--budget: the run was measured with 1.0; got 2.0"),
     (["--quick"], "--quick: the run was measured with False; got True"),
 ])
 def test_resume_refuses_other_options(stopped_run, extra, message, capsys):
@@ -561,10 +561,10 @@ def test_a_disk_that_fills_while_a_trace_is_written_is_a_usage_error_naming_it(s
                       baseline="a", cases=[Case.of(n=8)],
                       build=lambda case, device, seed: torch.zeros(case["n"]),
                       make_call=make_call)
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.02, min_samples=2)
+    options = RunOptions(device=torch.device("cpu"), min_samples=2)
     target = small_disk / "traces" / "TEST-big-trace.json.gz"
     with pytest.raises(DiskFullError, match=f"no space left on tmpfs .* while writing {target}"):
-        CaseRun(finding, Case.of(n=8), options).run(target)
+        CaseRun(finding, Case.of(n=8), options, sampling_s=0.02).run(target)
     assert not [p for p in small_disk.rglob("*") if p.is_file()]
 
 

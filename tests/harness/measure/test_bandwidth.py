@@ -44,9 +44,9 @@ def _sleepy_finding() -> Finding:
 def test_rows_carry_achieved_bandwidth_and_the_floor_judged_on_our_variants_only():
     # the floor: 1000 B at the speed of the memory that holds 1000 B (a cache here), far
     # below ours (>= 2 ms); the peer returns at once, but peers do not count as our best
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3,
+    options = RunOptions(device=torch.device("cpu"), min_samples=3,
                          profile=False, copy_bandwidth_bytes_per_s=1e7)
-    summary = CaseRun(_sleepy_finding(), Case.of(n=1), options).run().summary
+    summary = CaseRun(_sleepy_finding(), Case.of(n=1), options, sampling_s=0.05).run().summary
     rows = {r["variant"]: r for r in summary}
     speed, level = working_set_bandwidth("cpu", 1000)
     for row in rows.values():
@@ -59,9 +59,8 @@ def test_rows_carry_achieved_bandwidth_and_the_floor_judged_on_our_variants_only
 
 
 def test_without_a_copy_bandwidth_rows_have_no_floor():
-    options = RunOptions(device=torch.device("cpu"), time_budget_s=0.05, min_samples=3,
-                         profile=False)
-    (row, _) = CaseRun(_sleepy_finding(), Case.of(n=1), options).run().summary
+    options = RunOptions(device=torch.device("cpu"), min_samples=3, profile=False)
+    (row, _) = CaseRun(_sleepy_finding(), Case.of(n=1), options, sampling_s=0.05).run().summary
     assert "achieved_bytes_per_s" in row and "floor_s" not in row and "bound" not in row
 
 

@@ -29,7 +29,7 @@ from harness.run import main as run_main
 from harness.report.verdicts import case_phrase, claim_factor, verdict_sentence
 
 FINDINGS = ["B4-DRL-03", "B4-PT-05"]
-RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--time-budget", "0.05", "--device", "cpu",
+RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--budget", "1", "--device", "cpu",
             "--threads", "1"]
 
 
@@ -207,7 +207,7 @@ def tiny_run(tmp_path):
         tolerance=lambda case: 1e-9,
     )
     try:
-        code = run_main(["--findings", TINY, "--time-budget", "0.05", "--device", "cpu",
+        code = run_main(["--findings", TINY, "--budget", "1", "--device", "cpu",
                          "--out", str(tmp_path / "results"), "--no-report"])
     finally:
         del registry.FINDINGS[TINY]

@@ -26,7 +26,7 @@ def test_counts_cells_by_how_every_timed_row_stopped_and_states_the_spread():
                            "1 decided every word to +-3%")
     # spreads 0.1, 0.1, 0.1, 0.1, 0.5: the median is 10%, above 5% is called noisy
     assert "timing spread (median IQR/median) 10%" in line
-    assert "noisy" in line and "--time-budget" in line
+    assert "noisy" in line and "--budget" in line
 
 
 def test_a_quiet_machine_is_not_called_noisy():
@@ -55,18 +55,28 @@ def test_nothing_timed_gives_no_line(rows):
     assert sampling_line(rows, precision=0.03) is None
 
 
-def test_cells_combined_over_processes_are_counted():
-    rows = pd.DataFrame([
-        {**row("A", "c1", "x", "time_budget"), "processes": 2},
-        {**row("A", "c1", "y", "time_budget"), "processes": 2},
-        {**row("A", "c2", "x", "decided"), "processes": 1},
-        {**row("B", "c1", "x", "decided")},
-    ])
-    line = sampling_line(rows, precision=0.03)
-    assert "; 1 cell combined 2 processes; timing spread" in line
+def test_the_process_line_says_what_the_run_measured_of_its_processes():
+    from harness.report.summary import process_line
+
+    rows = pd.DataFrame([{**row("A", "c1", "x", "decided"), "processes": 2},
+                         {**row("A", "c1", "y", "decided"), "processes": 4}])
+    level = {"bands": [{"upper_s": 2e-5, "sd": 0.031, "df": 11.2, "rows": 14, "own": True,
+                        "worded": 14},
+                       {"upper_s": 2e-3, "sd": 0.02, "df": 3.0, "rows": 20, "own": False,
+                        "worded": 2},
+                       {"upper_s": None, "sd": 0.02, "df": 3.0, "rows": 20, "own": False,
+                        "worded": 0}],
+             "calibration": {"rows": 20, "disagreeing": 6, "expected": 3, "inflation": 2.25}}
+    line = process_line(rows, level)
+    assert line.startswith("processes: each row timed in 2 to 4 fresh processes; a process "
+                           "moved a ratio by 3.1% at calls under 20 us (11 df), 2% at the "
+                           "other lengths (3 df, the run's 20 rows together)")
+    assert "6 of 20 rows' processes disagreed (chance allows 3): too many, every interval " \
+           "widened x1.5" in line
+    assert process_line(rows, None) is None  # a run that assumed its process level
 
 
-def test_a_rows_sampling_cell_names_its_processes_and_the_time_line_its_replicas():
+def test_a_rows_sampling_cell_names_its_processes_and_the_time_line_its_workers():
     from harness.report.data import sampling_cell
     from harness.report.summary import time_line
 
@@ -76,5 +86,7 @@ def test_a_rows_sampling_cell_names_its_processes_and_the_time_line_its_replicas
         "40 (budget spent)")
     cells = [{"seconds": {"time": 10.0, "check": 2.0}}]
     assert time_line(cells) == "time: 10 s sampling, 2 s first calls and checks"
-    assert time_line(cells, [6.4, 5.9]) == ("time: 10 s sampling, 2 s first calls and checks, "
-                                            "12 s in 2 replica processes")
+    workers = [{"seconds": {"time": 10.0, "check": 2.0, "worker_time": 9.0,
+                            "worker_other": 3.0}}]
+    assert time_line(workers) == ("time: 19 s sampling, 2 s first calls and checks, 3 s of "
+                                  "the workers' inputs and first calls")

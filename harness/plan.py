@@ -1,0 +1,88 @@
+"""The run's budget: one number of wall seconds, shared out as the run goes.
+
+A run has `budget_s` seconds, its report included. What is not sampling (loading the
+findings, each cell's inputs, first calls, checks and profiling, the workers' start, the
+report) is a cost to be paid; what is left is shared out over the cells by their weight
+(`Finding.budget_factor`, times the variants a cell times) and over the processes that
+time each cell. The plan starts from what the cells cost in the newest earlier runs of
+the same results folder (else a guess), and is made again before every cell from what
+this run has spent so far, so a slower machine samples less rather than running longer;
+each process always takes its minimum rounds, so a budget too small for the cells ends
+late, and says so, rather than measuring nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+#: a cell's fixed cost (inputs, first calls, checks, profile) when no earlier run knows it
+GUESS_FIXED_S = 1.5
+#: the share of the budget kept for rows whose processes disagree (more processes) and
+#: for the report
+RESERVE_SHARE = 0.12
+#: the least sampling a process gets for a cell (its minimum rounds come on top)
+FLOOR_S = 0.02
+
+
+@dataclass
+class Plan:
+    """Shares `budget_s` out over `weights` (cell key -> weight) timed in `processes`."""
+
+    budget_s: float
+    weights: dict[tuple[str, str], float]
+    processes: int
+    known_fixed_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    """A cell's fixed cost in an earlier run, where one is known."""
+    started: float = field(default_factory=time.perf_counter)
+    spent_fixed_s: float = 0.0
+    """Fixed costs paid so far (all processes)."""
+    spent_sampling_s: float = 0.0
+    done: set = field(default_factory=set)
+    _scale: float = 1.0
+    """This run's fixed costs over the plan's estimate of the cells done (a slower machine
+    pays more than an earlier run did)."""
+    _estimated_done_s: float = 0.0
+
+    def _fixed(self, key: tuple[str, str]) -> float:
+        return self.known_fixed_s.get(key, GUESS_FIXED_S * self.processes)
+
+    def remaining_fixed_s(self) -> float:
+        """The fixed costs of the cells still to measure, as this run pays them."""
+        return self._scale * sum(self._fixed(k) for k in self.weights if k not in self.done)
+
+    def sampling_s(self) -> float:
+        """Seconds of sampling left to share out over the cells still to measure."""
+        elapsed = time.perf_counter() - self.started
+        left = self.budget_s * (1.0 - RESERVE_SHARE) - elapsed - self.remaining_fixed_s()
+        return max(left, 0.0)
+
+    def share(self, key: tuple[str, str]) -> float:
+        """One process's seconds of sampling of the cell `key`, from what is left now."""
+        weight_left = sum(w for k, w in self.weights.items() if k not in self.done)
+        if weight_left <= 0:
+            return FLOOR_S
+        return max(FLOOR_S, self.sampling_s() * self.weights[key] / weight_left
+                   / self.processes)
+
+    def measured(self, key: tuple[str, str], fixed_s: float, sampling_s: float) -> None:
+        """Record what the cell `key` cost (all processes), and learn the run's pace."""
+        self.done.add(key)
+        self.spent_fixed_s += fixed_s
+        self.spent_sampling_s += sampling_s
+        self._estimated_done_s += self._fixed(key)
+        if self._estimated_done_s > 0:
+            self._scale = max(self.spent_fixed_s / self._estimated_done_s, 0.05)
+
+    def describe(self) -> str:
+        """The plan as the run starts it: cells, processes, budget, how it splits."""
+        fixed = self.remaining_fixed_s()
+        sampling = self.sampling_s()
+        cells = len(self.weights)
+        return (f"plan: {cells} cells, each timed in {self.processes} processes, within "
+                f"{self.budget_s:.0f} s: about {sampling:.0f} s of sampling "
+                f"({sampling / max(cells, 1) / self.processes:.2g} s a cell per process), "
+                f"{fixed:.0f} s of inputs, first calls, checks and profiling "
+                f"({'from earlier runs' if self.known_fixed_s else 'a guess'}), "
+                f"{RESERVE_SHARE * self.budget_s:.0f} s kept for rows whose processes "
+                "disagree and the report")
