@@ -12,6 +12,7 @@ an interrupted one included.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -46,6 +47,11 @@ def word_fields(estimate: PairedEstimate, level: float, margin: float, variant: 
     if word is Word.INCONCLUSIVE:
         fields.update(lean=lean(estimate.ratio, margin).value,
                       rounds_to_decide=rounds_to_decide(estimate, level, margin))
+        if estimate.processes > 1:  # where a process's offset weighs, processes decide
+            more = rounds_to_decide(dataclasses.replace(estimate, rounds=estimate.processes),
+                                    level, margin)
+            if more is not None:
+                fields["processes_to_decide"] = more
     factor = info.get("claim_factor")
     if factor is not None and not placebo and variant not in info.get("peers", ()):
         tolerance = info.get("claim_tolerance", 0.25)
@@ -116,12 +122,17 @@ class Combined:
 
 
 def combine(summary: Sequence[dict], samples: Sequence[dict], finding_info: dict[str, dict],
-            margin: float) -> Combined:
+            margin: float, threads: int | None = None) -> Combined:
     """Every row of `summary` worded from all its processes' rounds in `samples` (module
     docstring); `finding_info` (run.json's) gives each finding's margin and claim, `margin`
-    the run's where a finding records none."""
-    rows = row_processes(summary, samples)
+    the run's where a finding records none. Samples taken at another thread count than the
+    run's `threads` (its headline cells again at one thread) word the rows' `one_thread_*`
+    fields instead, held to the same process spread."""
+    main = [r for r in samples if threads is None or r.get("threads", threads) == threads]
+    other = [r for r in samples if threads is not None and r.get("threads", threads) != threads]
+    rows = row_processes(summary, main)
     spread, calibration = calibrate(list(rows.values()), pool_spread(list(rows.values())))
+    one_thread = row_processes(summary, other) if other else {}
     worded = []
     for row in summary:
         key = (row["finding"], row["case"], row["variant"])
@@ -137,6 +148,14 @@ def combine(summary: Sequence[dict], samples: Sequence[dict], finding_info: dict
                              placebo=bool(row.get("placebo")))
         fields.update(process_sd=math.sqrt(band.tau2 * spread.inflation),
                       process_df=band.df, process_p=disagreement(processes, spread))
-        worded.append({**{k: v for k, v in row.items() if k not in ("lean", "rounds_to_decide",
-                                                                   "claim_word")}, **fields})
+        if key in one_thread:
+            alone = word_fields(row_estimate(one_thread[key], spread),
+                                row.get("ci_level") or DEFAULT_LEVEL,
+                                info.get("margin") or margin, row["variant"], info,
+                                placebo=bool(row.get("placebo")))
+            fields.update(one_thread_ratio=alone["ratio"], one_thread_ci_low=alone["ci_low"],
+                          one_thread_ci_high=alone["ci_high"],
+                          one_thread_verdict=alone["verdict"])
+        worded.append({**{k: v for k, v in row.items() if k not in (
+            "lean", "rounds_to_decide", "processes_to_decide", "claim_word")}, **fields})
     return Combined(worded, spread, calibration, rows)

@@ -87,7 +87,9 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "ratio": float, "ci_low": float, "ci_high": float, "ci_level": float, "speedup": float,
     "ci_halfwidth": float, "margin": float, "pvalue": float, "log_se": float, "df": float,
     "process_sd": float, "processes": int, "process_note": str, "rounds_to_decide": int,
-    "process_df": float, "process_p": float,
+    "process_df": float, "process_p": float, "first_output_s": float,
+    "one_thread_ratio": float, "one_thread_ci_low": float, "one_thread_ci_high": float,
+    "one_thread_verdict": str, "processes_to_decide": int,
     "max_error": float,
     "op_calls": int, "host_syncs": int, "allocations": int, "allocated_bytes": int,
     "kernel_launches": int, "peak_bytes": int, "error": str, "reason": str,
@@ -518,7 +520,7 @@ def worded(cells: list[dict], metadata: dict) -> tuple[list[dict], dict | None]:
         return summary, None
     combined = combine(summary, [row for c in cells for row in c["samples"]],
                        metadata.get("finding_info") or {},
-                       metadata.get("margin") or DEFAULT_MARGIN)
+                       metadata.get("margin") or DEFAULT_MARGIN, metadata.get("threads"))
     return combined.summary, combined.noise()
 
 

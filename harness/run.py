@@ -47,7 +47,7 @@ from harness.progress import Progress
 from harness.project import load_findings
 from harness.report.reliability import reliability
 from harness.report.summary import (
-    format_seconds, process_line, sampling_line, summary_table, time_line,
+    compiled_line, format_seconds, process_line, sampling_line, summary_table, time_line,
 )
 from harness.results import (
     DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
@@ -597,6 +597,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                         **fingerprint, **extra))
                 progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
             _more_processes(writer, selected, options, workers, measured, progress)
+            _at_one_thread(writer, selected, options, measured, progress)
     finally:
         workers.close()
     return None
@@ -609,16 +610,19 @@ STARTED = time.perf_counter()
 class _Workers:
     """The run's worker processes (`harness.replica`), each started when first needed."""
 
-    def __init__(self, options: RunOptions, modules) -> None:
+    def __init__(self, options: RunOptions, modules, threads: int | None = None) -> None:
         self.options, self.modules = options, modules
+        self.threads = threads
+        """torch threads of every worker (None: this process's)."""
         self.started: dict[int, replica.Worker | str] = {}
         """process index (2, 3, ...) -> its worker, or why it could not start."""
 
     def get(self, process: int) -> replica.Worker | str:
         if process not in self.started:
+            threads = self.threads or torch.get_num_threads()
             try:
                 self.started[process] = replica.Worker(replica.WorkerSpec.of(
-                    self.options, torch.get_num_threads(), self.modules, process))
+                    self.options, threads, self.modules, process))
             except replica.WorkerError as err:
                 self.started[process] = str(err)
         return self.started[process]
@@ -675,6 +679,53 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
     return cell, {"samples": samples, "notes": notes, "seconds": seconds}
 
 
+def _at_one_thread(writer: RunWriter, selected, options: RunOptions, measured: list[dict],
+                   progress: Progress) -> None:
+    """Each finding's headline cell timed again at one torch thread, in two fresh
+    processes, where the run has more and the budget lasts: a word the thread count decides
+    is said beside the run's (the rows' `one_thread_*`, `harness.combine`)."""
+    if torch.get_num_threads() == 1:
+        return
+    deadline = options.budget_s * (1 - RESERVE_SHARE / 2)
+    left = deadline - (time.perf_counter() - STARTED)
+    if left <= 0:
+        return
+    cells = {(c["finding"], c["case"]): c for c in read_cells(writer.folder)}
+    headlines = [(f, headline_label(f, options)) for f in selected
+                 if (f.id, headline_label(f, options)) in cells]
+    if not headlines:
+        return
+    progress.note(f"at one thread: {len(headlines)} headline cells in 2 fresh processes")
+    share = max(FLOOR_S, left / 3 / len(headlines) / 2)
+    alone = _Workers(options, writer.metadata.get("options", {}).get("findings_module"),
+                     threads=1)
+    try:
+        for finding, label in headlines:
+            if time.perf_counter() - STARTED > deadline:
+                return
+            entry = cells[(finding.id, label)]
+            timed = sorted({r["variant"] for r in entry["samples"]})
+            added = []
+            for process in (101, 102):  # two processes, as every row has
+                worker = alone.get(process)
+                if isinstance(worker, str):
+                    progress.note(f"at one thread: {worker}")
+                    return
+                done = worker.measure(finding.id, label, True, share, timed)
+                added += done.get("samples", [])
+            samples = entry["samples"] + added
+            with signals_deferred():
+                writer.add_cell(finding.id, label, tuple(entry["order"]), entry["summary"],
+                                samples, **{k: v for k, v in entry.items() if k not in (
+                                    "schema_version", "finding", "case", "order", "summary",
+                                    "samples")})
+            for item in measured:  # the entry this rank hands to rank 0
+                if (item["finding"], item["case"]) == (finding.id, label):
+                    item["samples"] = samples
+    finally:
+        alone.close()
+
+
 def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _Workers,
                     measured: list[dict], progress: Progress) -> None:
     """The cells with a row whose processes disagree with the run's spread and whose word
@@ -687,7 +738,8 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
         cells = read_cells(writer.folder)
         combined = combine([r for c in cells for r in c["summary"]],
                            [r for c in cells for r in c["samples"]],
-                           writer.metadata.get("finding_info", {}), options.margin)
+                           writer.metadata.get("finding_info", {}), options.margin,
+                           writer.metadata.get("threads"))
         wanted = list(dict.fromkeys((f, c) for f, c, _ in combined.undecided()))
         left = deadline - (time.perf_counter() - STARTED)
         if not wanted or left <= 0:
@@ -768,8 +820,9 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
 def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
+    level = writer.metadata.get("process_level") or {}
     lines = [sampling_line(table, writer.metadata.get("precision", 0.0)),
-             process_line(table, writer.metadata.get("process_level")),
+             process_line(table, level), compiled_line(table),
              time_line(read_cells(writer.folder))]
     trust = reliability(table)
     lines += [trust.placebo_line(), trust.words_line()]
@@ -782,6 +835,11 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     if trust.noisy:
         print(f"noisy run: a placebo read {', '.join(trust.placebo_decisive)}; its close "
               "words may not repeat (see the noise floor line above)", file=sys.stderr)
+    inflation = (level.get("calibration") or {}).get("inflation", 1.0)
+    if inflation > 1.0:
+        print(f"widened: more rows' processes disagreed than chance allows, so every "
+              f"interval was widened x{inflation ** 0.5:.2g} (see the processes line above)",
+              file=sys.stderr)
 
 
 def row_warnings(summary: list[dict]) -> list[dict]:

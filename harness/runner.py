@@ -278,11 +278,14 @@ class CaseRun:
         for variant in self._active():
             if variant == PLACEBO:
                 continue
+            started = time.perf_counter()
             try:
                 output = self._call(variant)()
             except Exception as err:  # a crashing variant is a row, not the end of the run
                 self._fail(variant, err, "first call")
                 continue
+            # where compiling happens (torch.compile, numba): a cold cache shows here
+            self.cells[variant]["first_output_s"] = time.perf_counter() - started
             if taken is not None and not isinstance(output, taken):
                 self.cells[variant].update(status=Status.FAILED, error=(
                     f"first call: {self.finding.id} {variant}: its call returned a "

@@ -33,8 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special as scipy_special
-from scipy import stats as scipy_stats
+from scipy import special as scipy_special  # scipy.stats costs seconds of import
 
 __all__ = ["BandSpread", "Calibration", "PairedEstimate", "ProcessSpread", "RowProcesses",
            "TRIM", "calibrate", "disagreement", "log_estimate", "log_ratios", "pool_spread",
@@ -95,7 +94,7 @@ class PairedEstimate:
         """The two-sided t quantile for `confidence` (0.95 -> about 2 for many rounds)."""
         if not 0.0 < confidence < 1.0:
             raise ValueError(f"confidence: expected a fraction in (0, 1); got {confidence!r}")
-        return float(scipy_stats.t.ppf(0.5 + confidence / 2.0, self.df))
+        return float(scipy_special.stdtrit(self.df, 0.5 + confidence / 2.0))
 
     def interval(self, confidence: float = 0.95) -> tuple[float, float]:
         """(low, high) of the ratio at `confidence`, two-sided."""
@@ -106,13 +105,13 @@ class PairedEstimate:
         """One-sided p-value of "theta > log_boundary" (small: the data say it is above)."""
         if self.se == 0.0:
             return 0.0 if self.log_ratio > log_boundary else 1.0
-        return float(scipy_stats.t.sf((self.log_ratio - log_boundary) / self.se, self.df))
+        return float(scipy_special.stdtr(self.df, (log_boundary - self.log_ratio) / self.se))
 
     def p_below(self, log_boundary: float) -> float:
         """One-sided p-value of "theta < log_boundary"."""
         if self.se == 0.0:
             return 0.0 if self.log_ratio < log_boundary else 1.0
-        return float(scipy_stats.t.cdf((self.log_ratio - log_boundary) / self.se, self.df))
+        return float(scipy_special.stdtr(self.df, (self.log_ratio - log_boundary) / self.se))
 
 
 def _trimmed_stats(d: np.ndarray) -> tuple[float, float, float]:
@@ -263,7 +262,7 @@ def _median_tau2(rows: Sequence[RowProcesses]) -> float:
     within = np.array([r.within for r in rows])
 
     def above(tau2: float) -> float:  # the median CDF, less one half: falls with tau2
-        return float(np.median(scipy_stats.chi2.cdf(k * spread / (tau2 + within), k))) - 0.5
+        return float(np.median(scipy_special.chdtr(k, k * spread / (tau2 + within)))) - 0.5
 
     if above(0.0) <= 0.0:
         return 0.0
@@ -364,7 +363,7 @@ def disagreement(row: RowProcesses, spread: ProcessSpread) -> float:
     k = row.processes - 1
     if band.df <= 0.0:
         return 1.0  # nothing to hold it against
-    return float(scipy_stats.f.sf(ratio, k, band.df))
+    return float(scipy_special.fdtrc(k, band.df, ratio))
 
 
 def row_estimate(row: RowProcesses, spread: ProcessSpread) -> PairedEstimate:
@@ -420,7 +419,9 @@ def calibrate(rows: Sequence[RowProcesses], spread: ProcessSpread) -> tuple[Proc
     not, and the returned spread carries the factor."""
     measured = [r for r in rows if r.pooled and r.processes > 1]
     count = len(measured)
-    expected = int(scipy_stats.binom.ppf(0.99, count, DISAGREE_LEVEL)) if count else 0
+    # the 99th percentile of Binomial(count, DISAGREE_LEVEL): its least k with CDF >= 0.99
+    expected = int(np.searchsorted(scipy_special.bdtr(np.arange(count + 1), count,
+                                                      DISAGREE_LEVEL), 0.99))
 
     def disagreeing(factor: float) -> int:
         widened = dataclasses.replace(spread, inflation=factor)

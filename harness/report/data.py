@@ -19,7 +19,7 @@ from harness.results import Run, load_run
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline, headline_case
 from harness.report.summary import (
-    format_seconds, process_line, sampling_line, signed_seconds, verdict_word,
+    compiled_line, format_seconds, process_line, sampling_line, signed_seconds, verdict_word,
 )
 from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
 
@@ -284,7 +284,8 @@ def run_sampling_line(run: Run) -> str | None:
     """How the run's sampling went and the process level it measured, in a line or two:
     `harness.report.summary.sampling_line` and `process_line` of its rows and options."""
     lines = [sampling_line(run.summary, run.metadata.get("precision") or 0.0),
-             process_line(run.summary, run.metadata.get("process_level"))]
+             process_line(run.summary, run.metadata.get("process_level")),
+             compiled_line(run.summary)]
     return "; ".join(filter(None, lines)) or None
 
 

@@ -141,6 +141,11 @@ class Headline:
     """Which word an inconclusive ratio leans to."""
     rounds_to_decide: float | None = None
     """About how many rounds would decide an inconclusive word."""
+    processes_to_decide: float | None = None
+    """About how many fresh processes would decide it, where a process's offset weighs."""
+    one_thread: tuple[str, float, float, float] | None = None
+    """The same row at one torch thread (the run's headline cells timed again so): (word,
+    ratio, ci_low, ci_high); None where the run had one thread or did not."""
     claim_word: str | None = None
     """The claim's word about its factor (met, exceeded, not met, inconclusive)."""
     claim_tolerance: float | None = None
@@ -199,7 +204,9 @@ class Headline:
             text = f"inconclusive: time ratio {self.ratio:.3g} {interval}"
             if self.lean:
                 text += f", leans {self.lean}"
-            if self.rounds_to_decide:
+            if self.processes_to_decide:
+                text += f", ~{self.processes_to_decide:,.0f} processes would decide"
+            elif self.rounds_to_decide:
                 text += f", ~{self.rounds_to_decide:,.0f} rounds would decide"
             return text
         if self.ratio < 1.0:
@@ -281,8 +288,20 @@ class Headline:
         if self.broken:
             parts.append(f"{len(self.broken)} variant{'s' * (len(self.broken) > 1)} failed "
                          f"or disagreed ({', '.join(self.broken)})")
+        threads = self.threads_text()
+        if threads:
+            parts.append(threads)
         floor = self.floor_text()
         return "; ".join([floor, *parts] if floor else parts)
+
+    def threads_text(self) -> str:
+        """'at 1 thread: slower 1.3x [1.2-1.4], where the run's threads read faster: the
+        thread count decides this word', where the word at one thread differs; ''."""
+        if self.one_thread is None or self.one_thread[0] == self.verdict:
+            return ""
+        word, ratio, low, high = self.one_thread
+        return (f"at 1 thread: {word} {ratio:.3g} [{low:.3g}-{high:.3g}], where the run's "
+                f"threads read {self.verdict}: the thread count decides this word")
 
     def counter_text(self) -> str:
         """The counter that moved most ('host syncs 204 -> 0'), 'unchanged' or 'not counted'."""
@@ -455,10 +474,15 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
         fields.update(ratio=float(row["ratio"]), ci_low=float(row["ci_low"]),
                       ci_high=float(row["ci_high"]), lean=_value(row, "lean"),
                       rounds_to_decide=_value(row, "rounds_to_decide"),
+                      processes_to_decide=_value(row, "processes_to_decide"),
                       claim_word=_value(row, "claim_word"),
                       claim_tolerance=_value(row, "claim_tolerance"),
                       margin=_value(row, "margin"), ci_level=_value(row, "ci_level"))
         fields["fastest"] = fastest(at, compared, variant)
+        if _value(row, "one_thread_verdict") is not None:
+            fields["one_thread"] = (row["one_thread_verdict"], float(row["one_thread_ratio"]),
+                                    float(row["one_thread_ci_low"]),
+                                    float(row["one_thread_ci_high"]))
     if baseline in at and variant in at:
         fields["counters"], fields["counted"] = counter_changes(at[variant], at[baseline])
     elif not row:

@@ -107,6 +107,27 @@ def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
     return line
 
 
+#: a first call this long, and this many times a timed call, compiled (or loaded a cache)
+COMPILED_S = 1.0
+COMPILED_FACTOR = 100.0
+
+
+def compiled_line(summary: pd.DataFrame) -> str | None:
+    """The variants whose first call compiled in this run (torch.compile, numba: a first
+    call over `COMPILED_S` and `COMPILED_FACTOR` times a timed one), or None: a run on
+    cold compile caches, whose processes started from code they built themselves."""
+    if summary.empty or not {"first_output_s", "median_s"} <= set(summary.columns):
+        return None
+    slow = summary[(summary.first_output_s >= COMPILED_S)
+                   & (summary.first_output_s >= COMPILED_FACTOR * summary.median_s)]
+    if slow.empty:
+        return None
+    names = ", ".join(dict.fromkeys(f"{r.finding} {r.variant}" for r in slow.itertuples()))
+    return (f"compiled in this run: {len(slow)} first call{'s' * (len(slow) > 1)} took "
+            f"{slow.first_output_s.sum():.0f} s ({names}): cold compile caches, as on a "
+            "machine's first run")
+
+
 def process_line(summary: pd.DataFrame, level: dict | None) -> str | None:
     """The process level the run measured, in one line: how many processes timed its
     rows, how far a fresh process moved a ratio per call-length band (with the degrees of

@@ -151,7 +151,8 @@ def test_a_run_stopped_while_its_worker_measures_leaves_no_worker_behind(tmp_pat
     run = subprocess.Popen(
         [sys.executable, "-m", "harness.run", "--findings-module", MODULE, "--budget", "20",
          "--device", "cpu", "--no-report", "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # the finding prints in every call: a pipe nobody reads yet would fill and block it
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("w"), text=True)
     deadline = time.monotonic() + 60
     workers = []
     while not workers and time.monotonic() < deadline and run.poll() is None:
@@ -160,7 +161,8 @@ def test_a_run_stopped_while_its_worker_measures_leaves_no_worker_behind(tmp_pat
     assert workers, "no worker process started"
     time.sleep(0.5)
     run.send_signal(signum)
-    out, err = run.communicate(timeout=60)
+    run.wait(timeout=60)
+    err = (tmp_path / "stderr").read_text()
     assert run.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL), err
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in workers) and time.monotonic() < deadline:

@@ -180,7 +180,7 @@ def test_report_module_runs_as_a_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness.report", "no-such-run",
                            "--results", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr.startswith("error: no run 'no-such-run'")
+    assert done.stderr.startswith("error: RUN no-such-run: neither no-such-run nor")
 
 
 # --- failures, mismatches and a scaling plot, from a tiny registered finding ---------------
