@@ -1,29 +1,33 @@
-"""Do the harness's verdict words hold? A benchmark on real runs, not a unit test.
+"""Do the harness's words hold, on this machine and on others? A benchmark on real runs.
 
-Each part measures one claim of the statistics (docs/statistics.md) on this machine and
-writes its raw results as JSON into OUT; `table` turns them into the markdown table the
-docs quote. Parts, in the order the docs give them:
+Each part measures one claim of the statistics (docs/statistics.md) and writes its raw
+results as JSON into OUT, saved after every run so that a stopped benchmark goes on where
+it stopped; `table` turns them into the markdown tables the docs quote. The rules under
+test (the estimator, its pooling and calibration) are committed before these sets are
+measured: nothing here is fitted to them.
 
-    python benchmarks/verdict_stability.py repeat --runs 10 OUT
-        default runs of this commit (reports included), one after the other: how often a
-        row's word changes between consecutive runs, how often it moves between decisive
-        words (faster, slower, same), every run's placebo rows (the noise floor) and the
-        run time;
-    python benchmarks/verdict_stability.py quick --runs 3 OUT
-        `--quick` runs, reports included: their run time;
+    python benchmarks/verdict_stability.py series --condition NAME --runs 10 OUT
+        default runs of the committed HEAD, reports included, one after the other, as a
+        user runs them: from a fresh clone with empty compile caches (numba, inductor,
+        Triton) before the first, so the first run is a machine's first run, and kept
+        in the results. NAME is a simulated machine (CONDITIONS): `here`, `co-runner` (a
+        busy process spinning one core for the whole series) or `other-kernels`
+        (ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41, one thread). `--quick`
+        makes the runs `--quick` (their own series);
+    python benchmarks/verdict_stability.py reference --condition NAME --rows 40 OUT
+        an independent reference for NAME's series: ROWS rows drawn at random from the
+        series' first run, stratified by call length, plus every row whose processes
+        disagreed in any run of it (two-mode rows), each timed by torch.utils.benchmark in
+        20 fresh processes under the same condition; the reference is the median over
+        processes of each process's ratio, the typical process the runs' intervals aim at;
     python benchmarks/verdict_stability.py planted OUT
         one run of benchmarks/planted_findings.py: a +10% planted slowdown should read
         slower, a +3% one never faster;
-    python benchmarks/verdict_stability.py processes --processes 5 OUT
-        eight rows from 50 ns to 50 ms calls, each timed in fresh processes by this
-        harness's sampling and by torch.utils.benchmark (each corrected for its own loop
-        cost, measured with an empty call): the per-process offsets of a ratio, and the
-        independent timer's cross-process median that `repeat`'s intervals should hold;
-    python benchmarks/verdict_stability.py gate --runs 60 OUT
+    python benchmarks/verdict_stability.py gate --runs 30 --planted-runs 20 OUT
         check c of the gate, as `python -m harness.gate --against HEAD` runs it, on
-        unchanged code (false alarms per gate run) and with the scan GAE planted 5, 10, 15
-        and 25% slower (power; `--slowdowns` picks them), in chunks saved as they finish
-        (a second call goes on to the counts asked for);
+        unchanged code (false alarms; a third of the runs with `--co-runner`, a busy
+        process beside them) and with the scan GAE planted 7.5% and 10% slower (power),
+        in chunks saved as they finish;
     python benchmarks/verdict_stability.py duet --processes 5 --seconds 3 OUT
         duet rounds (Bulej et al. 2020) against this harness's interleaved rounds, for the
         same seconds: two workers, one pinned to each core, time the baseline and the
@@ -33,43 +37,53 @@ docs quote. Parts, in the order the docs give them:
         the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
         JSON files committed in benchmarks/results/).
 
-Run it on an idle machine: every part measures time. Measured on the 2-core development
-CPU: `repeat` takes about 2.3 minutes a run, `quick` 40 s a run, `planted` 3 minutes,
-`processes` about 12 minutes, `gate` 71-81 s a gate run (six worker sessions, each
-timing both trees' 24 B4-CR-03 cells and compiling the `compiled` GAE for each).
+Each series is measured on an otherwise idle machine (the co-runner being the one
+exception, on purpose); the tables say how many runs each figure rests on.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-#: rows timed by `processes`: (finding, case, variant), about 50 ns to 50 ms per call
-ROWS = (
-    ("H2-redundant-is-cuda", "batch_size=128", "stream"),
-    ("L2-fused-accumulators", "values=0-d", "stacked"),
-    ("H4-bootstrap-tensor", "num_envs=4", "copy"),
-    ("H5-mask-stacking", "num_envs=4", "preallocated"),
-    ("B4-CR-03", "num_envs=4,max_steps=25,dones=episode", "scan"),
-    ("B4-DRL-03", "num_envs=4,max_steps=25,dones=episode", "mask"),
-    ("B4-PT-05", "num_envs=4,max_steps=25", "tensor"),
-    ("B4-DRL-03", "num_envs=16,max_steps=150,dones=episode", "mask"),
-)
 DECISIVE = ("faster", "slower", "same")
 
 
+@dataclass(frozen=True)
+class Condition:
+    """A simulated machine: its environment, harness.run's options, a co-runner or not."""
+
+    description: str
+    environment: dict[str, str] = field(default_factory=dict)
+    run_args: tuple[str, ...] = ()
+    co_runner: bool = False
+
+
+CONDITIONS = {
+    "here": Condition("this machine, idle"),
+    "co-runner": Condition("a busy process spinning one core for the whole series",
+                           co_runner=True),
+    "other-kernels": Condition(
+        "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41, one thread (--threads 1)",
+        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}, ("--threads", "1")),
+}
+
+
 def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                          **kwargs)
+    return subprocess.run([sys.executable, *args], cwd=kwargs.pop("cwd", REPO),
+                          capture_output=True, text=True, **kwargs)
 
 
 def _save(out: Path, name: str, document) -> None:
@@ -86,79 +100,263 @@ def _load(out: Path, name: str):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+@contextlib.contextmanager
+def _co_runner(on: bool):
+    """A process spinning one CPU core while inside, when `on`."""
+    if not on:
+        yield
+        return
+    from harness.gate.quality import busy_processes
+
+    with busy_processes(1):
+        yield
+
+
 #: the fields of a summary row the tables read (the rest is left out of the saved results)
 ROW_FIELDS = ("finding", "case", "variant", "verdict", "placebo", "headline", "ratio",
-              "ci_low", "ci_high", "status", "log_se", "process_sd", "processes")
+              "ci_low", "ci_high", "ci_level", "status", "log_se", "df", "process_sd",
+              "process_p", "processes", "median_s", "first_output_s")
 
 
-def _summary_rows(results: Path) -> list[dict]:
+def _summary_rows(results: Path) -> tuple[list[dict], dict]:
+    """The reduced rows of the run in `results` and its process level (run.json)."""
     sys.path.insert(0, str(REPO))
     from harness.results import load_run
 
     run = load_run(None, results)
     rows = run.summary.astype(object).where(run.summary.notna(), None).to_dict("records")
-    return [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
+    return ([{k: r.get(k) for k in ROW_FIELDS} for r in rows],
+            run.metadata.get("process_level") or {})
 
 
-def _timed_runs(args, name: str, extra: tuple[str, ...]) -> None:
-    """`args.runs` runs of this commit (with their reports, as a user runs them), one after
-    the other, each into its own results folder; saved after each."""
-    runs = _load(args.out, name) or []
-    for index in range(len(runs), args.runs):
-        results = args.out / name / f"run{index}"
-        started = time.perf_counter()
-        done = _python("-m", "harness.run", "--out", str(results), *extra, *args.run_args)
-        seconds = time.perf_counter() - started
-        if done.returncode not in (0, 1):
-            raise SystemExit(f"run {index} failed ({done.returncode}): {done.stderr[-2000:]}")
-        runs.append({"seconds": seconds, "rows": _summary_rows(results)})
-        print(f"{name}: run {index + 1}/{args.runs} in {seconds:.0f} s", file=sys.stderr)
-        _save(args.out, name, runs)
+def _series_name(condition: str, quick: bool) -> str:
+    return f"series-{condition}" + ("-quick" * quick)
 
 
-def repeat(args) -> None:
-    """Default runs of this commit, reports included: stability, placebos, run time."""
-    _timed_runs(args, "repeat", ())
+def _fresh_clone(folder: Path) -> Path:
+    """A clone of this repository's HEAD in `folder`/clone, and empty compile caches."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    clone = folder / "clone"
+    done = subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"git clone failed: {done.stderr}")
+    return clone
 
 
-def quick(args) -> None:
-    """`--quick` runs of this commit, reports included: their run time."""
-    _timed_runs(args, "quick", ("--quick",))
+def _head(repository: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 
-def _words(rows: list[dict]) -> dict[tuple, dict]:
-    return {(r["finding"], r["case"], r["variant"]): r for r in rows
-            if r.get("verdict") in (*DECISIVE, "inconclusive") and not r.get("placebo")}
+def series(args) -> None:
+    """`args.runs` runs of HEAD under `args.condition`, the first from a fresh clone with
+    empty compile caches; saved after each run."""
+    condition = CONDITIONS[args.condition]
+    name = _series_name(args.condition, args.quick)
+    folder = args.out / name
+    saved = _load(args.out, name) or {"condition": args.condition, "runs": []}
+    clone = folder / "clone"
+    if not saved["runs"] or not clone.is_dir():
+        if saved["runs"]:
+            raise SystemExit(f"{folder}: its clone is gone; remove {name}.json to start over")
+        clone = _fresh_clone(folder)
+        saved.update(commit=_head(clone), description=condition.description)
+    caches = folder / "caches"
+    environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone),
+                   "NUMBA_CACHE_DIR": str(caches / "numba"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+                   "TRITON_CACHE_DIR": str(caches / "triton")}
+    extra = condition.run_args + (("--quick",) if args.quick else ()) + tuple(args.run_args)
+    with _co_runner(condition.co_runner):
+        for index in range(len(saved["runs"]), args.runs):
+            results = folder / f"run{index}"
+            started = time.perf_counter()
+            done = _python("-m", "harness.run", "--out", str(results), *extra, cwd=clone,
+                           env=environment)
+            seconds = time.perf_counter() - started
+            if done.returncode not in (0, 1):
+                raise SystemExit(f"run {index} failed ({done.returncode}): "
+                                 f"{done.stderr[-2000:]}")
+            rows, level = _summary_rows(results)
+            saved["runs"].append({"seconds": seconds, "exit": done.returncode, "rows": rows,
+                                  "calibration": level.get("calibration")})
+            print(f"{name}: run {index + 1}/{args.runs} in {seconds:.0f} s", file=sys.stderr)
+            _save(args.out, name, saved)
+
+
+# ------------------------------------------------------------------------- reductions
+
+def _key(row: dict) -> tuple[str, str, str]:
+    return row["finding"], row["case"], row["variant"]
+
+
+def _worded(rows: list[dict]) -> dict[tuple, dict]:
+    """The rows with an interval, placebos included (their true ratio is 1)."""
+    return {_key(r): r for r in rows if r.get("ci_low") is not None
+            and r.get("ratio") is not None and r.get("verdict") in (*DECISIVE, "inconclusive")}
+
+
+def _normal_quantile(level: float) -> float:
+    return statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
+def _printed_se(row: dict) -> float:
+    """The standard error a reader takes from the printed interval and its level."""
+    half = math.log(row["ci_high"] / row["ci_low"]) / 2.0
+    return half / _normal_quantile(row.get("ci_level") or 0.95)
+
+
+def pair_z(first: dict, second: dict) -> list[float]:
+    """For each row worded in both runs: the difference of the two log ratios over their
+    combined standard error, read from each printed interval and its level."""
+    a, b = _worded(first["rows"]), _worded(second["rows"])
+    out = []
+    for key in sorted(a.keys() & b.keys()):
+        se = math.hypot(_printed_se(a[key]), _printed_se(b[key]))
+        if se > 0:
+            out.append((math.log(a[key]["ratio"]) - math.log(b[key]["ratio"])) / se)
+    return out
+
+
+def z_summary(z: list[float], level: float = 0.95) -> dict:
+    """How run-to-run z spreads: the share beyond the level's quantile (nominal 1 - level),
+    a robust spread (IQR / 1.349, 1 when calibrated) and the share beyond 4."""
+    if not z:
+        return {"rows": 0}
+    q = _normal_quantile(level)
+    quartiles = statistics.quantiles(z, n=4) if len(z) > 1 else [z[0]] * 3
+    return {"rows": len(z), "beyond_level": sum(abs(x) > q for x in z),
+            "nominal": 1.0 - level, "robust_sd": (quartiles[2] - quartiles[0]) / 1.349,
+            "beyond_4": sum(abs(x) > 4 for x in z)}
 
 
 def stability(runs: list[dict]) -> dict:
-    """Consecutive pairs of runs: rows compared, rows whose word changed, rows that moved
-    between two decisive words."""
-    compared = changed = moved = 0
-    examples = []
-    for first, second in zip(runs, runs[1:]):
-        a, b = _words(first["rows"]), _words(second["rows"])
-        for key in sorted(a.keys() & b.keys()):  # a set: its order changes with the hash seed
-            compared += 1
-            wa, wb = a[key]["verdict"], b[key]["verdict"]
-            if wa != wb:
-                changed += 1
-                if wa in DECISIVE and wb in DECISIVE:
-                    moved += 1
-                    examples.append(f"{'/'.join(key)}: {wa} -> {wb}")
-    return {"pairs": len(runs) - 1, "compared": compared, "changed": changed, "moved": moved,
-            "moved_examples": examples[:10]}
+    """Consecutive pairs of runs: z of every row worded in both, the first pair (a
+    machine's first run against its second) apart from the others."""
+    pairs = list(zip(runs, runs[1:]))
+    later = [x for first, second in pairs[1:] for x in pair_z(first, second)]
+    return {"pairs": len(pairs), "first": z_summary(pair_z(*pairs[0]) if pairs else []),
+            "later": z_summary(later)}
 
 
-def placebos(runs: list[dict]) -> dict:
-    rows = [r for run in runs for r in run["rows"] if r.get("placebo") and r.get("ratio")]
-    words = [r["verdict"] for r in rows]
-    return {"cells": len(rows), "same": words.count("same"),
-            "decisive": sum(w in ("faster", "slower") for w in words),
-            "inconclusive": words.count("inconclusive"),
-            "decisive_examples": [f"{r['finding']} {r['case']}: {r['verdict']} {r['ratio']:.3g} "
-                                  f"[{r['ci_low']:.3g}-{r['ci_high']:.3g}]" for r in rows
-                                  if r["verdict"] in ("faster", "slower")]}
+def words_held(runs: list[dict], reference: dict[tuple, float], margin: float = 0.05) -> dict:
+    """Of the runs' intervals of the reference's rows, how many hold its ratio; of their
+    decisive words, how many it contradicts (faster over a reference at or above 1, slower
+    at or below 1, same with the reference beyond the margin)."""
+    held = total = decisive = contradicted = 0
+    for run in runs:
+        for key, row in _worded(run["rows"]).items():
+            if key not in reference:
+                continue
+            truth = reference[key]
+            total += 1
+            held += row["ci_low"] <= truth <= row["ci_high"]
+            word = row["verdict"]
+            if word in DECISIVE:
+                decisive += 1
+                contradicted += ((word == "faster" and truth >= 1.0)
+                                 or (word == "slower" and truth <= 1.0)
+                                 or (word == "same" and not 1 / (1 + margin) <= truth <= 1 + margin))
+    return {"intervals": total, "held": held, "decisive": decisive,
+            "contradicted": contradicted}
+
+
+# -------------------------------------------------------------------------- reference
+
+#: one reference process: argv[1] the rows as JSON [[finding, case, variant], ...], argv[2]
+#: torch's threads; each row's baseline and variant built from seed 0 and timed by
+#: torch.utils.benchmark, interleaved, the rows in a shuffled order; prints
+#: {"finding/case/variant": ratio of medians} as JSON
+REFERENCE_WORKER = r"""
+import json, random, sys
+import torch
+import torch.utils.benchmark as tb
+torch.set_num_threads(int(sys.argv[2]))
+from harness import findings as registry
+from harness.project import load_findings
+load_findings(None, required=False, with_project=True)
+rows = json.loads(sys.argv[1])
+random.shuffle(rows)
+ratios = {}
+for finding_id, case_label, variant in rows:
+    finding = registry.planned(registry.select([finding_id])[0], False)
+    case = next(c for c in finding.cases(False) if c.label == case_label)
+    inputs = finding.build(case, torch.device("cpu"), 0)
+    calls = {"baseline": finding.make_call(finding.baseline, inputs),
+             "variant": finding.make_call(finding.baseline if variant == "placebo" else variant,
+                                          inputs)}
+    timers = {name: tb.Timer("fn()", globals={"fn": fn}) for name, fn in calls.items()}
+    medians = {name: [] for name in timers}
+    for _ in range(5):
+        order = list(timers)
+        random.shuffle(order)
+        for name in order:
+            medians[name].append(timers[name].blocked_autorange(min_run_time=0.05).median)
+    ratios["/".join((finding_id, case_label, variant))] = (
+        sorted(medians["variant"])[2] / sorted(medians["baseline"])[2])
+print(json.dumps(ratios))
+"""
+
+#: call-length strata of the reference's draw, in seconds per call
+STRATA = (20e-6, 2e-3)
+
+
+def draw_rows(runs: list[dict], count: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """`count` rows of the first run drawn at random, as many from each call-length
+    stratum as it allows, plus every row whose processes disagreed in any run."""
+    first = [r for r in _worded(runs[0]["rows"]).values() if r.get("median_s")]
+    strata: list[list[dict]] = [[] for _ in range(len(STRATA) + 1)]
+    for row in first:
+        strata[sum(row["median_s"] > bound for bound in STRATA)].append(row)
+    rng = random.Random(seed)
+    for stratum in strata:
+        rng.shuffle(stratum)
+    drawn: list[tuple] = []
+    while len(drawn) < count and any(strata):
+        for stratum in strata:
+            if stratum and len(drawn) < count:
+                drawn.append(_key(stratum.pop()))
+    two_mode = {_key(r) for run in runs for r in run["rows"]
+                if r.get("process_p") is not None and r["process_p"] < 0.05}
+    return sorted(set(drawn) | (two_mode & {_key(r) for r in first}))
+
+
+def reference(args) -> None:
+    """The reference of `args.condition`'s series: its drawn rows in `args.processes`
+    fresh processes under the same condition; saved after each process."""
+    condition = CONDITIONS[args.condition]
+    name = _series_name(args.condition, False)
+    runs = (_load(args.out, name) or {}).get("runs")
+    if not runs:
+        raise SystemExit(f"reference: expected a measured series {name}.json in {args.out}; "
+                         "run `series` first")
+    saved = _load(args.out, f"reference-{args.condition}") or {
+        "rows": [list(r) for r in draw_rows(runs, args.rows)], "processes": []}
+    threads = "1" if "--threads" in condition.run_args else str(os.cpu_count())
+    clone = args.out / name / "clone"
+    environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone)}
+    with _co_runner(condition.co_runner):
+        for index in range(len(saved["processes"]), args.processes):
+            done = _python("-c", REFERENCE_WORKER, json.dumps(saved["rows"]), threads,
+                           cwd=clone, env=environment, timeout=1800)
+            if done.returncode != 0:
+                raise SystemExit(f"reference process {index} failed: {done.stderr[-2000:]}")
+            saved["processes"].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"reference {args.condition}: process {index + 1}/{args.processes}",
+                  file=sys.stderr)
+            _save(args.out, f"reference-{args.condition}", saved)
+
+
+def reference_ratios(document: dict) -> dict[tuple, float]:
+    """Each row's reference: the median over processes of the process's ratio."""
+    out = {}
+    for row in document["rows"]:
+        ratios = [p["/".join(row)] for p in document["processes"] if "/".join(row) in p]
+        if ratios:
+            out[tuple(row)] = statistics.median(ratios)
+    return out
 
 
 # ----------------------------------------------------------------------------- planted
@@ -169,7 +367,7 @@ def planted(args) -> None:
                    "--out", str(results), "--no-report", "--no-profile", *args.run_args)
     if done.returncode not in (0, 1):
         raise SystemExit(f"planted run failed ({done.returncode}): {done.stderr[-2000:]}")
-    _save(args.out, "planted", _summary_rows(results))
+    _save(args.out, "planted", _summary_rows(results)[0])
 
 
 def planted_table(rows: list[dict]) -> list[dict]:
@@ -184,127 +382,29 @@ def planted_table(rows: list[dict]) -> list[dict]:
     return out
 
 
-# --------------------------------------------------------------------------- processes
-
-#: the start of every worker: argv[1] the row (finding, case, variant) as JSON, argv[2] the
-#: torch threads; its baseline's and variant's calls built from seed 0, first calls not made
-ROW_CALLS = r"""
-import gc, json, math, os, random, sys, time
-import torch
-torch.set_num_threads(int(sys.argv[2]))
-from harness import findings as registry
-finding_id, case_label, variant = json.loads(sys.argv[1])
-finding = registry.planned(registry.select([finding_id])[0], False)
-case = next(c for c in finding.cases(False) if c.label == case_label)
-inputs = finding.build(case, torch.device("cpu"), 0)
-calls = {"baseline": finding.make_call(finding.baseline, inputs),
-         "variant": finding.make_call(variant, inputs)}
-"""
-
-#: the harness's own interleaved rounds of `calls`: argv[3] seconds of sampling, at most
-#: argv[4] rounds
-INTERLEAVED_ROUNDS = r"""
-from harness.measure.estimate import rounds_estimate
-from harness.measure.timing import CpuClock, Sampling, measure_interleaved
-ours = measure_interleaved(calls, CpuClock(), finding=finding_id, case=case_label,
-                           reference="baseline",
-                           sampling=Sampling(time_budget_s=float(sys.argv[3]), min_rounds=8,
-                                             max_rounds=int(sys.argv[4]), sequential=False,
-                                             seed=random.randrange(1 << 30)))
-"""
-
-WORKER = ROW_CALLS + INTERLEAVED_ROUNDS + r"""
-import torch.utils.benchmark as tb
-estimate = rounds_estimate(ours["variant"].samples, ours["baseline"].samples)
-empty = lambda: None
-timers = {name: tb.Timer("fn()", globals={"fn": fn}) for name, fn in
-          {**calls, "empty": empty}.items()}
-reference = {name: [] for name in timers}
-for _ in range(15):
-    order = list(timers)
-    random.shuffle(order)
-    for name in order:
-        reference[name].append(timers[name].blocked_autorange(min_run_time=0.05).median)
-corrected = [(v - e) / (b - e) for v, b, e in zip(reference["variant"], reference["baseline"],
-                                                  reference["empty"])]
-print(json.dumps({"log_ratio": estimate.log_ratio, "se": estimate.se,
-                  "seconds": min(ours["baseline"].median, ours["variant"].median),
-                  "rounds": ours["variant"].n,
-                  "reference_raw": [v / b for v, b in zip(reference["variant"],
-                                                           reference["baseline"])],
-                  "reference_corrected": corrected,
-                  "reference_empty_s": reference["empty"],
-                  "call_overhead_s": ours["variant"].call_overhead_s}))
-"""
-
-
-def processes(args) -> None:
-    """Each row in `args.processes` fresh processes, in a shuffled order of (row, process)."""
-    jobs = [(row, index) for row in ROWS for index in range(args.processes)]
-    random.Random(0).shuffle(jobs)
-    results = _load(args.out, "processes") or []
-    done_jobs = {(tuple(r["row"]), r["process"]) for r in results}
-    for count, (row, index) in enumerate(jobs):
-        if (row, index) in done_jobs:
-            continue
-        done = _python("-c", WORKER, json.dumps(row), str(args.threads), str(args.budget),
-                       "400", timeout=600)
-        if done.returncode != 0:
-            raise SystemExit(f"{row}: {done.stderr[-2000:]}")
-        results.append({"row": list(row), "process": index,
-                        **json.loads(done.stdout.strip().splitlines()[-1])})
-        _save(args.out, "processes", results)
-        print(f"processes: {count + 1}/{len(jobs)} {row[0]} {row[2]}", file=sys.stderr)
-
-
-def process_table(results: list[dict], runs: list[dict] | None) -> list[dict]:
-    """Per row: our per-process ratios, their spread and what the rounds explain (the
-    offset between processes), the independent timer's cross-process median (raw and
-    loop-corrected), and how many of `runs`' intervals hold it."""
-    out = []
-    for row in ROWS:
-        mine = [r for r in results if tuple(r["row"]) == row]
-        if not mine:
-            continue
-        thetas = [r["log_ratio"] for r in mine]
-        within = statistics.mean(r["se"] ** 2 for r in mine)
-        spread = statistics.variance(thetas) if len(thetas) > 1 else float("nan")
-        offset = math.sqrt(max(0.0, spread - within)) if len(thetas) > 1 else float("nan")
-        raw = statistics.median(statistics.median(r["reference_raw"]) for r in mine)
-        corrected = statistics.median(statistics.median(r["reference_corrected"]) for r in mine)
-        held = total = 0
-        for run in runs or []:
-            found = [r for r in run["rows"] if (r["finding"], r["case"], r["variant"]) == row
-                     and r.get("ci_low") is not None]
-            if found:
-                total += 1
-                held += found[0]["ci_low"] <= corrected <= found[0]["ci_high"]
-        out.append({"row": "/".join(row), "seconds": statistics.median(r["seconds"] for r in mine),
-                    "processes": len(mine),
-                    "ratios": [round(math.exp(t), 4) for t in thetas],
-                    "process_sd": offset, "within_se": math.sqrt(within),
-                    "reference_raw": raw, "reference_corrected": corrected,
-                    "runs_holding": held, "runs": total})
-    return out
-
-
 # -------------------------------------------------------------------------------- gate
 
 def _merge_gate(saved: list[dict], chunk: list[dict]) -> list[dict]:
     """`saved` with `chunk`'s gate runs added to the scenario of the same condition."""
-    per_run = ("exit_codes", "seconds", "ranks", "rows")  # one entry per gate run
+    per_run = ("exit_codes", "seconds", "ranks", "rows", "commits")  # one per gate run
     by_condition = {s["condition"]: s for s in saved}
     for scenario in chunk:
         mine = by_condition.setdefault(scenario["condition"], {
             **{k: v for k, v in scenario.items() if k not in per_run}, **{k: [] for k in per_run}})
         for key in per_run:
+            mine.setdefault(key, [])
             mine[key] += scenario.get(key, [])
     return list(by_condition.values())
 
 
+#: what a condition of gate runs beside a co-runner is called after its own name
+CO_RUNNER_LABEL = " (co-runner)"
+
+
 def _slowdown(condition: str) -> float:
-    """1.0 for "unchanged", 1.15 for "scan 1.15x slower"."""
-    return 1.0 if condition == "unchanged" else float(condition.rsplit(" ", 2)[-2][:-1])
+    """1.0 for "unchanged" (or "unchanged (co-runner)"), 1.15 for "scan 1.15x slower"."""
+    return 1.0 if condition.startswith("unchanged") else float(
+        condition.rsplit(" ", 2)[-2][:-1])
 
 
 def _gate_plan(counts: dict[str, int], runs: int, planted_runs: int,
@@ -332,11 +432,14 @@ def _gate_plan(counts: dict[str, int], runs: int, planted_runs: int,
 def gate(args) -> None:
     """Gate runs in chunks (each a `harness.gate.quality` invocation), merged into
     gate-runs.json after each chunk: a stopped benchmark keeps every chunk it finished,
-    and a second call goes on to the counts asked for."""
+    and a second call goes on to the counts asked for. With `--co-runner` the runs are
+    their own conditions ("unchanged (co-runner)"), a busy process spinning beside them."""
     args.out.mkdir(parents=True, exist_ok=True)
+    label = CO_RUNNER_LABEL if args.co_runner else ""
     for _ in range(max(args.runs, args.planted_runs)):
         saved = _load(args.out, "gate-runs") or []
-        counts = {s["condition"]: len(s["exit_codes"]) for s in saved}
+        counts = {s["condition"].removesuffix(label): len(s["exit_codes"]) for s in saved
+                  if s["condition"].endswith(CO_RUNNER_LABEL) == args.co_runner}
         unchanged, planted, lacking = _gate_plan(counts, args.runs, args.planted_runs,
                                                  args.slowdowns)
         if not unchanged and not planted:
@@ -346,12 +449,18 @@ def gate(args) -> None:
             [sys.executable, "-m", "harness.gate.quality", "--counters-runs", "0",
              "--invariant-runs", "0", "--ab-runs", str(min(unchanged, args.chunk)),
              "--ab-planted-runs", str(min(planted, args.planted_chunk)),
-             "--ab-slowdowns", ",".join(lacking) or args.slowdowns, "--json", str(chunk)],
+             "--ab-slowdowns", ",".join(lacking) or args.slowdowns, "--json", str(chunk),
+             "--busy", "1" if args.co_runner else "0"],
             cwd=REPO, text=True, stdout=subprocess.PIPE)
         if done.returncode != 0:
             raise SystemExit(f"harness.gate.quality failed ({done.returncode})")
         print(done.stdout)
-        _save(args.out, "gate-runs", _merge_gate(saved, json.loads(chunk.read_text())))
+        head = _head(REPO)
+        scenarios = [{**s, "condition": s["condition"] + label,
+                      "commits": [head] * len(s["exit_codes"])}
+                     for s in json.loads(chunk.read_text())
+                     if s["exit_codes"]]  # a chunk of planted runs only has no unchanged ones
+        _save(args.out, "gate-runs", _merge_gate(saved, scenarios))
         chunk.unlink()
 
 
@@ -364,9 +473,13 @@ def gate_table(document: list[dict]) -> list[dict]:
     for scenario in sorted(document, key=lambda s: _slowdown(s["condition"])):
         runs = len(scenario["exit_codes"])
         flagged = sum(code == 1 for code in scenario["exit_codes"])
+        unchanged = [row["ci"] for rows in scenario["rows"] for row in rows
+                     if _slowdown(scenario["condition"]) == 1.0 and row.get("ci")]
         out.append({"condition": scenario["condition"], "runs": runs, "flagged": flagged,
                     "rate_interval": wilson_interval(flagged, runs) if runs else None,
-                    "seconds": statistics.median(scenario["seconds"]) if runs else None})
+                    "seconds": statistics.median(scenario["seconds"]) if runs else None,
+                    "cells": len(unchanged),
+                    "excluding": sum(not ci["low"] <= 1.0 <= ci["high"] for ci in unchanged)})
     return out
 
 
@@ -376,39 +489,65 @@ def _pct(part: int, whole: int, digits: int = 1) -> str:
     return f"{100 * part / max(whole, 1):.{digits}f}%"
 
 
-def _stability_table(folder: Path) -> list[str]:
-    runs = _load(folder, "repeat")
-    if not runs:
-        return ["(not measured: run `repeat`)"]
-    s, p = stability(runs), placebos(runs)
-    lines = ["| claim | bar | measured |", "|---|---|---|",
-             f"| consecutive default runs of one commit: rows moving between decisive words "
-             f"(faster, slower, same) | 0 | {s['moved']} of {s['compared']} "
-             f"({s['pairs']} pairs) |",
-             f"| ... rows changing word at all | at most 3% | {s['changed']} of "
-             f"{s['compared']} ({_pct(s['changed'], s['compared'])}) |",
-             f"| placebo rows (baseline against itself) reading faster or slower | at most 1% "
-             f"| {p['decisive']} of {p['cells']} ({_pct(p['decisive'], p['cells'])}) |",
-             f"| placebo rows reading same | at least 90% | {p['same']} of {p['cells']} "
-             f"({_pct(p['same'], p['cells'], 0)}) |"]
-    if s["moved_examples"]:
-        lines += ["", "Rows that moved: " + "; ".join(s["moved_examples"]) + "."]
-    if p["decisive_examples"]:
-        lines += ["", "Decisive placebos: " + "; ".join(p["decisive_examples"]) + "."]
-    return lines
+def _z_rows(pairs: str, summary: dict) -> list[str]:
+    """Three rows of a condition table: z beyond the level, its robust sd, z beyond 4."""
+    rows = summary.get("rows", 0)
+    if not rows:
+        return [f"| run-to-run z, {pairs} | - | (no pair) |"]
+    return [f"| run-to-run \\|z\\| beyond the 95% level, {pairs} | at most 10% | "
+            f"{summary['beyond_level']} of {rows} ({_pct(summary['beyond_level'], rows)}) |",
+            f"| robust sd of z (IQR / 1.349), {pairs} | 0.8-1.25 | "
+            f"{summary['robust_sd']:.2f} |",
+            f"| \\|z\\| > 4, {pairs} | at most 0.5% | {summary['beyond_4']} of {rows} "
+            f"({_pct(summary['beyond_4'], rows, 2)}) |"]
 
 
-def _run_times_table(folder: Path) -> list[str]:
-    lines = ["| run (report included) | bar | runs | median | range |", "|---|---|---|---|---|"]
-    for name, label, bar in (("repeat", "default `python -m harness.run`", "150 s"),
-                             ("quick", "`python -m harness.run --quick`", "40 s")):
-        runs = _load(folder, name)
-        if runs:
-            seconds = [r["seconds"] for r in runs]
-            lines.append(f"| {label} | {bar} | {len(runs)} | {statistics.median(seconds):.0f} s "
-                         f"| {min(seconds):.0f}-{max(seconds):.0f} s |")
-        else:
-            lines.append(f"| {label} | {bar} | 0 | (not measured: run `{name}`) | |")
+def _condition_table(folder: Path, condition: str) -> list[str]:
+    """One simulated machine's table: run-to-run z (the first pair apart), the reference
+    held, run times, and what the runs' own processes said."""
+    document = _load(folder, _series_name(condition, False))
+    if not document or not document.get("runs"):
+        return [f"(not measured: run `series --condition {condition}`)"]
+    runs = document["runs"]
+    s = stability(runs)
+    lines = [f"{CONDITIONS[condition].description}: {len(runs)} default runs of "
+             f"{document['commit'][:10]}, the first from a fresh clone with empty compile "
+             "caches.", "",
+             "| claim | bar | measured |", "|---|---|---|",
+             *_z_rows(f"consecutive runs after the first ({max(s['pairs'] - 1, 0)} pairs)",
+                      s["later"]),
+             *_z_rows("the first run against the second", s["first"])]
+    ref = _load(folder, f"reference-{condition}")
+    if ref and ref.get("processes"):
+        held = words_held(runs, reference_ratios(ref))
+        lines += [f"| intervals holding a {len(ref['processes'])}-process "
+                  f"torch.utils.benchmark reference ({len(ref['rows'])} rows) | at least 93% "
+                  f"| {held['held']} of {held['intervals']} "
+                  f"({_pct(held['held'], held['intervals'])}) |",
+                  f"| decisive words the reference contradicts | at most 2.5% | "
+                  f"{held['contradicted']} of {held['decisive']} "
+                  f"({_pct(held['contradicted'], held['decisive'])}) |"]
+    else:
+        lines.append(f"| intervals holding the reference | at least 93% | (not measured: run "
+                     f"`reference --condition {condition}`) |")
+    seconds = [r["seconds"] for r in runs]
+    lines.append(f"| run time, report included | at most 150 s | first {seconds[0]:.0f} s, "
+                 f"then median {statistics.median(seconds[1:] or seconds):.0f} s, most "
+                 f"{max(seconds):.0f} s |")
+    quick = (_load(folder, _series_name(condition, True)) or {}).get("runs")
+    if quick:
+        q = [r["seconds"] for r in quick]
+        lines.append(f"| `--quick` run time ({len(q)} runs) | at most 40 s | first "
+                     f"{q[0]:.0f} s, then median {statistics.median(q[1:] or q):.0f} s, "
+                     f"most {max(q):.0f} s |")
+    calibrations = [r["calibration"] for r in runs if r.get("calibration")]
+    if calibrations:
+        disagreeing = sum(c["disagreeing"] for c in calibrations)
+        rows = sum(c["rows"] for c in calibrations)
+        widened = sum(c["inflation"] > 1.0 for c in calibrations)
+        lines.append(f"| rows whose processes disagreed (the runs' own A/A test, 5% level) | "
+                     f"about 5% | {disagreeing} of {rows} ({_pct(disagreeing, rows)}); "
+                     f"{widened} of {len(calibrations)} runs widened their intervals |")
     return lines
 
 
@@ -426,45 +565,90 @@ def _planted_table(folder: Path) -> list[str]:
     return lines
 
 
-def _processes_table(folder: Path) -> list[str]:
-    results = _load(folder, "processes")
-    if not results:
-        return ["(not measured: run `processes`)"]
-    lines = ["| row | call | processes | per-process ratios | offset sd | within se | "
-             "torch.utils.benchmark raw / loop-corrected | runs whose interval holds it |",
-             "|---|---|---|---|---|---|---|---|"]
-    held = total = 0
-    for r in process_table(results, _load(folder, "repeat")):
-        held, total = held + r["runs_holding"], total + r["runs"]
-        lines.append(
-            f"| {r['row']} | {r['seconds'] * 1e6:.3g} us | {r['processes']} | "
-            f"{', '.join(f'{x:.3f}' for x in r['ratios'])} | {100 * r['process_sd']:.2f}% | "
-            f"{100 * r['within_se']:.2f}% | {r['reference_raw']:.3f} / "
-            f"{r['reference_corrected']:.3f} | {r['runs_holding']} of {r['runs']} |")
-    lines += ["", f"(row, run) pairs whose interval holds the independent timer's "
-              f"cross-process median: {held} of {total} ({_pct(held, total, 0)}; bar: at "
-              f"least 90%)."]
+def _conditions_table(folder: Path) -> list[str]:
+    """One row per simulated machine: the condition tables in brief (the front page's)."""
+    lines = ["| condition | runs | \\|z\\| beyond 95% (bar 10%) | robust sd of z (0.8-1.25) | "
+             "\\|z\\| > 4 (0.5%) | first pair beyond 95% | reference held (93%) | "
+             "contradicted (2.5%) | run time (150 s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for condition in CONDITIONS:
+        runs = (_load(folder, _series_name(condition, False)) or {}).get("runs")
+        if not runs:
+            lines.append(f"| {condition} | 0 | (not measured: run `series --condition "
+                         f"{condition}`) | | | | | | |")
+            continue
+        s = stability(runs)
+        later, first = s["later"], s["first"]
+        ref = _load(folder, f"reference-{condition}")
+        held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
+        seconds = [r["seconds"] for r in runs]
+        cells = [condition, str(len(runs)),
+                 _pct(later["beyond_level"], later["rows"]) if later.get("rows") else "-",
+                 f"{later['robust_sd']:.2f}" if later.get("rows") else "-",
+                 _pct(later["beyond_4"], later["rows"], 2) if later.get("rows") else "-",
+                 _pct(first["beyond_level"], first["rows"]) if first.get("rows") else "-",
+                 _pct(held["held"], held["intervals"]) if held else "-",
+                 _pct(held["contradicted"], held["decisive"]) if held else "-",
+                 f"{seconds[0]:.0f} s first, {statistics.median(seconds[1:] or seconds):.0f} s"]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+#: the gate's bars (issue: a gate that holds on any machine): false alarms on unchanged code,
+#: power at each planted slowdown
+GATE_BARS = {1.0: "at most 5%", 1.075: "at least 80%", 1.10: "at least 95%"}
 
 
 def _gate_table(folder: Path) -> list[str]:
     document = _load(folder, "gate-runs")
     if not document:
         return ["(not measured: run `gate`)"]
-    lines = ["| gate check c on | bar | gate runs | failed the gate | 95% interval of the rate "
-             "| seconds per run |", "|---|---|---|---|---|---|"]
+    commits = sorted({c[:10] for s in document for c in s.get("commits", [])})
+    lines = [f"Gate runs of {', '.join(commits) or 'an earlier commit'}.", "",
+             "| gate check c on | bar | gate runs | failed the gate | 95% interval of the rate "
+             "| unchanged cells whose interval excludes 1 (nominal 5%) | seconds per run |",
+             "|---|---|---|---|---|---|---|"]
     for r in gate_table(document):
-        bar = "at most 1 in 60" if "unchanged" in r["condition"] else (
-            "at least 90%" if "1.15x" in r["condition"] else "-")
+        bar = GATE_BARS.get(round(_slowdown(r["condition"]), 3), "-")
         seconds = f"{r['seconds']:.0f}" if r["seconds"] is not None else "-"
         low, high = r["rate_interval"] or (math.nan, math.nan)
+        excluding = (f"{r['excluding']} of {r['cells']} ({_pct(r['excluding'], r['cells'])})"
+                     if r["cells"] else "-")
         lines.append(f"| {r['condition']} | {bar} | {r['runs']} | {r['flagged']} "
                      f"({_pct(r['flagged'], r['runs'], 0)}) | {100 * low:.0f}-{100 * high:.0f}% "
-                     f"| {seconds} |")
+                     f"| {excluding} | {seconds} |")
     return lines
 
 
 # -------------------------------------------------------------------------------- duet
+
+#: the start of every duet and interleaved worker: argv[1] the row (finding, case, variant)
+#: as JSON, argv[2] the torch threads; its baseline's and variant's calls built from seed 0,
+#: first calls not made
+ROW_CALLS = r"""
+import gc, json, math, os, random, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[2]))
+from harness import findings as registry
+from harness.project import load_findings
+load_findings(None, required=False, with_project=True)
+finding_id, case_label, variant = json.loads(sys.argv[1])
+finding = registry.planned(registry.select([finding_id])[0], False)
+case = next(c for c in finding.cases(False) if c.label == case_label)
+inputs = finding.build(case, torch.device("cpu"), 0)
+calls = {"baseline": finding.make_call(finding.baseline, inputs),
+         "variant": finding.make_call(variant, inputs)}
+"""
+
+#: the harness's own interleaved rounds of `calls`: argv[3] seconds of sampling, at most
+#: argv[4] rounds
+INTERLEAVED_ROUNDS = r"""
+from harness.measure.timing import CpuClock, Sampling, measure_interleaved
+ours = measure_interleaved(calls, CpuClock(), finding=finding_id, case=case_label,
+                           reference="baseline",
+                           sampling=Sampling(time_budget_s=float(sys.argv[3]), min_rounds=8,
+                                             max_rounds=int(sys.argv[4]), sequential=False,
+                                             seed=random.randrange(1 << 30)))
+"""
 
 #: rows of `duet`: calls of 35 us to 2 ms, long enough that two workers' start signals
 #: (tens of microseconds apart) overlap most of a sample
@@ -613,18 +797,21 @@ def _duet_table(folder: Path) -> list[str]:
     return lines
 
 
-TABLES = {"stability": _stability_table, "run-times": _run_times_table,
-          "planted": _planted_table, "processes": _processes_table, "gate-power": _gate_table,
-          "duet": _duet_table}
+TABLES = {"condition": _condition_table, "conditions": _conditions_table,
+          "planted": _planted_table,
+          "gate-power": _gate_table, "duet": _duet_table}
 
 
-def markdown(kind: str, folder: Path) -> str:
-    """The markdown table `kind` (a key of TABLES) from the results saved in `folder`."""
-    return "\n".join(TABLES[kind](folder))
+def markdown(kind: str, folder: Path, *argument: str) -> str:
+    """The markdown table `kind` (a key of TABLES; `condition` takes a CONDITIONS name)
+    from the results saved in `folder`."""
+    return "\n".join(TABLES[kind](folder, *argument))
 
 
 def table(args) -> None:
-    print("\n\n".join(markdown(kind, args.out) for kind in TABLES))
+    print("\n\n".join([*(markdown("condition", args.out, c) for c in CONDITIONS),
+                        *(markdown(kind, args.out) for kind in TABLES
+                          if kind != "condition")]))
 
 
 def main(argv=None) -> int:
@@ -632,30 +819,33 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     sub = p.add_subparsers(dest="part", required=True)
-    for name in ("repeat", "quick", "planted", "processes", "gate", "duet", "table"):
+    for name in ("series", "reference", "planted", "gate", "duet", "table"):
         part = sub.add_parser(name)
         part.add_argument("out", type=Path)
-        if name in ("repeat", "quick", "planted"):
+        if name in ("series", "planted"):
             part.add_argument("--run-args", nargs=argparse.REMAINDER, default=[],
                               help="more options for harness.run")
-    sub.choices["repeat"].add_argument("--runs", type=int, default=10)
-    sub.choices["quick"].add_argument("--runs", type=int, default=3)
-    sub.choices["processes"].add_argument("--processes", type=int, default=5)
-    sub.choices["processes"].add_argument("--threads", type=int, default=2)
-    sub.choices["processes"].add_argument("--budget", type=float, default=1.0)
+        if name in ("series", "reference"):
+            part.add_argument("--condition", choices=CONDITIONS, default="here")
+    sub.choices["series"].add_argument("--runs", type=int, default=10)
+    sub.choices["series"].add_argument("--quick", action="store_true")
+    sub.choices["reference"].add_argument("--rows", type=int, default=40)
+    sub.choices["reference"].add_argument("--processes", type=int, default=20)
     sub.choices["duet"].add_argument("--processes", type=int, default=5)
     sub.choices["duet"].add_argument("--seconds", type=float, default=3.0)
-    sub.choices["gate"].add_argument("--runs", type=int, default=60)
-    sub.choices["gate"].add_argument("--planted-runs", type=int, default=10)
-    sub.choices["gate"].add_argument("--slowdowns", default="1.05,1.10,1.15,1.25")
+    sub.choices["gate"].add_argument("--runs", type=int, default=30)
+    sub.choices["gate"].add_argument("--planted-runs", type=int, default=20)
+    sub.choices["gate"].add_argument("--slowdowns", default="1.075,1.10")
+    sub.choices["gate"].add_argument("--co-runner", action="store_true",
+                                     help="unchanged runs beside a busy process")
     sub.choices["gate"].add_argument("--chunk", type=int, default=4,
                                      help="unchanged gate runs per saved chunk")
     sub.choices["gate"].add_argument("--planted-chunk", type=int, default=1,
                                      help="gate runs per slowdown per saved chunk")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
-    {"repeat": repeat, "quick": quick, "planted": planted,
-     "processes": processes, "gate": gate, "duet": duet, "table": table}[args.part](args)
+    {"series": series, "reference": reference, "planted": planted, "gate": gate,
+     "duet": duet, "table": table}[args.part](args)
     return 0
 
 

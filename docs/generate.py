@@ -27,8 +27,8 @@ Kinds:
   finding-list    every finding of the review with its ticket, variants and provenance, from the
                   registry (`esper_review`)
   targets         the GAE targets table of that run (`esper_review.gae_tools.targets`)
-  stability, planted, processes, gate-power, run-times, duet
-                  the verdict benchmark's tables, from the reduced results committed in
+  condition NAME, conditions, planted, gate-power, duet
+                  the verdict benchmark's tables (one simulated machine's; all in brief), from the reduced results committed in
                   benchmarks/results/ (`benchmarks/verdict_stability.py`)
 
 Exit status: 0 written or current; 1 --check found stale blocks (each named); 2 a marker
@@ -175,8 +175,8 @@ def _verdict_stability():
     return verdict_stability
 
 
-def _benchmark(kind: str) -> str:
-    return _verdict_stability().markdown(kind, BENCHMARK_RESULTS) + "\n"
+def _benchmark(kind: str, *argument: str) -> str:
+    return _verdict_stability().markdown(kind, BENCHMARK_RESULTS, *argument) + "\n"
 
 
 KINDS = {
@@ -186,8 +186,8 @@ KINDS = {
     "findings": _findings,
     "finding-list": _finding_list,
     "targets": _targets,
-    **{kind: (lambda kind=kind: _benchmark(kind))
-       for kind in ("stability", "planted", "processes", "gate-power", "run-times", "duet")},
+    **{kind: (lambda *argument, kind=kind: _benchmark(kind, *argument))
+       for kind in ("condition", "conditions", "planted", "gate-power", "duet")},
 }
 
 

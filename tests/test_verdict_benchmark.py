@@ -6,43 +6,102 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from benchmarks import verdict_stability as vs
 
 
-def _row(finding, variant, verdict, ratio=1.0, placebo=False):
+def _row(finding, variant, verdict, ratio=1.0, placebo=False, halfwidth=0.02, **fields):
     return {"finding": finding, "case": "n=1", "variant": variant, "verdict": verdict,
-            "placebo": placebo, "headline": True, "ratio": ratio, "ci_low": ratio * 0.98,
-            "ci_high": ratio * 1.02, "status": "ok"}
+            "placebo": placebo, "headline": True, "ratio": ratio,
+            "ci_low": ratio * math.exp(-halfwidth), "ci_high": ratio * math.exp(halfwidth),
+            "ci_level": 0.95, "status": "ok", **fields}
 
 
-def test_stability_counts_changed_and_moved_words_between_consecutive_runs():
-    runs = [{"rows": [_row("A", "x", "faster"), _row("B", "y", "same"), _row("C", "z", "same")]},
-            {"rows": [_row("A", "x", "slower"), _row("B", "y", "inconclusive"),
-                      _row("C", "z", "same")]},
-            {"rows": [_row("A", "x", "slower"), _row("B", "y", "same"), _row("C", "z", "same")]}]
+def _runs(log_ratios: list[list[float]], halfwidth: float) -> list[dict]:
+    """Runs whose row k read exp(log_ratios[run][k]), each +-halfwidth in log."""
+    return [{"seconds": 100.0, "rows": [_row("F", f"v{k}", "inconclusive", math.exp(x),
+                                              halfwidth=halfwidth)
+                                         for k, x in enumerate(run)]} for run in log_ratios]
+
+
+def test_run_to_run_z_is_calibrated_when_the_runs_scatter_as_their_intervals_say():
+    """Rows scattered from run to run with the sd their 95% intervals imply (a heavy-tailed
+    t5 draw, not the normal the reduction reads the intervals by): about 5% beyond the
+    level and a robust sd near 1; drawn at twice that sd, the reduction says so."""
+    rng = np.random.default_rng(0)
+    half = 0.02
+    se = half / 1.959964
+    honest = _runs((rng.standard_t(5, (12, 300)) * se / math.sqrt(5 / 3)).tolist(), half)
+    s = vs.stability(honest)
+    assert s["pairs"] == 11 and s["first"]["rows"] == 300 and s["later"]["rows"] == 3000
+    assert 0.03 < s["later"]["beyond_level"] / 3000 < 0.08
+    assert 0.85 < s["later"]["robust_sd"] < 1.15
+    narrow = _runs((rng.normal(0, 2 * se, (4, 300))).tolist(), half)
+    s = vs.stability(narrow)
+    assert s["later"]["beyond_level"] / s["later"]["rows"] > 0.3
+    assert s["later"]["robust_sd"] > 1.7
+
+
+def test_the_first_pair_is_reduced_apart_from_the_later_ones():
+    """A first run shifted by 10% against runs that agree: only the first pair breaks."""
+    runs = _runs([[0.1] * 50] + [[0.0] * 50] * 3, 0.02)
     s = vs.stability(runs)
-    assert (s["pairs"], s["compared"], s["changed"], s["moved"]) == (2, 6, 3, 1)
-    assert s["moved_examples"] == ["A/n=1/x: faster -> slower"]
+    assert s["first"]["beyond_level"] == 50 and s["first"]["beyond_4"] == 50
+    assert s["later"]["beyond_level"] == 0 and s["later"]["rows"] == 100
 
 
-def test_moved_rows_are_listed_in_row_order_whatever_the_hash_seed():
-    """The docs quote the list, and `docs/generate.py --check` compares it across
-    processes: it must not follow a set's hash-seeded order."""
-    names = [f"F{i}" for i in range(8)]
-    runs = [{"rows": [_row(n, "v", "faster") for n in reversed(names)]},
-            {"rows": [_row(n, "v", "slower") for n in names]}]
-    assert vs.stability(runs)["moved_examples"] == [
-        f"{n}/n=1/v: faster -> slower" for n in names]
+def test_z_reads_each_interval_at_its_own_level():
+    """A 99% interval as wide as another run's 95% one carries a smaller standard error."""
+    a = {"rows": [_row("F", "v", "same", 1.0, halfwidth=0.0258)]}
+    b = {"rows": [{**_row("F", "v", "same", 1.05, halfwidth=0.0258), "ci_level": 0.99}]}
+    (z,) = vs.pair_z(a, b)
+    expected = -math.log(1.05) / math.hypot(0.0258 / 1.959964, 0.0258 / 2.575829)
+    assert z == pytest.approx(expected, rel=1e-4)
 
 
-def test_placebos_count_words_of_placebo_rows_only():
-    rows = [_row("A", "placebo", "same", placebo=True), _row("B", "placebo", "slower", 1.07, True),
-            _row("C", "placebo", "inconclusive", placebo=True), _row("A", "x", "faster", 0.5)]
-    p = vs.placebos([{"rows": rows}])
-    assert (p["cells"], p["same"], p["decisive"], p["inconclusive"]) == (3, 1, 1, 1)
-    assert p["decisive_examples"][0].startswith("B n=1: slower 1.07")
+def test_words_held_counts_intervals_holding_the_reference_and_contradicted_words():
+    runs = [{"rows": [_row("F", "a", "faster", 0.8), _row("F", "b", "slower", 1.2),
+                      _row("F", "c", "same", 1.0), _row("F", "d", "inconclusive", 1.01)]}]
+    reference = {("F", "n=1", "a"): 0.81, ("F", "n=1", "b"): 0.99, ("F", "n=1", "c"): 1.08,
+                 ("F", "n=1", "d"): 1.0}
+    held = vs.words_held(runs, reference)
+    assert held == {"intervals": 4, "held": 2, "decisive": 3, "contradicted": 2}
+
+
+def test_the_draw_is_stratified_by_call_length_and_adds_two_mode_rows():
+    rows = ([_row("F", f"short{k}", "faster", median_s=1e-6) for k in range(30)]
+            + [_row("F", f"mid{k}", "faster", median_s=1e-4) for k in range(30)]
+            + [_row("F", f"long{k}", "faster", median_s=1e-2) for k in range(3)])
+    rows[0]["process_p"] = 0.001  # its processes disagreed: drawn whatever the strata say
+    drawn = vs.draw_rows([{"rows": rows}], 12, seed=1)
+    variants = [v for _, _, v in drawn]
+    assert sum(v.startswith("long") for v in variants) == 3
+    assert sum(v.startswith("mid") for v in variants) >= 4
+    assert "short0" in variants and len(drawn) in (12, 13)
+    assert drawn == vs.draw_rows([{"rows": rows}], 12, seed=1)
+
+
+def test_the_reference_is_the_median_process(tmp_path):
+    document = {"rows": [["F", "n=1", "a"]],
+                "processes": [{"F/n=1/a": x} for x in (0.9, 1.3, 0.95, 0.92, 5.0)]}
+    assert vs.reference_ratios(document) == {("F", "n=1", "a"): 0.95}
+
+
+def test_a_condition_table_gives_its_bars_and_what_was_measured(tmp_path):
+    rng = np.random.default_rng(3)
+    runs = _runs(rng.normal(0, 0.01, (5, 40)).tolist(), 0.02)
+    for run in runs:
+        run["calibration"] = {"rows": 40, "disagreeing": 2, "expected": 5, "inflation": 1.0}
+    (tmp_path / "series-here.json").write_text(json.dumps(
+        {"condition": "here", "commit": "0123456789abcdef", "runs": runs}))
+    table = vs.markdown("condition", tmp_path, "here")
+    assert "5 default runs of 0123456789" in table
+    assert "| robust sd of z (IQR / 1.349), consecutive runs after the first (3 pairs) |" in table
+    assert "| rows whose processes disagreed (the runs' own A/A test, 5% level) | about 5% | " \
+           "10 of 200 (5.0%); 0 of 5 runs widened their intervals |" in table
+    assert "not measured: run `reference --condition here`" in table
 
 
 def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
@@ -57,8 +116,8 @@ def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
     assert all(len(s["rows"]) == len(s["exit_codes"]) for s in merged)
     (tmp_path / "gate-runs.json").write_text(json.dumps(merged))
     table = vs.markdown("gate-power", tmp_path)
-    assert "| unchanged | at most 1 in 60 | 3 | 1 (33%) | 6-79% | 90 |" in table
-    assert "| scan 1.15x slower | at least 90% | 1 | 1 (100%) | 21-100% | 70 |" in table
+    assert "| unchanged | at most 5% | 3 | 1 (33%) | 6-79% | - | 90 |" in table
+    assert "| scan 1.15x slower | - | 1 | 1 (100%) | 21-100% | - | 70 |" in table
     # by slowdown, unchanged first, whatever order the chunks saved them in
     merged.append({**merged[1], "condition": "scan 1.05x slower"})
     order = [r["condition"] for r in vs.gate_table(merged)]
@@ -80,7 +139,18 @@ def test_a_second_gate_call_goes_on_to_each_slowdowns_own_count():
 
 def test_every_table_says_what_to_run_when_nothing_was_measured(tmp_path):
     for kind in vs.TABLES:
-        assert "not measured: run `" in vs.markdown(kind, tmp_path)
+        arguments = ("co-runner",) if kind == "condition" else ()
+        assert "not measured: run `" in vs.markdown(kind, tmp_path, *arguments)
+
+
+def test_unchanged_gate_cells_are_counted_by_whether_their_interval_holds_1():
+    document = [{"condition": "unchanged (co-runner)", "exit_codes": [0, 0], "seconds": [1, 1],
+                 "rows": [[{"ci": {"ratio": 1.0, "low": 0.98, "high": 1.02}},
+                           {"ci": {"ratio": 1.05, "low": 1.01, "high": 1.09}}],
+                          [{"ci": None}, {"ci": {"ratio": 1.0, "low": 0.9, "high": 1.1}}]]}]
+    (row,) = vs.gate_table(document)
+    assert (row["cells"], row["excluding"]) == (3, 1)
+    assert vs._slowdown("unchanged (co-runner)") == 1.0
 
 
 def test_duet_table_gives_each_modes_ratio_width_and_spread_against_its_errors():
