@@ -42,7 +42,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,7 @@ from harness.gate.worker import WorkerConfig
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
 from harness.measure.numbers import is_whole
 from harness.measure.stats import RatioCI
-from harness.ranks import Spread, solo_environment
+from harness.ranks import Spread, solo_environment, timing_threads
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 #: the fewest sessions: the spread of three processes' estimates can say they disagree
@@ -80,8 +80,9 @@ class ABOptions:
     """Seconds of sampling per variant and case in each session."""
     min_sample_time: float = 1e-3
     """Seconds one sample lasts at least."""
-    threads: int = 1
-    """torch threads in each worker process."""
+    threads: int = field(default_factory=timing_threads)
+    """torch threads in each worker process (default: `harness.run`'s,
+    `harness.ranks.timing_threads`, so that the gate times the regime the run reports)."""
     seed: int = 0
     """Input seed."""
     findings_modules: tuple[str, ...] = ()
@@ -95,6 +96,8 @@ class ABOptions:
         if not is_whole(self.sessions) or self.sessions < MIN_SESSIONS:
             raise UsageError(f"--sessions: expected an integer >= {MIN_SESSIONS} (processes "
                              f"whose spread the estimate needs); got {self.sessions!r}")
+        if not is_whole(self.threads) or self.threads < 1:
+            raise UsageError(f"--threads: expected an integer >= 1; got {self.threads!r}")
         if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 10.0):
             raise UsageError(f"--threshold: expected a fraction in (0, 10), e.g. 0.05; "
                              f"got {self.threshold!r}")

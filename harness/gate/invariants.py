@@ -30,6 +30,7 @@ from harness.measure.stats import RatioCI
 from harness.measure import timing
 from harness.measure.timing import CpuClock, Measurement, measure_interleaved, pinned_threads
 from harness.progress import Progress
+from harness.ranks import timing_threads
 
 SCHEMA_VERSION = 1
 
@@ -38,8 +39,9 @@ SCHEMA_VERSION = 1
 class Sampling:
     """How each finding x case is timed (arguments of `measure_interleaved`)."""
 
-    threads: int
-    """torch threads while timing."""
+    threads: int | None
+    """torch threads while timing; None (the field left out): `harness.run`'s default
+    (`harness.ranks.timing_threads`), so that the gate times the regime the run reports."""
     min_samples: int
     max_samples: int
     time_budget_s: float
@@ -109,7 +111,7 @@ def parse_config(document: object, source: str) -> InvariantConfig:
     raw = _field(document, "sampling", dict, source)
     where = f"{source}: sampling"
     sampling = Sampling(
-        threads=_field(raw, "threads", int, where),
+        threads=_field(raw, "threads", int, where) if "threads" in raw else None,
         min_samples=_field(raw, "min_samples", int, where),
         max_samples=_field(raw, "max_samples", int, where),
         time_budget_s=_positive(_field(raw, "time_budget_s", (int, float), where),
@@ -118,7 +120,7 @@ def parse_config(document: object, source: str) -> InvariantConfig:
                                   f"{where}.min_sample_time"),
     )
     for name, low in (("threads", 1), ("min_samples", 2), ("max_samples", sampling.min_samples)):
-        if getattr(sampling, name) < low:
+        if getattr(sampling, name) is not None and getattr(sampling, name) < low:
             raise UsageError(f"{where}.{name}: expected an integer >= {low}; "
                              f"got {getattr(sampling, name)}")
     listed = _field(document, "invariants", list, source)
@@ -210,8 +212,16 @@ def judge(invariant: Invariant, case: Case, slow: Measurement, fast: Measurement
                 change=f"{ci.ratio / invariant.min_speedup:.2g}x the threshold", ci=ci)
 
 
-def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]:
-    """Check b: time each finding x case once (the union of its invariants' variants), judge each."""
+def timing_threads_of(config: InvariantConfig, threads: int | None = None) -> int:
+    """The torch threads check b times with: `threads` (--threads), else the config's,
+    else `harness.run`'s default."""
+    return threads or config.sampling.threads or timing_threads()
+
+
+def check_invariants(config: InvariantConfig, *, seed: int = 0,
+                     threads: int | None = None) -> list[GateRow]:
+    """Check b: time each finding x case once (the union of its invariants' variants), judge
+    each, at `timing_threads_of(config, threads)` torch threads."""
     device = torch.device("cpu")
     resolved = []
     for invariant in config.invariants:
@@ -229,7 +239,7 @@ def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]
         else:
             groups.setdefault((finding.id, case.label), []).append((invariant, finding, case))
     s = config.sampling
-    with pinned_threads(s.threads), Progress(len(groups), "cell") as progress:
+    with pinned_threads(timing_threads_of(config, threads)), Progress(len(groups), "cell") as progress:
         for members in groups.values():
             _, finding, case = members[0]
             progress.describe(f"invariants {finding.id}")
