@@ -1,4 +1,5 @@
-"""The gate on another machine: unchanged code passes, a planted op still fails.
+"""The gate on another machine: unchanged code passes, a planted op still fails; and
+`--against` says what it did not check.
 
 Another machine is simulated on this one the way CPUs differ: `ONEDNN_MAX_CPU_ISA` and
 `ATEN_CPU_CAPABILITY` move oneDNN's and ATen's kernels off the machine's own path, as
@@ -17,9 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.gate import counters as gate_counters
 from harness.measure.machine import KERNEL_PATH_VARIABLES
+from tests.bisect_repo import FINDINGS as USER_FINDINGS, OPS, PYPROJECT, git
 
 REPO = Path(__file__).resolve().parents[3]
 #: H4-bootstrap-tensor runs the policy's LSTM and linear layers (oneDNN: their allocations
@@ -113,3 +116,33 @@ def test_unchanged_code_passes_on_another_kernel_path_and_a_planted_op_still_fai
         assert done.returncode == 0, done.stdout[-3000:]
         assert not any(row["not_compared"] for row in _rows(rows_file))
         assert "not compared" not in done.stdout
+
+
+@pytest.mark.integration
+def test_against_says_that_it_did_not_check_the_counters_and_at_how_many_threads_it_timed(
+        tmp_path):
+    """`--against REV` alone times the trees and nothing else: its notes say, loudly, that
+    the counters were not checked (and how to check them), and the thread count the
+    sessions timed at (harness.run's by default)."""
+    repo = tmp_path / "repo"
+    for name, text in {"mylib/__init__.py": "", "mylib/ops.py": OPS,
+                       "bench_findings.py": USER_FINDINGS, "pyproject.toml": PYPROJECT}.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "mylib")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "harness.gate", "--against", "HEAD",
+                           "--sessions", "3", "--json", str(tmp_path / "rows.json")], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: a 5% false alarm
+    threads = torch.get_num_threads()
+    notes = [f"A/B: timed at {threads} torch thread{'s' * (threads != 1)}, harness.run's "
+             "default (--threads sets another)",
+             "COUNTERS NOT CHECKED: --against times the two trees only; op calls, host syncs "
+             "and allocations are checked by --counters (add it, or run `python -m harness.gate` "
+             "with no check named)"]
+    assert json.loads((tmp_path / "rows.json").read_text())["notes"] == notes
+    assert "".join(f"note: {note}\n" for note in notes) in done.stdout
+    assert not any(row.startswith("| counters") for row in done.stdout.splitlines())
