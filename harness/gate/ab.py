@@ -23,6 +23,9 @@ findings modules and the code they import from the repository, through the folde
 `sys.path` that lie in it (`user_trees`); the harness doing the measuring is the
 installed one, the same for both.
 
+Each worker times at `ABOptions.threads` torch threads, by default those `harness.run`
+times at (`harness.ranks.timing_threads`): the gate guards the regime the run reports.
+
 Why so: on a shared 2-vCPU machine the speed changes at sub-second scales and each
 process also keeps a speed of its own, so comparing separate processes of each tree,
 even their fastest samples, cannot resolve 25% (tried first: 3 of 6 planted 1.25x

@@ -3,21 +3,27 @@
 Three checks, one markdown table (check, finding, variant, case, baseline, current,
 change, verdict) on stdout:
 
-  --counters     a. op calls, host syncs, allocations and allocated bytes of every quick
-                    case, exactly against the counters baseline (--baseline); a cell the
-                    baseline lacks fails unless --allow-new
+  --counters     a. op calls and host syncs of every quick case, exactly against the
+                    counters baseline (--baseline), and allocations, allocated and peak
+                    bytes where it holds them for this machine's CPU kernel path (elsewhere
+                    a note names the counters not compared, why, and the command that
+                    records them); a cell the baseline lacks fails unless --allow-new
   --invariants   b. speed ratios within one process (e.g. one variant >= 16x faster than
                     another at one case), against an invariants config (--config)
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell when a
                     one-sided test says it is more than --threshold (5%) slower, with
-                    Holm's correction over the cells (at most 5% false alarms per run)
+                    Holm's correction over the cells (at most 5% false alarms per run);
+                    alone, it does not count, and its notes say COUNTERS NOT CHECKED
 
 With none of them: --counters --invariants. `--update-baseline` measures the counters of
-the findings named (default: every gated one) and merges them into the baseline file.
+the findings named (default: every gated one) and merges them into the baseline file, for
+this machine's CPU kernel path, keeping the other kernel paths'. The counters count at one
+torch thread; the timing checks (b, c) at harness.run's thread count unless --threads.
 
-The table and its summary line are also appended to the file $GITHUB_STEP_SUMMARY names,
-when it names one (a GitHub Actions job summary).
+The table, its notes (what was not compared or checked, and why; the threads the timing
+checks used) and its summary line are also appended to the file $GITHUB_STEP_SUMMARY
+names, when it names one (a GitHub Actions job summary).
 
 The findings: the modules your pyproject.toml names (`[tool.esper-bench]
 findings-modules`, with `baseline` and `invariants` as the defaults of --baseline and

@@ -10,7 +10,8 @@ Thresholds are set far below the measured speedup (`measured_speedup / min_speed
 margin, is 2.5-3.2), so noise does not trip them while a variant that loses most of its
 advantage does. The config (`--config`, or the findings modules' `Defaults.invariants`)
 names variants by name; one not available on this machine (a variant its finding skips
-here) is skipped with a message.
+here) is skipped with a message. Timing runs at `harness.run`'s thread count unless the
+config's `sampling.threads` (or the gate's --threads) names one.
 """
 
 from __future__ import annotations
