@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from statsmodels.stats.multitest import multipletests
 
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
@@ -311,15 +312,11 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
 # ----------------------------------------------------------------------------- statistics
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`:
-    sorted p_(i) against alpha / (m - i + 1), stopping at the first that fails."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    rejected = [False] * len(p_values)
-    for rank, index in enumerate(order):
-        if p_values[index] > alpha / (len(p_values) - rank):
-            break
-        rejected[index] = True
-    return rejected
+    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`
+    (statsmodels' `multipletests`: sorted p_(i) against alpha / (m - i + 1), stopping at
+    the first that fails)."""
+    return [bool(r) for r in multipletests(np.asarray(p_values, dtype=np.float64), alpha,
+                                           method="holm")[0]]
 
 
 def _us(seconds: float) -> str:
