@@ -661,8 +661,3 @@ def _writer_gone(metadata: dict) -> bool:
     if not isinstance(pid, int) or metadata.get("host") != socket.gethostname():
         return False  # another machine's run, or an old one: nothing to check it against
     return not _alive(pid, metadata.get("process_start"))
-
-
-def load_rows(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_DIR) -> pd.DataFrame:
-    """The tidy sample rows of a run as a DataFrame."""
-    return load_run(run, results_dir).rows

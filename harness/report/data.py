@@ -19,7 +19,7 @@ from harness.results import Run, load_run
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline, headline_case
 from harness.report.summary import format_seconds, sampling_line, signed_seconds, verdict_word
-from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
+from harness.report.verdicts import case_phrase, present, verdict_sentence
 
 
 

@@ -166,3 +166,16 @@ def test_planned_calls_cases_once_and_keeps_the_list():
 
     finding = registry.planned(_declare(cases=cases), quick=False)
     assert [c.label for c in finding.cases(True)] == ["n=64"] and calls == [False]
+
+
+@pytest.mark.parametrize("claim, factor", [
+    ("could be ~4x faster with tensor operations", 4.0),
+    ("about ~ 2.5x less time", 2.5),
+    ("up to 25x fewer allocations", 25.0),
+    ("about 3.5x faster", 3.5),
+    ("up to 25 allocations per environment", None),  # a count, not a speed-up
+])
+def test_the_claimed_speed_up_is_read_from_the_claim(claim, factor):
+    """One reader of a claim's factor (`harness.findings.claim_factor_of`), the one the
+    report's claim word uses too."""
+    assert registry.claim_factor_of(claim) == factor
