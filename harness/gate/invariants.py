@@ -96,9 +96,11 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return {str: "a string", int: "an integer", dict: "an object", list: "a list"}[kind]
 
 
-def _positive(value: float, where: str) -> float:
+def _positive(mapping: dict, name: str, where: str) -> float:
+    """`mapping[name]`, a finite number > 0; UsageError naming the field otherwise."""
+    value = _field(mapping, name, (int, float), where)
     if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{where}: expected a finite number > 0; got {value!r}")
+        raise UsageError(f"{where}.{name}: expected a finite number > 0; got {value!r}")
     return float(value)
 
 
@@ -115,10 +117,8 @@ def parse_config(document: object, source: str) -> InvariantConfig:
         threads=_field(raw, "threads", int, where) if "threads" in raw else None,
         min_samples=_field(raw, "min_samples", int, where),
         max_samples=_field(raw, "max_samples", int, where),
-        time_budget_s=_positive(_field(raw, "time_budget_s", (int, float), where),
-                                f"{where}.time_budget_s"),
-        min_sample_time=_positive(_field(raw, "min_sample_time", (int, float), where),
-                                  f"{where}.min_sample_time"),
+        time_budget_s=_positive(raw, "time_budget_s", where),
+        min_sample_time=_positive(raw, "min_sample_time", where),
     )
     for name, low in (("threads", 1), ("min_samples", 2), ("max_samples", sampling.min_samples)):
         if getattr(sampling, name) is not None and getattr(sampling, name) < low:
@@ -138,10 +138,8 @@ def parse_config(document: object, source: str) -> InvariantConfig:
             case=_field(entry, "case", dict, where),
             fast=_field(entry, "fast", str, where),
             slow=_field(entry, "slow", str, where),
-            min_speedup=_positive(_field(entry, "min_speedup", (int, float), where),
-                                  f"{where}.min_speedup"),
-            measured_speedup=_positive(_field(entry, "measured_speedup", (int, float), where),
-                                       f"{where}.measured_speedup"),
+            min_speedup=_positive(entry, "min_speedup", where),
+            measured_speedup=_positive(entry, "measured_speedup", where),
         )
         if invariant.id in ids:
             raise UsageError(f"{where}.id: expected a unique id; got {invariant.id!r} again")
