@@ -280,8 +280,9 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None
         started = time.perf_counter()
         cells = gate_counters.measure(counter_findings)
         match = gate_counters.KernelMatch.of(baseline)
-        command = gate_counters.update_command(args.baseline, args.findings or (),
-                                               args.findings_module)
+        whole = baseline.schema_version < gate_counters.SCHEMA_VERSION  # rewrites all
+        command = gate_counters.update_command(args.baseline, () if whole else
+                                               args.findings or (), args.findings_module)
         counted = gate_counters.explain_changes(
             gate_counters.compare(cells, baseline, counter_findings, allow_new=args.allow_new,
                                   match=match), cells, baseline, match=match, command=command)

@@ -43,7 +43,7 @@ input error: op decompositions change between releases). `tolerance` is optional
 (absolute counts per counter) and is kept when the baseline is rewritten. `sources` is
 optional (a string says why a cell has none). Files of schema 1 (every counter in the
 entry, no kernel path) still load: their exact counters are compared, their other counters
-are not (the gate says why), and `--update-baseline` rewrites them as schema 2.
+are not (the gate says why), and a full `--update-baseline` rewrites them as schema 2.
 
 A measured cell the baseline has no entry for fails (exit 2: the baseline is incomplete),
 unless `--allow-new` lets it pass beside cells that were compared: an empty or partial
@@ -426,17 +426,25 @@ def _previous(path: Path, findings: set[str], replace_stale: bool, modules: Sequ
               ) -> tuple[Baseline | None, str | None]:
     """The baseline to merge with, and why the file is replaced instead (None: merged).
 
-    A file of another schema or torch version, or that cannot be read, has nothing to
-    merge with: it is replaced when `replace_stale`, or when it holds entries of the
-    measured findings only; otherwise UsageError (the other findings' entries would be
-    lost or mixed with counts of another torch version).
+    A file of another schema (schema 1: its allocation counters have no kernel path to
+    keep them under) or torch version, or that cannot be read, has nothing to merge with:
+    it is replaced when `replace_stale`, or when it holds entries of the measured findings
+    only (their tolerances kept); otherwise UsageError (the other findings' entries would
+    be lost or mixed with counts of another torch version or machine).
     """
     if not path.exists():
         return None, None
     try:
-        return load_baseline(path, modules=modules), None
+        current = load_baseline(path, modules=modules)
     except UsageError as err:
         problem = str(err)
+    else:
+        if current.schema_version == SCHEMA_VERSION:
+            return current, None
+        problem = (f"{path}: schema_version {current.schema_version} keeps the allocation "
+                   "counters without the CPU kernel path they were counted on; "
+                   f"`{update_command(path, modules=modules)}` rewrites it as schema "
+                   f"{SCHEMA_VERSION}")
     try:  # a readable file of another torch version: its tolerances carry over
         loose = load_baseline(path, check_fingerprint=False)
     except UsageError:
@@ -741,10 +749,11 @@ def not_compared_note(rows: Sequence[GateRow], match: KernelMatch, path: Path,
                f"{'; '.join(match.differences)})")
     else:
         why = f"{path} holds them for this CPU kernel path in other cells only"
+    kept = ("it rewrites the file as schema 2" if match.schema_version == 1
+            else "the other kernel paths' counts are kept")
     return (f"counters: {', '.join(names)} depend on the CPU kernel path and were not compared "
             f"in {len(partial)} of {len(compared)} cells: {why}; {', '.join(EXACT)} were "
-            f"compared exactly. Record this machine's counts with `{command}` (the other "
-            "kernel paths' counts are kept).")
+            f"compared exactly. Record this machine's counts with `{command}` ({kept}).")
 
 
 def _recorded_sources(entry: BaselineEntry, match: KernelMatch, before: Mapping[str, int],

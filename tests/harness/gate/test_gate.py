@@ -217,7 +217,7 @@ def test_a_schema_1_baseline_compares_its_exact_counters_and_says_what_it_cannot
                     f"kernel path and were not compared in {len(rows)} of {len(rows)} cells: "
                     f"{path} is of schema 1, which recorded them without the CPU kernel path "
                     "they were counted on; op_calls, host_syncs were compared exactly. Record "
-                    "this machine's counts with `CMD` (the other kernel paths' counts are kept).")
+                    "this machine's counts with `CMD` (it rewrites the file as schema 2).")
 
     gate_counters.write_baseline(path, gae_cells)
     document = json.loads(path.read_text())

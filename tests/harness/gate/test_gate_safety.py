@@ -343,6 +343,18 @@ def test_an_unmergeable_baseline_is_replaced_only_when_asked_or_when_nothing_is_
     assert update.replaced and json.loads(path.read_text())["fingerprint"] == \
         gate_counters.counting_fingerprint()
 
+    # schema 1 of this torch version: the other findings' allocation counts have no kernel
+    # path to be kept under, so only a full update (or one of its own findings) rewrites it
+    schema_1 = {"schema_version": 1, "fingerprint": gate_counters.counting_fingerprint()}
+    path.write_text(json.dumps({**schema_1, "counters": [
+        {"finding": "F1", "variant": "a", **entry}, {"finding": "F2", "variant": "a", **entry}]}))
+    with pytest.raises(UsageError, match=r"baseline not updated, it would lose F2: .*"
+                                         r"schema_version 1 keeps the allocation counters "
+                                         r"without the CPU kernel path"):
+        gate_counters.write_baseline(path, [_cell("F1", "a")])
+    update = gate_counters.write_baseline(path, [_cell("F1", "a")], replace_stale=True)
+    assert update.replaced and json.loads(path.read_text())["schema_version"] == 2
+
 
 # --- exit codes and --version of every command -----------------------------------------------
 
