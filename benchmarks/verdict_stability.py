@@ -329,12 +329,12 @@ def reference(args) -> None:
     """The reference of `args.condition`'s series: its drawn rows in `args.processes`
     fresh processes under the same condition; saved after each process."""
     condition = CONDITIONS[args.condition]
-    name = _series_name(args.condition, False)
+    name = _series_name(args.condition, args.quick)
     runs = (_load(args.out, name) or {}).get("runs")
     if not runs:
         raise SystemExit(f"reference: expected a measured series {name}.json in {args.out}; "
                          "run `series` first")
-    saved = _load(args.out, f"reference-{args.condition}") or {
+    saved = _load(args.out, f"reference-{name.removeprefix('series-')}") or {
         "rows": [list(r) for r in draw_rows(runs, args.rows)], "processes": []}
     threads = "1" if "--threads" in condition.run_args else str(os.cpu_count())
     clone = args.out / name / "clone"
@@ -348,7 +348,7 @@ def reference(args) -> None:
             saved["processes"].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"reference {args.condition}: process {index + 1}/{args.processes}",
                   file=sys.stderr)
-            _save(args.out, f"reference-{args.condition}", saved)
+            _save(args.out, f"reference-{name.removeprefix('series-')}", saved)
 
 
 def reference_ratios(document: dict) -> dict[tuple, float]:
@@ -830,7 +830,9 @@ def main(argv=None) -> int:
         if name in ("series", "reference"):
             part.add_argument("--condition", choices=CONDITIONS, default="here")
     sub.choices["series"].add_argument("--runs", type=int, default=10)
-    sub.choices["series"].add_argument("--quick", action="store_true")
+    for part in ("series", "reference"):
+        sub.choices[part].add_argument("--quick", action="store_true",
+                                       help="the --quick runs' series")
     sub.choices["reference"].add_argument("--rows", type=int, default=40)
     sub.choices["reference"].add_argument("--processes", type=int, default=20)
     sub.choices["duet"].add_argument("--processes", type=int, default=5)

@@ -105,28 +105,19 @@ def changed(before: Mapping[str, int | None], after: Mapping[str, int | None]) -
             and before[c] != after[c]]
 
 
-def against_counts(before: Mapping[str, int], after: Mapping[str, int], sources: Sources) -> str:
-    """Each changed counter from `before` (counts only, e.g. a baseline file) to `after`,
-    with `sources`, the attribution of the `after` side: a counter that was 0 lists its
-    sources as added ones; otherwise they are listed as where it comes from now."""
-    parts = []
-    for counter in changed(before, after):
-        b, a = int(before[counter]), int(after[counter])
-        if counter not in COUNTER_LABELS:
-            parts.append(f"{_label(counter)} {b:,} -> {a:,}")
-            continue
-        parts.append(explain(counter, b, a, current_sources(sources, counter), complete=b == 0))
-    return "; ".join(parts)
-
-
-def between(before: Mapping[str, int], after: Mapping[str, int], old: Sources, new: Sources) -> str:
+def between(before: Mapping[str, int], after: Mapping[str, int], old: Sources | None,
+            new: Sources) -> str:
     """Each changed counter from `before` to `after`, with the ops and lines that differ
-    between the two attributions `old` and `new`."""
+    between the two attributions `old` and `new` (`+1 aten::clone at mod.py:42 in f()`).
+    Where the before side has counts only (`old` None), `new`'s sources of the counter are
+    listed instead: as added ones where it was 0, else as where it comes from now."""
     parts = []
     for counter in changed(before, after):
         b, a = int(before[counter]), int(after[counter])
         if counter not in COUNTER_LABELS:
             parts.append(f"{_label(counter)} {b:,} -> {a:,}")
-            continue
-        parts.append(explain(counter, b, a, diff_sources(old, new, counter)))
+        elif old is None:
+            parts.append(explain(counter, b, a, current_sources(new, counter), complete=b == 0))
+        else:
+            parts.append(explain(counter, b, a, diff_sources(old, new, counter)))
     return "; ".join(parts)

@@ -88,6 +88,15 @@ class Launch:
         return max(1, (os.cpu_count() or 1) // self.local_world_size)
 
 
+def timing_threads(launch: Launch | None = None) -> int:
+    """The torch threads `harness.run` times with when --threads is not given: torch's
+    count in this process, or, under torchrun (which sets OMP_NUM_THREADS=1 in every rank),
+    the node's cores shared out over its ranks. The gate's timing checks use it too, so
+    that the gate guards the regime the run reports."""
+    launch = Launch.from_environment() if launch is None else launch
+    return launch.default_threads() if launch.distributed else torch.get_num_threads()
+
+
 #: what torchrun sets in each rank's environment (a child that inherits them would try to
 #: join the launch's process group and wait for ever)
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",

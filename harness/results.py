@@ -19,10 +19,12 @@ Run ids are unique: the folder is created exclusively, with a suffix on a collis
 runs started in the same second never share one.
 
 Every file is checked where it is read (`load_run`, `read_cells`): the document's kind
-and schema version (runs of schema 1, before runs described their findings and words had
-a margin, are migrated on read, in `migrate`, and nowhere else), and each summary row
-against `ROW_FIELDS` (`check_row`): a wrong one is a `RunFileError` naming the file, the
-row and the field, with what was expected and what was found.
+and schema version (documents of schema 1, before runs described their findings and words
+had a margin, are brought to the current schema on read, in `migrate`), and each summary
+row against `ROW_FIELDS` (`check_row`): a wrong one is a `RunFileError` naming the file,
+the row and the field, with what was expected and what was found. Rows keep the words and
+intervals they were measured with; the report marks those of older runs where it shows
+them (`harness.report.headline`, `harness.report.verdicts`: words of unpaired intervals).
 """
 
 from __future__ import annotations
@@ -191,7 +193,8 @@ def _check_positive(row: dict, field: str, where: str, expected: str) -> None:
 
 def migrate(document: dict, path: Path) -> dict:
     """A run.json or journal document of any readable schema, as the current schema has
-    it: the one place where older runs are brought up to date. Schema 1 recorded nothing
+    it: the one place where older documents are brought to the current schema (their
+    rows keep their words; the report marks them, module docstring). Schema 1 recorded nothing
     of its findings (`finding_info` becomes empty: the report says so) and its rows'
     intervals came from unpaired samples (their words keep their old values, and the
     report marks them). Runs before the findings modules' repository became the subject
@@ -688,8 +691,3 @@ def _writer_gone(metadata: dict) -> bool:
     if not isinstance(pid, int) or metadata.get("host") != socket.gethostname():
         return False  # another machine's run, or an old one: nothing to check it against
     return not _alive(pid, metadata.get("process_start"))
-
-
-def load_rows(run: str | Path | None = None, results_dir: Path = DEFAULT_RESULTS_DIR) -> pd.DataFrame:
-    """The tidy sample rows of a run as a DataFrame."""
-    return load_run(run, results_dir).rows

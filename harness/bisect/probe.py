@@ -151,9 +151,7 @@ def counter_changes(good: CommitCounts, at: CommitCounts, counters: tuple[str, .
         after = {c: here.counts.get(c) for c in counters}
         if before == after:
             continue
-        if cell.sources is not None and here.sources is not None:
-            text = explain.between(before, after, cell.sources, here.sources)
-        else:
-            text = explain.against_counts(before, after, here.sources or Sources(()))
+        old = cell.sources if here.sources is not None else None
+        text = explain.between(before, after, old, here.sources or Sources(()))
         out.append((here, text))
     return out

@@ -23,6 +23,9 @@ findings modules and the code they import from the repository, through the folde
 `sys.path` that lie in it (`user_trees`); the harness doing the measuring is the
 installed one, the same for both.
 
+Each worker times at `ABOptions.threads` torch threads, by default those `harness.run`
+times at (`harness.ranks.timing_threads`): the gate guards the regime the run reports.
+
 Why so: on a shared 2-vCPU machine the speed changes at sub-second scales and each
 process also keeps a speed of its own, so comparing separate processes of each tree,
 even their fastest samples, cannot resolve 25% (tried first: 3 of 6 planted 1.25x
@@ -42,10 +45,11 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from statsmodels.stats.multitest import multipletests
 
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
@@ -53,7 +57,7 @@ from harness.gate.worker import WorkerConfig
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
 from harness.measure.numbers import is_whole
 from harness.measure.stats import RatioCI
-from harness.ranks import Spread, solo_environment
+from harness.ranks import Spread, solo_environment, timing_threads
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 #: the fewest sessions: the spread of three processes' estimates can say they disagree
@@ -80,8 +84,9 @@ class ABOptions:
     """Seconds of sampling per variant and case in each session."""
     min_sample_time: float = 1e-3
     """Seconds one sample lasts at least."""
-    threads: int = 1
-    """torch threads in each worker process."""
+    threads: int = field(default_factory=timing_threads)
+    """torch threads in each worker process (default: `harness.run`'s,
+    `harness.ranks.timing_threads`, so that the gate times the regime the run reports)."""
     seed: int = 0
     """Input seed."""
     findings_modules: tuple[str, ...] = ()
@@ -95,6 +100,8 @@ class ABOptions:
         if not is_whole(self.sessions) or self.sessions < MIN_SESSIONS:
             raise UsageError(f"--sessions: expected an integer >= {MIN_SESSIONS} (processes "
                              f"whose spread the estimate needs); got {self.sessions!r}")
+        if not is_whole(self.threads) or self.threads < 1:
+            raise UsageError(f"--threads: expected an integer >= 1; got {self.threads!r}")
         if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 10.0):
             raise UsageError(f"--threshold: expected a fraction in (0, 10), e.g. 0.05; "
                              f"got {self.threshold!r}")
@@ -305,15 +312,11 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
 # ----------------------------------------------------------------------------- statistics
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`:
-    sorted p_(i) against alpha / (m - i + 1), stopping at the first that fails."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    rejected = [False] * len(p_values)
-    for rank, index in enumerate(order):
-        if p_values[index] > alpha / (len(p_values) - rank):
-            break
-        rejected[index] = True
-    return rejected
+    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`
+    (statsmodels' `multipletests`: sorted p_(i) against alpha / (m - i + 1), stopping at
+    the first that fails)."""
+    return [bool(r) for r in multipletests(np.asarray(p_values, dtype=np.float64), alpha,
+                                           method="holm")[0]]
 
 
 def _us(seconds: float) -> str:

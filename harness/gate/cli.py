@@ -3,21 +3,27 @@
 Three checks, one markdown table (check, finding, variant, case, baseline, current,
 change, verdict) on stdout:
 
-  --counters     a. op calls, host syncs, allocations and allocated bytes of every quick
-                    case, exactly against the counters baseline (--baseline); a cell the
-                    baseline lacks fails unless --allow-new
+  --counters     a. op calls and host syncs of every quick case, exactly against the
+                    counters baseline (--baseline), and allocations, allocated and peak
+                    bytes where it holds them for this machine's CPU kernel path (elsewhere
+                    a note names the counters not compared, why, and the command that
+                    records them); a cell the baseline lacks fails unless --allow-new
   --invariants   b. speed ratios within one process (e.g. one variant >= 16x faster than
                     another at one case), against an invariants config (--config)
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell when a
                     one-sided test says it is more than --threshold (5%) slower, with
-                    Holm's correction over the cells (at most 5% false alarms per run)
+                    Holm's correction over the cells (at most 5% false alarms per run);
+                    alone, it does not count, and its notes say COUNTERS NOT CHECKED
 
 With none of them: --counters --invariants. `--update-baseline` measures the counters of
-the findings named (default: every gated one) and merges them into the baseline file.
+the findings named (default: every gated one) and merges them into the baseline file, for
+this machine's CPU kernel path, keeping the other kernel paths'. The counters count at one
+torch thread; the timing checks (b, c) at harness.run's thread count unless --threads.
 
-The table and its summary line are also appended to the file $GITHUB_STEP_SUMMARY names,
-when it names one (a GitHub Actions job summary).
+The table, its notes (what was not compared or checked, and why; the threads the timing
+checks used) and its summary line are also appended to the file $GITHUB_STEP_SUMMARY
+names, when it names one (a GitHub Actions job summary).
 
 The findings: the modules your pyproject.toml names (`[tool.esper-bench]
 findings-modules`, with `baseline` and `invariants` as the defaults of --baseline and
@@ -99,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="A/B: worker processes, each timing both trees side by side "
                         f"(default {gate_ab.ABOptions.sessions}, at least "
                         f"{gate_ab.MIN_SESSIONS})")
+    p.add_argument("--threads", type=options.positive_int, metavar="N",
+                   help="A/B and invariants: torch threads while timing (default: those of "
+                        "harness.run, torch's count, the cores shared out under torchrun; "
+                        "the counters always count at one thread)")
     p.add_argument("--threshold", type=options.fraction, metavar="FRACTION",
                    help=f"A/B: the margin, as a fraction: a cell fails when a one-sided "
                         f"test (Holm-corrected over the cells) says it is slower by more "
@@ -149,6 +159,7 @@ def ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
         findings=ids,
         sessions=defaults.sessions if args.sessions is None else args.sessions,
         threshold=defaults.threshold if args.threshold is None else args.threshold,
+        threads=defaults.threads if args.threads is None else args.threads,
         findings_modules=modules, paths=folders,
     )
     return options, repo
@@ -192,6 +203,10 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--invariants: expected an invariants config for the findings of "
                          f"{', '.join(args.findings_module)} (--config FILE, or invariants = "
                          "\"FILE\" in [tool.esper-bench] of pyproject.toml); got none")
+    if args.threads is not None and not (args.against is not None or _runs(args)[1]):
+        raise UsageError(f"--threads: expected with --against REV or the invariants check "
+                         f"(it sets their timing; the counters always count at one thread); "
+                         f"got --threads {args.threads} without them")
     for name, value in (("--sessions", args.sessions), ("--threshold", args.threshold)):
         if value is not None and args.against is None:
             raise UsageError(f"{name}: expected with --against REV (it sets the A/B check); "
@@ -211,7 +226,14 @@ def _update(args: argparse.Namespace) -> int:
             args.baseline, findings, replace_stale=args.findings is None,
             modules=args.findings_module)
     print(f"wrote {args.baseline}: {update.written} cells of {', '.join(findings)} "
-          f"(each counted twice, identical)")
+          f"(each counted twice, identical) on CPU kernel path {update.kernel_path}")
+    if update.other_kernel_paths:
+        print(f"kept the allocation counts of {update.other_kernel_paths} other CPU kernel "
+              f"path{'s' * (update.other_kernel_paths != 1)}")
+    if update.stale:
+        print(f"dropped the other kernel paths' allocation counts of {len(update.stale)} "
+              "cells whose counts changed here (they were counted on other code; record "
+              "them again on those machines): " + "; ".join(" ".join(k) for k in update.stale))
     if update.kept:
         print("kept the entries of the findings not measured: "
               + ", ".join(f"{n} of {f}" for f, n in update.kept.items()))
@@ -232,9 +254,11 @@ def _runs(args: argparse.Namespace) -> tuple[bool, bool, bool]:
     return named if any(named) else (True, args.config is not None, False)
 
 
-def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[GateRow] | None:
-    """The rows of every selected check, in the order a, b, c; every input is read and
-    checked first, so that a bad one fails before minutes of measuring.
+def run_checks(args: argparse.Namespace, spread: Spread | None = None
+               ) -> tuple[list[GateRow], list[str]] | None:
+    """The rows of every selected check, in the order a, b, c, and the notes for after the
+    table (what was not compared, and why; the threads the timing checks used); every input
+    is read and checked first, so that a bad one fails before minutes of measuring.
 
     Under torchrun (`spread`), rank 0 runs checks a and b and the A/B sessions are shared
     out over every rank; only rank 0 gets the rows (the others: None)."""
@@ -251,16 +275,27 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[G
         options, repo = ab_options(args)
         gate_ab.resolve_revision(repo, args.against)
     rows: list[GateRow] = []
+    notes: list[str] = []
     if counters:
         started = time.perf_counter()
         cells = gate_counters.measure(counter_findings)
-        rows += gate_counters.explain_changes(
+        match = gate_counters.KernelMatch.of(baseline)
+        whole = baseline.schema_version < gate_counters.SCHEMA_VERSION  # rewrites all
+        command = gate_counters.update_command(args.baseline, () if whole else
+                                               args.findings or (), args.findings_module)
+        counted = gate_counters.explain_changes(
             gate_counters.compare(cells, baseline, counter_findings, allow_new=args.allow_new,
-                                  path=args.baseline), cells, baseline)
+                                  match=match), cells, baseline, match=match, command=command)
+        rows += counted
+        notes += filter(None, [gate_counters.not_compared_note(counted, match, args.baseline,
+                                                               command)])
         _progress(f"counters: {time.perf_counter() - started:.1f} s")
     if invariants:
         started = time.perf_counter()
-        rows += gate_invariants.check_invariants(config)
+        threads = gate_invariants.timing_threads_of(config, args.threads)
+        rows += gate_invariants.check_invariants(config, threads=threads)
+        notes.append(f"invariants: timed at {threads} torch thread{'s' * (threads != 1)}"
+                     + _threads_source(args.threads, config.sampling.threads))
         _progress(f"invariants: {time.perf_counter() - started:.1f} s")
     if against:
         started = time.perf_counter()
@@ -269,8 +304,23 @@ def run_checks(args: argparse.Namespace, spread: Spread | None = None) -> list[G
         if ab_rows is None:  # another rank's share: rank 0 reports
             return None
         rows += ab_rows
+        notes.append(f"A/B: timed at {options.threads} torch thread"
+                     f"{'s' * (options.threads != 1)}" + _threads_source(args.threads))
+        if not counters:
+            notes.append("COUNTERS NOT CHECKED: --against times the two trees only; op calls, "
+                         "host syncs and allocations are checked by --counters (add it, or run "
+                         "`python -m harness.gate` with no check named)")
         _progress(f"A/B: {time.perf_counter() - started:.1f} s")
-    return rows
+    return rows, notes
+
+
+def _threads_source(option: int | None, config: int | None = None) -> str:
+    """Where a timing check's thread count came from, for its note."""
+    if option:
+        return " (--threads)"
+    if config:
+        return " (sampling.threads of the invariants config)"
+    return ", harness.run's default (--threads sets another)"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -290,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     if Launch.from_environment().distributed:  # torchrun: the A/B sessions over the ranks
         spread = Spread()
         try:
-            rows = run_checks(args, spread)
+            result = run_checks(args, spread)
             try:
-                code = _report(args, rows)
+                code = _report(args, result)
             except UsageError as err:  # said by rank 0; every rank must still hear the status
                 print(f"error: {err}", file=sys.stderr)
                 code = exits.USAGE
@@ -302,19 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     return _report(args, run_checks(args))
 
 
-def _report(args: argparse.Namespace, rows: list[GateRow] | None) -> int | None:
-    """Print the table (and write --json and the step summary); the exit status. None on
-    a rank that only ran its share of the A/B sessions."""
-    if rows is None:
+def _report(args: argparse.Namespace, result: tuple[list[GateRow], list[str]] | None
+            ) -> int | None:
+    """Print the table and its notes (and write --json and the step summary); the exit
+    status. None on a rank that only ran its share of the A/B sessions."""
+    if result is None:
         return None
+    rows, notes = result
     print(render_markdown(rows))
     print()
+    for note in notes:
+        print(f"note: {note}")
     print(summary_line(rows))
     if args.json is not None:
         with lock.hold(args.json.parent, f"--json {args.json}"):
-            atomic_write_text(args.json, json.dumps(rows_document(rows), indent=1) + "\n")
+            atomic_write_text(args.json, json.dumps(rows_document(rows, notes), indent=1) + "\n")
     if step_summary_path() is not None:
-        append_step_summary(rows, step_summary_path())
+        append_step_summary(rows, step_summary_path(), notes)
     if any(row.outcome in (Outcome.REGRESSION, Outcome.ERROR) for row in rows):
         return exits.FAILED
     if _runs(args)[0]:

@@ -1,37 +1,66 @@
-"""Gate check a: deterministic counters against a committed baseline.
+"""Gate check a: counters against a committed baseline, exact on every machine where they can be.
 
-Op calls, host syncs, allocations and allocated bytes of one call of every finding x
-variant x quick case (not the peers: other libraries' code is not gated), counted by
-`harness.measure.counters.profile_call` on the CPU with one torch thread. They do not depend on
-the machine's speed or load, so they are compared exactly: any count above its baseline
-value (plus the entry's stated tolerance, 0 unless the file says otherwise) is a
-regression; a count below it is an improvement that `--update-baseline` locks in.
+Op calls, host syncs, allocations, allocated bytes and peak bytes of one call of every
+finding x variant x quick case (not the peers: other libraries' code is not gated), counted
+by `harness.measure.counters.profile_call` on the CPU with one torch thread. They do not
+depend on the machine's speed or load. Two kinds:
+
+- `EXACT` (op calls, host syncs) do not depend on the machine at all, at one torch version:
+  compared exactly on every machine.
+- `KERNEL_DEPENDENT` (allocations, allocated bytes, peak bytes) change with the CPU kernel
+  path: oneDNN's ISA (its AVX-512 and AVX2 matrix products allocate differently), ATen's
+  CPU capability, the BLAS path. The baseline keeps them per kernel path
+  (`harness.measure.machine.kernel_path`, taken at the gate's one thread) and compares
+  them exactly where it holds this machine's. Where it does not, they are not compared:
+  the row and one note after the table say which counters, which field of the kernel path
+  differs from the nearest one recorded, and the command that records this machine's
+  (`--update-baseline`, which keeps the other kernel paths' counts). A machine the
+  baseline has not seen never reads as a regression; its exact counters still are compared.
+
+Any compared count above its baseline value (plus the entry's stated tolerance, 0 unless
+the file says otherwise) is a regression; below it, an improvement that `--update-baseline`
+locks in. Each entry also keeps its counters split by the line of the project's code that
+made them (`harness.measure.sources`), so that a changed count reads as per-line deltas,
+`op calls 583 -> 584: +1 aten::clone at mylib/ops.py:42 in scale()`, as `report --compare
+--sources` prints them.
 
 Baseline file (JSON, written atomically)::
 
-    {"schema_version": 1,
+    {"schema_version": 2,
      "fingerprint": {"torch": "2.13", "device": "cpu", "threads": 1},
      "recorded_with": {"torch": "2.13.0+cpu", "python": "3.11.7"},
+     "kernel_paths": {"5e0c9a51d2f4": {"cpu_model": "AMD EPYC", "cpu_flags": "avx2 ...",
+                                       "aten_cpu_capability": "AVX512", ...}},
      "counters": [{"finding": ..., "case": ..., "variant": ...,
-                   "op_calls": 228, "host_syncs": 0, "allocations": 49,
-                   "allocated_bytes": 13480, "tolerance": {"allocations": 2}}, ...]}
+                   "op_calls": 228, "host_syncs": 0,
+                   "sources": [["op_calls", "aten::add", "mylib/ops.py", 12, "scale", 4], ...],
+                   "by_kernel_path": {"5e0c9a51d2f4": {"allocations": 49,
+                       "allocated_bytes": 13480, "peak_bytes": 2836, "sources": [...]}},
+                   "tolerance": {"allocations": 2}}, ...]}
 
-`tolerance` is optional per entry (absolute counts per counter) and is kept when the
-baseline is rewritten. Counts recorded under another torch minor version are not
-compared (op decompositions change between releases).
+`fingerprint` must match for any count to be compared (another torch minor version is an
+input error: op decompositions change between releases). `tolerance` is optional per entry
+(absolute counts per counter) and is kept when the baseline is rewritten. `sources` is
+optional (a string says why a cell has none). Files of schema 1 (every counter in the
+entry, no kernel path) still load: their exact counters are compared, their other counters
+are not (the gate says why), and a full `--update-baseline` rewrites them as schema 2.
 
 A measured cell the baseline has no entry for fails (exit 2: the baseline is incomplete),
 unless `--allow-new` lets it pass beside cells that were compared: an empty or partial
 baseline never passes by accident. `--update-baseline [--findings ID ...]` merges: it
-rewrites the entries of the findings it measured and keeps every other entry.
+rewrites the entries of the findings it measured for this kernel path and keeps every
+other entry and every other kernel path's counts, except where this machine's counts of a
+cell changed (the code changed: the other kernel paths' counts of it are dropped, and the
+update says so).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,15 +69,23 @@ import torch
 from harness import explain, findings as registry
 from harness.exits import read_json
 from harness.measure.counters import profile_call
+from harness.measure.machine import fingerprint_changes, kernel_path
 from harness.measure.numbers import is_whole
+from harness.measure.sources import Sources, attribute_call
 from harness.project import load_project_config
 from harness.gate.table import GateRow, Outcome, UsageError
 from harness.results import atomic_write_text
 from harness.measure.timing import pinned_threads
 from harness.progress import Progress
 
-SCHEMA_VERSION = 1
-COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes", "peak_bytes")
+SCHEMA_VERSION = 2
+#: the schemas `load_baseline` reads: 1 kept every counter without the kernel path
+READABLE_VERSIONS = (1, 2)
+#: counters that no machine changes at one torch version: compared on every machine
+EXACT = ("op_calls", "host_syncs")
+#: counters the CPU kernel path changes: compared where the baseline holds this machine's
+KERNEL_DEPENDENT = ("allocations", "allocated_bytes", "peak_bytes")
+COUNTERS = (*EXACT, *KERNEL_DEPENDENT)
 THREADS = 1
 UPDATE_COMMAND = "python -m harness.gate --update-baseline"
 
@@ -82,7 +119,7 @@ Key = tuple[str, str, str]
 
 @dataclass(frozen=True)
 class CellCounts:
-    """The counters of one finding x case x variant, or why there are none."""
+    """The counters of one measured finding x case x variant, or why there are none."""
 
     finding: str
     case: str
@@ -91,18 +128,33 @@ class CellCounts:
     """COUNTERS -> value; None when skipped or failed."""
     skipped: str | None = None
     error: str | None = None
-    tolerance: dict[str, int] = field(default_factory=dict)
-    """Absolute slack per counter (baseline entries only)."""
+    sources: Sources | str | None = None
+    """The counters split by line (`measure(..., attribute=True)`), or why they could not
+    be; None where not attributed."""
 
     @property
     def key(self) -> Key:
         return self.finding, self.case, self.variant
 
 
-def fingerprint() -> dict:
-    """What must match for counts to be comparable: torch minor version, device, threads."""
+def counting_fingerprint() -> dict:
+    """What must match for any count to be comparable: torch minor version, device, threads."""
     major, minor = torch.__version__.split(".")[:2]
     return {"torch": f"{major}.{minor}", "device": "cpu", "threads": THREADS}
+
+
+def gate_kernel_path() -> dict:
+    """This process's CPU kernel path (`harness.measure.machine.kernel_path`) at the gate's
+    thread count: what the KERNEL_DEPENDENT counters are recorded under."""
+    with pinned_threads(THREADS):
+        return kernel_path()
+
+
+def kernel_path_id(path: Mapping) -> str:
+    """A short stable name of a kernel path (the first 12 hex digits of the SHA-256 of its
+    fields as sorted JSON): its key in a baseline."""
+    text = json.dumps(dict(path), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _profile(call, times: int) -> list[dict[str, int]]:
@@ -117,7 +169,20 @@ def own_variants(finding) -> list[str]:
     return [v for v in finding.variants if v not in finding.peers]
 
 
-def _measure_case(finding, case, seed: int, times: int) -> list[CellCounts]:
+def _attribute(finding, call, counts: dict[str, int]) -> Sources | str:
+    """`call`'s counters split by line, or why not (their totals must be the counts)."""
+    try:
+        sources = attribute_call(call, explain.project_files(finding), "cpu")
+    except Exception as err:  # the counts stand; only the lines behind them are missing
+        return f"{type(err).__name__}: {err}"
+    totals = sources.totals()
+    differ = {k: (totals[k], counts[k]) for k in totals if k in counts and totals[k] != counts[k]}
+    if differ:
+        return f"the attribution counted other totals than the profile: {differ}"
+    return sources
+
+
+def _measure_case(finding, case, seed: int, times: int, attribute: bool) -> list[CellCounts]:
     """The cells of one quick case: counts, or why a variant has none."""
     device = torch.device("cpu")
     base = dict(finding=finding.id, case=case.label)
@@ -133,7 +198,8 @@ def _measure_case(finding, case, seed: int, times: int) -> list[CellCounts]:
             cells.append(CellCounts(**base, variant=variant, skipped=reason))
             continue
         try:
-            runs = _profile(finding.make_call(variant, inputs), times)
+            call = finding.make_call(variant, inputs)
+            runs = _profile(call, times)
         except Exception as err:  # a crashing variant is a row; the others go on
             cells.append(CellCounts(**base, variant=variant, error=repr(err)))
             continue
@@ -141,15 +207,18 @@ def _measure_case(finding, case, seed: int, times: int) -> list[CellCounts]:
             cells.append(CellCounts(**base, variant=variant, error=(
                 f"counts differ between two calls: {runs[0]} vs {runs[1]}")))
             continue
-        cells.append(CellCounts(**base, variant=variant, counts=runs[0]))
+        sources = _attribute(finding, call, runs[0]) if attribute else None
+        cells.append(CellCounts(**base, variant=variant, counts=runs[0], sources=sources))
     return cells
 
 
-def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = False) -> list[CellCounts]:
+def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = False,
+            attribute: bool = False) -> list[CellCounts]:
     """Counters of every quick case x variant of the findings, on the CPU with one thread.
 
     With `repeat_check`, each cell is profiled twice and a cell whose counts differ
     between the two becomes an error naming both (the baseline must be deterministic).
+    With `attribute`, each counted cell is also split by line (`CellCounts.sources`).
     """
     cells: list[CellCounts] = []
     findings = [registry.planned(f, True)  # cases() failing: an error row
@@ -159,52 +228,142 @@ def measure(finding_ids: Sequence[str], *, seed: int = 0, repeat_check: bool = F
         for finding in findings:
             progress.describe(f"counters {finding.id}")
             for case in finding.cases(True):
-                cells += _measure_case(finding, case, seed, 2 if repeat_check else 1)
+                cells += _measure_case(finding, case, seed, 2 if repeat_check else 1, attribute)
                 progress.step(f"counters {finding.id} {case.label}")
     return cells
 
 
 # ---------------------------------------------------------------------------- baseline file
 
+@dataclass(frozen=True)
+class KernelCounts:
+    """An entry's KERNEL_DEPENDENT counts on one kernel path, with their lines."""
+
+    counts: dict[str, int]
+    sources: Sources | str | None = None
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """One finding x case x variant of the baseline."""
+
+    finding: str
+    case: str
+    variant: str
+    exact: dict[str, int]
+    """EXACT -> value."""
+    by_kernel_path: dict[str, KernelCounts] = field(default_factory=dict)
+    """Kernel path id -> the KERNEL_DEPENDENT counts recorded there."""
+    tolerance: dict[str, int] = field(default_factory=dict)
+    """Absolute slack per counter."""
+    sources: Sources | str | None = None
+    """The EXACT counters split by line, or why there are none."""
+
+    @property
+    def key(self) -> Key:
+        return self.finding, self.case, self.variant
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A counters baseline file, read and checked (`load_baseline`)."""
+
+    path: Path
+    schema_version: int
+    """As the file says (1: recorded without kernel paths)."""
+    kernel_paths: dict[str, dict]
+    """Kernel path id -> its fields (`harness.measure.machine.kernel_path`)."""
+    entries: dict[Key, BaselineEntry]
+
+
 def _bad_baseline(path: Path, what: str, modules: Sequence[str] = ()) -> UsageError:
     return UsageError(f"{path}: {what}; recreate it with `{update_command(path, modules=modules)}`")
 
 
-def _entry(entry: object, where: str, path: Path, modules: Sequence[str] = ()) -> CellCounts:
-    """One `counters` entry, checked: its key as strings, counts and tolerances as ints >= 0."""
-    if not isinstance(entry, dict):
-        raise _bad_baseline(path, f"{where}: expected an object; got {type(entry).__name__}",
-                            modules)
-    missing = [k for k in ("finding", "case", "variant", *COUNTERS) if k not in entry]
+def _counts(raw: dict, names: Sequence[str], where: str, path: Path, modules: Sequence[str]
+            ) -> dict[str, int]:
+    """`names` of `raw`, each an integer >= 0; UsageError naming the field otherwise."""
+    missing = [k for k in names if k not in raw]
     if missing:
         raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; "
-                                  f"got {sorted(entry)}", modules)
-    key = {k: entry[k] for k in ("finding", "case", "variant")}
+                                  f"got {sorted(raw)}", modules)
+    bad = {k: raw[k] for k in names if not is_whole(raw[k]) or raw[k] < 0}
+    if bad:
+        raise _bad_baseline(path, f"{where}: expected counts as integers >= 0 for "
+                                  f"{', '.join(names)}; got {bad}", modules)
+    return {k: raw[k] for k in names}
+
+
+def _sources(raw: object, where: str, path: Path, modules: Sequence[str]) -> Sources | str | None:
+    """A stored `sources` value: rows, a string saying why there are none, or absent."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    if not isinstance(raw, list):
+        raise _bad_baseline(path, f"{where}.sources: expected a list of rows or a string; "
+                                  f"got {type(raw).__name__}", modules)
+    try:
+        return Sources.from_rows(raw)
+    except ValueError as err:
+        raise _bad_baseline(path, f"{where}.{err}", modules) from err
+
+
+def _entry(raw: object, where: str, version: int, kernel_paths: Mapping[str, dict], path: Path,
+           modules: Sequence[str]) -> BaselineEntry:
+    """One `counters` entry, checked: its key as strings, counts and tolerances as ints >= 0,
+    kernel paths the file lists. A schema 1 entry keeps its EXACT counts only."""
+    if not isinstance(raw, dict):
+        raise _bad_baseline(path, f"{where}: expected an object; got {type(raw).__name__}",
+                            modules)
+    names = ("finding", "case", "variant")
+    missing = [k for k in names if k not in raw]
+    if missing:
+        raise _bad_baseline(path, f"{where}: expected fields {', '.join(missing)}; "
+                                  f"got {sorted(raw)}", modules)
+    key = {k: raw[k] for k in names}
     if not all(isinstance(v, str) for v in key.values()):
         raise _bad_baseline(path, f"{where}: expected finding, case and variant as strings; "
                                   f"got {key}", modules)
-    values = {k: entry[k] for k in COUNTERS}
-    tolerance = entry.get("tolerance", {})
+    exact = _counts(raw, COUNTERS if version == 1 else EXACT, where, path, modules)
+    tolerance = raw.get("tolerance", {})
     if not isinstance(tolerance, dict):
         raise _bad_baseline(path, f"{where}.tolerance: expected an object; "
                                   f"got {type(tolerance).__name__}", modules)
-    bad = {k: v for k, v in {**values, **tolerance}.items()
-           if not is_whole(v) or v < 0}
     unknown = sorted(set(tolerance) - set(COUNTERS))
+    bad = {k: v for k, v in tolerance.items() if not is_whole(v) or v < 0}
     if bad or unknown:
-        raise _bad_baseline(path, f"{where}: expected counts and tolerances as integers >= 0 "
-                                  f"for {', '.join(COUNTERS)}; got {bad or unknown}", modules)
-    return CellCounts(**key, counts=values, tolerance=dict(tolerance))
+        raise _bad_baseline(path, f"{where}.tolerance: expected integers >= 0 for counters "
+                                  f"of {', '.join(COUNTERS)}; got {bad or unknown}", modules)
+    by_kernel_path = {}
+    recorded = raw.get("by_kernel_path", {}) if version >= 2 else {}
+    if not isinstance(recorded, dict):
+        raise _bad_baseline(path, f"{where}.by_kernel_path: expected an object; "
+                                  f"got {type(recorded).__name__}", modules)
+    for name, counts in recorded.items():
+        here = f"{where}.by_kernel_path.{name}"
+        if name not in kernel_paths:
+            raise _bad_baseline(path, f"{here}: expected a kernel path listed in kernel_paths "
+                                      f"({', '.join(kernel_paths) or 'none'}); got {name!r}",
+                                modules)
+        if not isinstance(counts, dict):
+            raise _bad_baseline(path, f"{here}: expected an object; got "
+                                      f"{type(counts).__name__}", modules)
+        by_kernel_path[name] = KernelCounts(
+            _counts(counts, KERNEL_DEPENDENT, here, path, modules),
+            _sources(counts.get("sources"), here, path, modules))
+    return BaselineEntry(**key, exact={k: exact[k] for k in EXACT},
+                         by_kernel_path=by_kernel_path, tolerance=dict(tolerance),
+                         sources=_sources(raw.get("sources"), where, path, modules)
+                         if version >= 2 else None)
 
 
-def load_baseline(path: Path, *, same_machine_kind: bool = True,
-                  modules: Sequence[str] = ()) -> dict[Key, CellCounts]:
-    """Baseline entries by key, in file order; UsageError naming the file, what is wrong
-    (missing, unreadable, not UTF-8, truncated, other schema or machine kind, a bad
-    entry) and the command that fixes it.
+def load_baseline(path: Path, *, check_fingerprint: bool = True,
+                  modules: Sequence[str] = ()) -> Baseline:
+    """The baseline at `path`, checked; UsageError naming the file, what is wrong
+    (missing, unreadable, not UTF-8, truncated, another schema or torch version, a bad
+    entry) and the command that fixes it. Schema 1 files load (module docstring).
 
-    `same_machine_kind=False` skips the fingerprint check (to carry tolerances over);
-    `modules`, your findings modules, are named in the command.
+    `check_fingerprint=False` reads a file of another torch version too (to carry its
+    tolerances over); `modules`, your findings modules, are named in the command.
     """
     if not path.exists():
         raise UsageError(f"no counters baseline at {path}; create it with "
@@ -213,26 +372,32 @@ def load_baseline(path: Path, *, same_machine_kind: bool = True,
     if not isinstance(document, dict):
         raise _bad_baseline(path, f"expected a JSON object; got {type(document).__name__}", modules)
     version = document.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise _bad_baseline(path, f"schema_version: expected {SCHEMA_VERSION}; got {version!r}",
+    if version not in READABLE_VERSIONS:
+        raise _bad_baseline(path, f"schema_version: expected one of "
+                                  f"{', '.join(map(str, READABLE_VERSIONS))}; got {version!r}",
                             modules)
-    recorded, here = document.get("fingerprint"), fingerprint()
-    if same_machine_kind and recorded != here:
+    recorded, here = document.get("fingerprint"), counting_fingerprint()
+    if check_fingerprint and recorded != here:
         raise _bad_baseline(path, f"fingerprint: expected {here} (this machine); "
                                   f"got {recorded!r}", modules)
+    kernel_paths = document.get("kernel_paths", {}) if version >= 2 else {}
+    if not (isinstance(kernel_paths, dict)
+            and all(isinstance(v, dict) for v in kernel_paths.values())):
+        raise _bad_baseline(path, "kernel_paths: expected an object of kernel paths (id -> "
+                                  f"fields); got {kernel_paths!r}", modules)
     listed = document.get("counters")
     if not isinstance(listed, list):
         raise _bad_baseline(path, f"counters: expected a list of entries; got "
                                   f"{'nothing' if listed is None else type(listed).__name__}",
                             modules)
-    entries: dict[Key, CellCounts] = {}
+    entries: dict[Key, BaselineEntry] = {}
     for index, raw in enumerate(listed):
-        cell = _entry(raw, f"counters[{index}]", path, modules)
-        if cell.key in entries:
+        entry = _entry(raw, f"counters[{index}]", version, kernel_paths, path, modules)
+        if entry.key in entries:
             raise _bad_baseline(path, f"counters[{index}]: expected one entry per finding, "
-                                      f"case and variant; got {cell.key} again", modules)
-        entries[cell.key] = cell
-    return entries
+                                      f"case and variant; got {entry.key} again", modules)
+        entries[entry.key] = entry
+    return Baseline(path, version, dict(kernel_paths), entries)
 
 
 @dataclass(frozen=True)
@@ -249,42 +414,144 @@ class BaselineUpdate:
     """Entries of measured findings that no longer have such a cell."""
     replaced: str | None
     """Why the old file was replaced rather than merged into (stale or unreadable), or None."""
+    kernel_path: str = ""
+    """The id of the kernel path the counts were recorded under."""
+    other_kernel_paths: int = 0
+    """Other kernel paths whose counts the file keeps."""
+    stale: tuple[Key, ...] = ()
+    """Cells whose counts changed here: their other kernel paths' counts were dropped."""
 
 
 def _previous(path: Path, findings: set[str], replace_stale: bool, modules: Sequence[str] = ()
-              ) -> tuple[dict[Key, CellCounts], str | None]:
-    """The entries to merge with, and why the file is replaced instead (None: merged).
+              ) -> tuple[Baseline | None, str | None]:
+    """The baseline to merge with, and why the file is replaced instead (None: merged).
 
-    A file of another schema, another machine kind or that cannot be read has nothing to
-    merge with: it is replaced when `replace_stale`, or when it holds entries of the
-    measured findings only; otherwise UsageError (the other findings' entries would be
-    lost or mixed with counts of another torch version).
+    A file of another schema (schema 1: its allocation counters have no kernel path to
+    keep them under) or torch version, or that cannot be read, has nothing to merge with:
+    it is replaced when `replace_stale`, or when it holds entries of the measured findings
+    only (their tolerances kept); otherwise UsageError (the other findings' entries would
+    be lost or mixed with counts of another torch version or machine).
     """
     if not path.exists():
-        return {}, None
+        return None, None
     try:
-        return load_baseline(path, modules=modules), None
+        current = load_baseline(path, modules=modules)
     except UsageError as err:
         problem = str(err)
-    try:  # a readable file of another machine kind: its tolerances carry over
-        loose = load_baseline(path, same_machine_kind=False)
+    else:
+        if current.schema_version == SCHEMA_VERSION:
+            return current, None
+        problem = (f"{path}: schema_version {current.schema_version} keeps the allocation "
+                   "counters without the CPU kernel path they were counted on; "
+                   f"`{update_command(path, modules=modules)}` rewrites it as schema "
+                   f"{SCHEMA_VERSION}")
+    try:  # a readable file of another torch version: its tolerances carry over
+        loose = load_baseline(path, check_fingerprint=False)
     except UsageError:
         loose = None
-    others = None if loose is None else sorted({k[0] for k in loose} - findings)
+    others = None if loose is None else sorted({k[0] for k in loose.entries} - findings)
     if not replace_stale and others != []:
         whose = "the entries of the other findings" if others is None else ", ".join(others)
         raise UsageError(f"baseline not updated, it would lose {whose}: {problem}")
-    kept = {k: c for k, c in (loose or {}).items() if k[0] in findings}
-    return kept, problem
+    if loose is not None:  # its counts are of another torch version: only tolerances stay
+        loose = dataclasses.replace(loose, kernel_paths={}, entries={
+            k: dataclasses.replace(e, by_kernel_path={}, sources=None)
+            for k, e in loose.entries.items() if k[0] in findings})
+    return loose, problem
 
 
-def write_baseline(path: Path, cells: Sequence[CellCounts], *,
-                   replace_stale: bool = False) -> BaselineUpdate:
-    """Merge the measured cells into the baseline at `path` and write it atomically.
+def _merged(cell: CellCounts, old: BaselineEntry | None, here: str) -> tuple[BaselineEntry, bool]:
+    """The entry of a measured cell: its counts for kernel path `here`, the old entry's
+    tolerance and other kernel paths' counts, unless the counts changed here (then those
+    were counted on other code: dropped, and the second value is True)."""
+    counts = cell.counts
+    exact = {k: counts[k] for k in EXACT}
+    mine = KernelCounts({k: counts[k] for k in KERNEL_DEPENDENT},
+                        _split(cell.sources, KERNEL_DEPENDENT))
+    others = dict(old.by_kernel_path) if old is not None else {}
+    previous = others.pop(here, None)
+    changed = old is not None and (old.exact != exact or (
+        previous is not None and previous.counts != mine.counts))
+    stale = changed and bool(others)
+    return BaselineEntry(cell.finding, cell.case, cell.variant, exact,
+                         by_kernel_path={**({} if changed else others), here: mine},
+                         tolerance=old.tolerance if old is not None else {},
+                         sources=_split(cell.sources, EXACT)), stale
 
-    The entries of the cells' findings are rewritten from the measurement (a cell skipped
-    here keeps its old entry; an entry whose cell no longer exists is dropped); every
-    entry of any other finding is kept as it was, in place. Tolerances are kept.
+
+def _split(sources: Sources | str | None, counters: Sequence[str]) -> Sources | str | None:
+    """The part of `sources` that is about `counters` (a reason why there are none as is)."""
+    if not isinstance(sources, Sources):
+        return sources
+    return Sources(tuple(e for e in sources.entries if e.counter in counters))
+
+
+def _stored(sources: Sources | str | None) -> dict:
+    if sources is None:
+        return {}
+    return {"sources": sources if isinstance(sources, str) else sources.as_rows()}
+
+
+def _document(baseline: Baseline, here_path: dict) -> dict:
+    """The file's JSON: the kernel paths its entries use, each entry's counts and lines."""
+    used = {name for e in baseline.entries.values() for name in e.by_kernel_path}
+    entries = []
+    for e in baseline.entries.values():
+        entry = {"finding": e.finding, "case": e.case, "variant": e.variant, **e.exact,
+                 **_stored(e.sources)}
+        entry["by_kernel_path"] = {name: {**k.counts, **_stored(k.sources)}
+                                   for name, k in e.by_kernel_path.items()}
+        if e.tolerance:
+            entry["tolerance"] = e.tolerance
+        entries.append(entry)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": counting_fingerprint(),
+        "recorded_with": {"torch": torch.__version__, "python": platform.python_version()},
+        "command": UPDATE_COMMAND,
+        "kernel_paths": {name: fields for name, fields in
+                         {**baseline.kernel_paths, kernel_path_id(here_path): here_path}.items()
+                         if name in used},
+        "counters": entries,
+    }
+
+
+def dump(document: dict) -> str:
+    """`document` as indented JSON, each row of sources on a line of its own (a baseline
+    holds thousands of them)."""
+    rows: list[str] = []
+
+    def placeholders(value):
+        if isinstance(value, dict):
+            return {k: (_mark(v, rows) if k == "sources" and isinstance(v, list)
+                        else placeholders(v)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [placeholders(v) for v in value]
+        return value
+
+    text = json.dumps(placeholders(document), indent=1)
+    for index, rendered in enumerate(rows):
+        text = text.replace(json.dumps(f"\0sources {index}"), rendered, 1)
+    return text + "\n"
+
+
+def _mark(rows: list, rendered: list[str]) -> str:
+    """A placeholder for `rows`, rendered one row a line."""
+    rendered.append("[" + ",".join("\n  " + json.dumps(row) for row in rows)
+                    + ("\n ]" if rows else "]"))
+    return f"\0sources {len(rendered) - 1}"
+
+
+def write_baseline(path: Path, cells: Sequence[CellCounts], *, replace_stale: bool = False,
+                   here: dict | None = None) -> BaselineUpdate:
+    """Merge the measured cells, counted on kernel path `here` (default: this process's,
+    `gate_kernel_path`), into the baseline at `path` and write it atomically.
+
+    The entries of the cells' findings are rewritten from the measurement for this kernel
+    path (a cell skipped here keeps its old entry; an entry whose cell no longer exists is
+    dropped; a cell whose counts changed here loses the other kernel paths' counts: they
+    were counted on other code); every entry of any other finding and the other kernel
+    paths' counts are kept as they were, in place. Tolerances are kept.
     Raises UsageError, leaving the file as it was, when a cell raised or counted
     differently on two calls (such a cell cannot be gated exactly), or when the old file
     cannot be merged into (see `_previous`; `replace_stale` replaces it instead).
@@ -293,62 +560,111 @@ def write_baseline(path: Path, cells: Sequence[CellCounts], *,
     if broken:
         listing = "; ".join(f"{c.finding} {c.variant} [{c.case}]: {c.error}" for c in broken)
         raise UsageError(f"baseline not written, {len(broken)} cell(s) failed: {listing}")
+    here_path = gate_kernel_path() if here is None else dict(here)
+    here_id = kernel_path_id(here_path)
     findings = {c.finding for c in cells}
     old, replaced = _previous(path, findings, replace_stale)
+    old_entries = old.entries if old is not None else {}
     # the file's order of findings, then new ones; each measured finding in measured order
-    groups: dict[str, list[CellCounts]] = {key[0]: [] for key in old}
-    kept_skipped = 0
-    for key, entry in old.items():
+    groups: dict[str, list[BaselineEntry]] = {key[0]: [] for key in old_entries}
+    kept_skipped, stale = 0, []
+    for key, entry in old_entries.items():
         if key[0] not in findings:
             groups[key[0]].append(entry)
     for cell in cells:
         if cell.counts is not None:
-            tolerance = old[cell.key].tolerance if cell.key in old else {}
-            groups.setdefault(cell.finding, []).append(CellCounts(
-                cell.finding, cell.case, cell.variant, counts=cell.counts, tolerance=tolerance))
-        elif cell.key in old and replaced is None:  # skipped here: the entry from where it ran
-            groups[cell.finding].append(old[cell.key])
+            entry, dropped_others = _merged(cell, old_entries.get(cell.key), here_id)
+            groups.setdefault(cell.finding, []).append(entry)
+            if dropped_others:
+                stale.append(cell.key)
+        elif cell.key in old_entries and replaced is None:  # skipped here: as recorded there
+            groups[cell.finding].append(old_entries[cell.key])
             kept_skipped += 1
-    entries = []
-    for cell in (c for group in groups.values() for c in group):
-        entry = {"finding": cell.finding, "case": cell.case, "variant": cell.variant,
-                 **cell.counts}
-        if cell.tolerance:
-            entry["tolerance"] = cell.tolerance
-        entries.append(entry)
-    document = {
-        "schema_version": SCHEMA_VERSION,
-        "fingerprint": fingerprint(),
-        "recorded_with": {"torch": torch.__version__, "python": platform.python_version()},
-        "command": UPDATE_COMMAND,
-        "counters": entries,
-    }
-    atomic_write_text(path, json.dumps(document, indent=1) + "\n")
+    merged = Baseline(path, SCHEMA_VERSION, old.kernel_paths if old is not None else {},
+                      {e.key: e for group in groups.values() for e in group})
+    document = _document(merged, here_path)
+    atomic_write_text(path, dump(document))
     measured = {c.key for c in cells}
     return BaselineUpdate(
         written=sum(c.counts is not None for c in cells),
         kept={f: len(group) for f, group in groups.items() if f not in findings and group},
         kept_skipped=kept_skipped,
-        dropped=tuple(k for k in old if k[0] in findings and k not in measured),
-        replaced=replaced,
+        dropped=tuple(k for k in old_entries if k[0] in findings and k not in measured),
+        replaced=replaced, kernel_path=here_id,
+        other_kernel_paths=len(set(document["kernel_paths"]) - {here_id}),
+        stale=tuple(stale),
     )
 
 
 # ------------------------------------------------------------------------------- comparison
 
-def _counts_text(counts: dict[str, int]) -> str:
-    return " ".join(f"{k}={counts[k]}" for k in COUNTERS)
+def _counts_text(counts: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={counts[k]}" for k in COUNTERS if k in counts)
 
 
-def _compare_cell(current: CellCounts, baseline: CellCounts, path: Path) -> GateRow:
-    same = current.counts == baseline.counts
+def _field_change(name: str, here: object, there: object) -> str:
+    """'env_onednn_max_cpu_isa: here 'AVX2', recorded None'; flags as what differs."""
+    if name == "cpu_flags" and isinstance(here, str) and isinstance(there, str):
+        mine, theirs = set(here.split()), set(there.split())
+        return (f"cpu_flags: here {' '.join(sorted(mine - theirs)) or 'none'} more, "
+                f"{' '.join(sorted(theirs - mine)) or 'none'} fewer")
+    return f"{name}: here {here!r}, recorded {there!r}"
+
+
+@dataclass(frozen=True)
+class KernelMatch:
+    """Whether the baseline holds KERNEL_DEPENDENT counts for this machine's kernel path,
+    and, where it does not, why (for the rows and the note after the table)."""
+
+    here: dict
+    """This machine's kernel path."""
+    id: str
+    differences: tuple[str, ...] = ()
+    """Fields where the nearest recorded kernel path differs ('name: here X, recorded Y'),
+    empty when the baseline holds this one, or none at all."""
+    recorded: int = 0
+    """Kernel paths the baseline holds."""
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def of(cls, baseline: Baseline, here: dict | None = None) -> "KernelMatch":
+        here = gate_kernel_path() if here is None else dict(here)
+        match = cls(here, kernel_path_id(here), recorded=len(baseline.kernel_paths),
+                    schema_version=baseline.schema_version)
+        if match.id in baseline.kernel_paths or not baseline.kernel_paths:
+            return match
+        nearest = min((fingerprint_changes(fields, here) for fields in
+                       baseline.kernel_paths.values()), key=len)
+        return dataclasses.replace(match, differences=tuple(
+            _field_change(name, new, old) for name, old, new in nearest))
+
+    def reason(self, entry: BaselineEntry) -> str | None:
+        """Why `entry`'s KERNEL_DEPENDENT counts cannot be compared here, or None."""
+        if self.id in entry.by_kernel_path:
+            return None
+        if self.schema_version == 1:
+            return "the baseline (schema 1) recorded them without their CPU kernel path"
+        if self.differences:
+            fields = ", ".join(d.split(":", 1)[0] for d in self.differences)
+            return f"this CPU kernel path is not in the baseline ({fields} differs)"
+        if entry.by_kernel_path:
+            return "the entry holds them for other CPU kernel paths only"
+        return "the entry holds them for no CPU kernel path"
+
+
+def _compare_cell(current: CellCounts, entry: BaselineEntry, match: KernelMatch,
+                  path: Path) -> GateRow:
+    recorded = entry.by_kernel_path.get(match.id)
+    before = {**entry.exact, **(recorded.counts if recorded else {})}
+    after = {k: current.counts[k] for k in before}
+    unmatched = () if recorded else KERNEL_DEPENDENT
     base = dict(check="counters", finding=current.finding, variant=current.variant,
-                case=current.case, baseline=_counts_text(baseline.counts),
-                current="same" if same else _counts_text(current.counts))
+                case=current.case, baseline=_counts_text(before),
+                current="same" if before == after else _counts_text(after))
     changes, worse, better = [], False, False
-    for name in COUNTERS:
-        diff = current.counts[name] - baseline.counts[name]
-        slack = baseline.tolerance.get(name, 0)
+    for name in before:
+        diff = after[name] - before[name]
+        slack = entry.tolerance.get(name, 0)
         if diff:
             changes.append(f"{name} {diff:+d}" + (f" (tolerance {slack})" if slack else ""))
         worse |= diff > slack
@@ -359,25 +675,33 @@ def _compare_cell(current: CellCounts, baseline: CellCounts, path: Path) -> Gate
         outcome = Outcome.IMPROVED
     else:
         outcome = Outcome.PASS
-    note = (f"lock it in with `{update_command(path, [current.finding])}`"
-            if outcome is Outcome.IMPROVED else "")
-    return GateRow(**base, change=", ".join(changes) or "=", outcome=outcome, note=note)
+    notes = []
+    if outcome is Outcome.IMPROVED:
+        notes.append(f"lock it in with `{update_command(path, [current.finding])}`")
+    if unmatched:
+        notes.append(f"{', '.join(unmatched)} not compared: {match.reason(entry)}")
+    return GateRow(**base, change=", ".join(changes) or "=", outcome=outcome,
+                   note="; ".join(notes), not_compared=unmatched)
 
 
 #: outcomes of a measured cell held against its baseline entry
 COMPARED = (Outcome.PASS, Outcome.IMPROVED, Outcome.REGRESSION)
 
 
-def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
-            finding_ids: Sequence[str], *, path: Path, allow_new: bool = False) -> list[GateRow]:
+def compare(current: Sequence[CellCounts], baseline: Baseline, finding_ids: Sequence[str], *,
+            allow_new: bool = False, match: KernelMatch | None = None) -> list[GateRow]:
     """One row per measured cell, then one per baseline entry of these findings not measured.
 
-    A measured cell without a baseline entry is NEW (fails); with `allow_new` it is
-    NEW_ALLOWED (passes), but only when some other cell was compared: a baseline with no
-    entry for any measured cell never passes. `path` names the baseline in the notes'
-    commands.
+    EXACT counters are compared in every cell with an entry; KERNEL_DEPENDENT ones where
+    the entry holds them for this machine's kernel path (`match`, default this process's),
+    else the row names them in `not_compared` and says why. A measured cell without a
+    baseline entry is NEW (fails); with `allow_new` it is NEW_ALLOWED (passes), but only
+    when some other cell was compared: a baseline with no entry for any measured cell
+    never passes.
     """
-    allowed = allow_new and any(c.counts is not None and c.key in baseline for c in current)
+    match = KernelMatch.of(baseline) if match is None else match
+    path, entries = baseline.path, baseline.entries
+    allowed = allow_new and any(c.counts is not None and c.key in entries for c in current)
     rows = []
     seen = set()
     for cell in current:
@@ -389,28 +713,81 @@ def compare(current: Sequence[CellCounts], baseline: dict[Key, CellCounts],
         elif cell.skipped:
             rows.append(GateRow(**base, baseline="", current="", change="",
                                 outcome=Outcome.SKIPPED, note=cell.skipped))
-        elif cell.key not in baseline:
+        elif cell.key not in entries:
             rows.append(GateRow(
                 **base, baseline="", current=_counts_text(cell.counts), change="",
                 outcome=Outcome.NEW_ALLOWED if allowed else Outcome.NEW,
                 note=f"not in the baseline; add it with `{update_command(path, [cell.finding])}`"))
         else:
-            rows.append(_compare_cell(cell, baseline[cell.key], path))
-    for key, entry in baseline.items():
+            rows.append(_compare_cell(cell, entries[cell.key], match, path))
+    for key, entry in entries.items():
         if key not in seen and entry.finding in finding_ids:
             rows.append(GateRow(check="counters", finding=entry.finding, variant=entry.variant,
-                                case=entry.case, baseline=_counts_text(entry.counts), current="",
+                                case=entry.case, baseline=_counts_text(entry.exact), current="",
                                 change="", outcome=Outcome.MISSING,
                                 note="not measured here (variant or case not on this machine)"))
     return rows
 
 
-def explain_changes(rows: Sequence[GateRow], current: Sequence[CellCounts],
-                    baseline: dict[Key, CellCounts], *, seed: int = 0) -> list[GateRow]:
-    """The rows, each regression or improvement with its changed counters explained in
-    its note: the cell is profiled once more with its events split by the project's lines
-    (`harness.explain`), e.g. `host syncs 0 -> 4: +4 aten::item at mylib/ops.py:3 in
-    scale()`. A cell that cannot be attributed says why instead."""
+def not_compared_note(rows: Sequence[GateRow], match: KernelMatch, path: Path,
+                      command: str) -> str | None:
+    """One sentence for after the table when some cells' KERNEL_DEPENDENT counters were
+    not compared: which, in how many cells, why (the kernel path fields that differ from
+    the nearest recorded one) and `command`, which records this machine's; else None."""
+    compared = [r for r in rows if r.check == "counters" and r.outcome in COMPARED]
+    partial = [r for r in compared if r.not_compared]
+    if not partial:
+        return None
+    names = sorted({n for r in partial for n in r.not_compared}, key=COUNTERS.index)
+    if match.schema_version == 1:
+        why = (f"{path} is of schema 1, which recorded them without the CPU kernel path they "
+               "were counted on")
+    elif match.differences:
+        nearest = "the one recorded" if match.recorded == 1 else \
+            f"the nearest of the {match.recorded} recorded"
+        why = (f"this machine's CPU kernel path is not in {path} ({nearest} differs in "
+               f"{'; '.join(match.differences)})")
+    else:
+        why = f"{path} holds them for this CPU kernel path in other cells only"
+    kept = ("it rewrites the file as schema 2" if match.schema_version == 1
+            else "the other kernel paths' counts are kept")
+    return (f"counters: {', '.join(names)} depend on the CPU kernel path and were not compared "
+            f"in {len(partial)} of {len(compared)} cells: {why}; {', '.join(EXACT)} were "
+            f"compared exactly. Record this machine's counts with `{command}` ({kept}).")
+
+
+def _recorded_sources(entry: BaselineEntry, match: KernelMatch, before: Mapping[str, int],
+                      counters: Sequence[str]) -> tuple[Sources | None, str]:
+    """The baseline's lines behind `counters` of `entry` on this kernel path, or None with
+    why there are none (lines that do not add up to the entry's counts `before`, edited by
+    hand, are none)."""
+    parts = [entry.sources]
+    if any(c in KERNEL_DEPENDENT for c in counters):
+        recorded = entry.by_kernel_path.get(match.id)
+        parts.append(recorded.sources if recorded else None)
+    for part in parts:
+        if isinstance(part, str):
+            return None, f"its lines could not be recorded ({part})"
+        if part is None:
+            return None, "the baseline holds no lines for this cell"
+    sources = Sources(tuple(e for part in parts for e in part.entries))
+    totals = sources.totals()
+    if any(c in totals and totals[c] != before[c] for c in counters):
+        return None, "the baseline's lines of this cell do not add up to its counts"
+    return sources, ""
+
+
+def explain_changes(rows: Sequence[GateRow], current: Sequence[CellCounts], baseline: Baseline,
+                    *, seed: int = 0, match: KernelMatch | None = None,
+                    command: str = UPDATE_COMMAND) -> list[GateRow]:
+    """The rows, each regression or improvement with its changed counters explained in its
+    note as per-line deltas: the cell is profiled once more with its events split by the
+    project's lines (`harness.explain`) and held against the lines the baseline recorded,
+    e.g. `op calls 583 -> 584: +1 aten::clone at mylib/ops.py:42 in scale()`. Where the
+    baseline has no lines for the cell (an older file), the note lists where the counter
+    comes from now and says how to record them (`command`); a cell that cannot be
+    attributed says why."""
+    match = KernelMatch.of(baseline) if match is None else match
     measured = {cell.key: cell for cell in current}
     out = []
     for row in rows:
@@ -418,12 +795,20 @@ def explain_changes(rows: Sequence[GateRow], current: Sequence[CellCounts],
         if row.outcome not in (Outcome.REGRESSION, Outcome.IMPROVED) or key not in measured:
             out.append(row)
             continue
-        before, after = baseline[key].counts, measured[key].counts
+        entry = baseline.entries[key]
+        compared = [c for c in COUNTERS if c not in row.not_compared]
+        before = {**entry.exact, **(entry.by_kernel_path[match.id].counts
+                                    if match.id in entry.by_kernel_path else {})}
+        before = {c: before[c] for c in compared}
+        after = {c: measured[key].counts[c] for c in compared}
         finding = registry.planned(registry.FINDINGS[row.finding], True)
         case = next(c for c in finding.cases(True) if c.label == row.case)
+        old, missing = _recorded_sources(entry, match, before, explain.changed(before, after))
         try:
-            sources = explain.cell_sources(finding, case, row.variant, seed=seed)
-            text = explain.against_counts(before, after, sources)
+            now = explain.cell_sources(finding, case, row.variant, seed=seed)
+            text = explain.between(before, after, old, now)
+            if old is None:
+                text += f" ({missing}; `{command}` records them)"
         except Exception as err:  # the row keeps its verdict; only the explanation is lost
             text = f"sources not found: {type(err).__name__}: {err}"
         out.append(dataclasses.replace(row, note="; ".join(t for t in (text, row.note) if t)))
@@ -459,9 +844,9 @@ def coverage_error(rows: Sequence[GateRow], path: Path, allow_new: bool = False)
 
 def update_baseline(baseline_path: Path, finding_ids: Sequence[str], *,
                     replace_stale: bool = False, modules: Sequence[str] = ()) -> BaselineUpdate:
-    """Measure every cell of `finding_ids` twice, refuse non-deterministic cells, and merge
-    them into the baseline (`write_baseline`; `modules`, the findings modules, are named
-    in the commands of its messages)."""
+    """Measure every cell of `finding_ids` twice, refuse non-deterministic cells, split
+    each by line, and merge them into the baseline for this machine's kernel path
+    (`write_baseline`; `modules`, the findings modules, are named in its messages)."""
     _previous(baseline_path, set(finding_ids), replace_stale, modules)  # refuse before measuring
-    cells = measure(finding_ids, repeat_check=True)
+    cells = measure(finding_ids, repeat_check=True, attribute=True)
     return write_baseline(baseline_path, cells, replace_stale=replace_stale)

@@ -10,7 +10,8 @@ Thresholds are set far below the measured speedup (`measured_speedup / min_speed
 margin, is 2.5-3.2), so noise does not trip them while a variant that loses most of its
 advantage does. The config (`--config`, or the findings modules' `Defaults.invariants`)
 names variants by name; one not available on this machine (a variant its finding skips
-here) is skipped with a message.
+here) is skipped with a message. Timing runs at `harness.run`'s thread count unless the
+config's `sampling.threads` (or the gate's --threads) names one.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from harness.measure.stats import RatioCI
 from harness.measure import timing
 from harness.measure.timing import CpuClock, Measurement, measure_interleaved, pinned_threads
 from harness.progress import Progress
+from harness.ranks import timing_threads
 
 SCHEMA_VERSION = 1
 
@@ -38,8 +40,9 @@ SCHEMA_VERSION = 1
 class Sampling:
     """How each finding x case is timed (arguments of `measure_interleaved`)."""
 
-    threads: int
-    """torch threads while timing."""
+    threads: int | None
+    """torch threads while timing; None (the field left out): `harness.run`'s default
+    (`harness.ranks.timing_threads`), so that the gate times the regime the run reports."""
     min_samples: int
     max_samples: int
     time_budget_s: float
@@ -93,9 +96,11 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return {str: "a string", int: "an integer", dict: "an object", list: "a list"}[kind]
 
 
-def _positive(value: float, where: str) -> float:
+def _positive(mapping: dict, name: str, where: str) -> float:
+    """`mapping[name]`, a finite number > 0; UsageError naming the field otherwise."""
+    value = _field(mapping, name, (int, float), where)
     if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{where}: expected a finite number > 0; got {value!r}")
+        raise UsageError(f"{where}.{name}: expected a finite number > 0; got {value!r}")
     return float(value)
 
 
@@ -109,16 +114,14 @@ def parse_config(document: object, source: str) -> InvariantConfig:
     raw = _field(document, "sampling", dict, source)
     where = f"{source}: sampling"
     sampling = Sampling(
-        threads=_field(raw, "threads", int, where),
+        threads=_field(raw, "threads", int, where) if "threads" in raw else None,
         min_samples=_field(raw, "min_samples", int, where),
         max_samples=_field(raw, "max_samples", int, where),
-        time_budget_s=_positive(_field(raw, "time_budget_s", (int, float), where),
-                                f"{where}.time_budget_s"),
-        min_sample_time=_positive(_field(raw, "min_sample_time", (int, float), where),
-                                  f"{where}.min_sample_time"),
+        time_budget_s=_positive(raw, "time_budget_s", where),
+        min_sample_time=_positive(raw, "min_sample_time", where),
     )
     for name, low in (("threads", 1), ("min_samples", 2), ("max_samples", sampling.min_samples)):
-        if getattr(sampling, name) < low:
+        if getattr(sampling, name) is not None and getattr(sampling, name) < low:
             raise UsageError(f"{where}.{name}: expected an integer >= {low}; "
                              f"got {getattr(sampling, name)}")
     listed = _field(document, "invariants", list, source)
@@ -135,10 +138,8 @@ def parse_config(document: object, source: str) -> InvariantConfig:
             case=_field(entry, "case", dict, where),
             fast=_field(entry, "fast", str, where),
             slow=_field(entry, "slow", str, where),
-            min_speedup=_positive(_field(entry, "min_speedup", (int, float), where),
-                                  f"{where}.min_speedup"),
-            measured_speedup=_positive(_field(entry, "measured_speedup", (int, float), where),
-                                       f"{where}.measured_speedup"),
+            min_speedup=_positive(entry, "min_speedup", where),
+            measured_speedup=_positive(entry, "measured_speedup", where),
         )
         if invariant.id in ids:
             raise UsageError(f"{where}.id: expected a unique id; got {invariant.id!r} again")
@@ -210,8 +211,16 @@ def judge(invariant: Invariant, case: Case, slow: Measurement, fast: Measurement
                 change=f"{ci.ratio / invariant.min_speedup:.2g}x the threshold", ci=ci)
 
 
-def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]:
-    """Check b: time each finding x case once (the union of its invariants' variants), judge each."""
+def timing_threads_of(config: InvariantConfig, threads: int | None = None) -> int:
+    """The torch threads check b times with: `threads` (--threads), else the config's,
+    else `harness.run`'s default."""
+    return threads or config.sampling.threads or timing_threads()
+
+
+def check_invariants(config: InvariantConfig, *, seed: int = 0,
+                     threads: int | None = None) -> list[GateRow]:
+    """Check b: time each finding x case once (the union of its invariants' variants), judge
+    each, at `timing_threads_of(config, threads)` torch threads."""
     device = torch.device("cpu")
     resolved = []
     for invariant in config.invariants:
@@ -229,7 +238,7 @@ def check_invariants(config: InvariantConfig, *, seed: int = 0) -> list[GateRow]
         else:
             groups.setdefault((finding.id, case.label), []).append((invariant, finding, case))
     s = config.sampling
-    with pinned_threads(s.threads), Progress(len(groups), "cell") as progress:
+    with pinned_threads(timing_threads_of(config, threads)), Progress(len(groups), "cell") as progress:
         for members in groups.values():
             _, finding, case = members[0]
             progress.describe(f"invariants {finding.id}")

@@ -31,8 +31,6 @@ class Outcome(str, enum.Enum):
     """More ops/allocations/syncs than the baseline, an invariant broken, or slower than REV."""
     IMPROVED = "improved"
     """Fewer counts than the baseline, or faster than REV beyond the threshold."""
-    WITHIN_THRESHOLD = "within threshold"
-    """A/B: the interval excludes 1.0 but does not pass the threshold."""
     INCONCLUSIVE = "inconclusive"
     """Invariant: the interval straddles the threshold; not a failure."""
     NEW = "new"
@@ -74,6 +72,9 @@ class GateRow:
     """Timing checks: the ratio and its 95% interval behind the outcome."""
     threshold: float | None = None
     """Timing checks: the bound the interval was held against."""
+    not_compared: tuple[str, ...] = ()
+    """Counters: the counters of this cell not compared with the baseline (recorded on
+    other CPU kernel paths only); the note says why."""
 
 
 COLUMNS = ("check", "finding", "variant", "case", "baseline", "current", "change", "verdict")
@@ -98,15 +99,16 @@ def render_markdown(rows: Iterable[GateRow]) -> str:
 SCHEMA_VERSION = 1
 
 
-def rows_document(rows: Iterable[GateRow]) -> dict:
-    """The rows as versioned JSON-ready data (outcome as its value, the interval as numbers)."""
+def rows_document(rows: Iterable[GateRow], notes: Iterable[str] = ()) -> dict:
+    """The rows as versioned JSON-ready data (outcome as its value, the interval as numbers),
+    with the notes printed after the table."""
     out = []
     for row in rows:
         data = dataclasses.asdict(row)
         data["outcome"] = row.outcome.value
         data["fails"] = row.outcome.fails
         out.append(data)
-    return {"schema_version": SCHEMA_VERSION, "rows": out}
+    return {"schema_version": SCHEMA_VERSION, "rows": out, "notes": list(notes)}
 
 
 def summary_line(rows: Iterable[GateRow]) -> str:
@@ -128,8 +130,10 @@ def step_summary_path() -> Path | None:
     return Path(value) if value else None
 
 
-def append_step_summary(rows: list[GateRow], path: Path) -> None:
-    """Append the gate's table and its summary line to `path` (a job summary: markdown
-    that GitHub shows on the run's page), keeping what earlier steps wrote there."""
+def append_step_summary(rows: list[GateRow], path: Path, notes: Iterable[str] = ()) -> None:
+    """Append the gate's table, its notes and its summary line to `path` (a job summary:
+    markdown that GitHub shows on the run's page), keeping what earlier steps wrote there."""
+    said = "".join(f"- {note}\n" for note in notes)
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write(f"### harness.gate\n\n{render_markdown(rows)}\n\n{summary_line(rows)}\n\n")
+        handle.write(f"### harness.gate\n\n{render_markdown(rows)}\n\n"
+                     f"{said + chr(10) if said else ''}{summary_line(rows)}\n\n")

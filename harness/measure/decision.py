@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from statsmodels.stats.multitest import multipletests
 
 from harness.measure.estimate import PairedEstimate
 from harness.measure.numbers import is_real
@@ -126,20 +127,15 @@ def word_p_value(estimate: PairedEstimate, word: Word, margin: float = DEFAULT_M
 
 def benjamini_hochberg(p_values: Sequence[float], q: float = 0.05) -> list[bool]:
     """Which of `p_values` are discoveries at false discovery rate `q` (Benjamini and
-    Hochberg 1995: the largest k with p_(k) <= k q / m, and every p at or below it)."""
+    Hochberg 1995, by statsmodels' `multipletests`: the largest k with p_(k) <= k q / m,
+    and every p at or below it)."""
     check_fraction(q, "q")
     p = np.asarray(p_values, dtype=np.float64)
     if p.size == 0:
         return []
     if not ((p >= 0) & (p <= 1)).all():
         raise ValueError(f"p_values: expected values in [0, 1]; got {float(p[(p < 0) | (p > 1)][0])!r}")
-    order = np.argsort(p, kind="stable")
-    ranked = p[order]
-    passing = np.flatnonzero(ranked <= q * np.arange(1, p.size + 1) / p.size)
-    if passing.size == 0:
-        return [False] * p.size
-    threshold = ranked[passing[-1]]
-    return [bool(v <= threshold) for v in p]
+    return [bool(r) for r in multipletests(p, q, method="fdr_bh")[0]]
 
 
 def noise_words(words: int, alpha: float = ALPHA) -> float:

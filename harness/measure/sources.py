@@ -146,6 +146,36 @@ class Sources:
         """JSON-ready entries (a cell journal, a bisect probe's output)."""
         return [{**asdict(e), "site": asdict(e.site) if e.site else None} for e in self.entries]
 
+    def as_rows(self, counters: Iterable[str] = COUNTER_LABELS) -> list[list]:
+        """The entries of `counters` as compact rows, `[counter, op, file, line, function,
+        count]` (file, line and function None outside the project's files), sorted: what a
+        counters baseline stores, one short line per row."""
+        order = {name: index for index, name in enumerate(counters)}
+        rows = [[e.counter, e.op, *((e.site.file, e.site.line, e.site.function) if e.site
+                                    else (None, None, None)), e.count]
+                for e in self.entries if e.counter in order]
+        # in a fixed order (counter, file, line, op), so that a file of them changes by line
+        return sorted(rows, key=lambda r: (order[r[0]], r[2] or "", r[3] or 0, r[1]))
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[object]) -> "Sources":
+        """The inverse of `as_rows`; ValueError naming the row when one is malformed."""
+        out = []
+        for index, row in enumerate(rows):
+            shape_ok = isinstance(row, list) and len(row) == 6
+            if shape_ok:
+                counter, op, file, line, function, count = row
+                site_ok = (file is None and line is None and function is None) or (
+                    isinstance(file, str) and type(line) is int and isinstance(function, str))
+                shape_ok = (counter in COUNTER_LABELS and isinstance(op, str) and site_ok
+                            and type(count) is int and count >= 0)
+            if not shape_ok:
+                raise ValueError(f"sources[{index}]: expected [counter, op, file, line, "
+                                 f"function, count]; got {row!r}")
+            out.append(SourceCount(counter, op, Site(file, line, function) if file else None,
+                                   count))
+        return cls(tuple(out))
+
     @classmethod
     def from_json(cls, entries: Iterable[dict]) -> "Sources":
         """The inverse of `as_json`; ValueError naming the entry when one is malformed."""

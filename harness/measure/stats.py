@@ -20,7 +20,6 @@ __all__ = [
     "RatioCI",
     "Verdict",
     "as_samples",
-    "bootstrap_mean_ci",
     "iqr",
     "median",
     "paired_difference_ci",
@@ -177,20 +176,6 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
     centre = (p + z * z / (2 * trials)) / denominator
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def bootstrap_mean_ci(values: Sequence[float], *, n_boot: int = 4000, confidence: float = 0.95,
-                      seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): the mean of `values` with a percentile-bootstrap interval. For a
-    paired comparison pass the per-pair differences (variant minus baseline)."""
-    data = np.asarray(values, dtype=np.float64)
-    if data.ndim != 1 or data.size == 0 or not np.isfinite(data).all():
-        raise ValueError(f"bootstrap_mean_ci: expected a non-empty list of finite numbers; "
-                         f"got {values!r}")
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, data.size, size=(n_boot, data.size))].mean(axis=1)
-    low, high = _percentiles(means, confidence)
-    return float(data.mean()), low, high
 
 
 def t_mean_ci(values: Sequence[float], *, confidence: float = 0.95

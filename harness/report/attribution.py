@@ -55,3 +55,17 @@ def words(before_row: Mapping, after_row: Mapping, before: Sources | None,
     text = explain.between(_counts(before_row, counters), _counts(after_row, counters),
                            before, after)
     return text or None
+
+
+def missing_sources_note(new: Run, old: Run) -> str | None:
+    """A sentence for a compare page when only one of the two runs recorded the lines
+    behind its counters (`harness.run --sources`): its counter changes are then shown
+    without their lines, and the page says why. None when both or neither did."""
+    recorded = {label: bool(run_sources(run)) for label, run in (("new", new), ("old", old))}
+    if len(set(recorded.values())) == 1:
+        return None
+    label = next(label for label, has in recorded.items() if not has)
+    run = new if label == "new" else old
+    return (f"The {label} run ({run.run_id}) was recorded without --sources: counter changes "
+            "are shown without the ops and lines behind them. Record both runs with "
+            "`python -m harness.run --sources` to see them.")

@@ -73,9 +73,10 @@ _FROM_WORD = {Word.FASTER: Change.IMPROVED, Word.SLOWER: Change.REGRESSED,
 
 
 def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
-    """What keeps two runs' times from being comparable, each a sentence for the page: the
+    """What keeps two runs from being comparable, each a sentence for the page: the
     machines or the CPU kernel paths they differ in (a ReportError naming the fields,
-    unless `force`), and a run that did not record its kernel path (never refused)."""
+    unless `force`), a run that did not record its kernel path (never refused), and a run
+    that did not record the lines behind its counters where the other did."""
     changes = fingerprint_changes(old.metadata, new.metadata)
     machine = [f"{k}: old {a!r}, new {b!r}" for k, a, b in changes if k not in KERNEL_FIELDS]
     kernels = [f"{k}: old {a!r}, new {b!r}" for k, a, b in changes if k in KERNEL_FIELDS]
@@ -104,6 +105,7 @@ def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
             notes.append(f"The {label} run ({run.run_id}) did not record its CPU kernel path "
                          "(it predates that record): a difference of kernels between the "
                          "runs cannot be ruled out.")
+    notes += filter(None, [attribution.missing_sources_note(new, old)])
     return notes
 
 

@@ -21,7 +21,7 @@ from harness.report.headline import COUNTERS, Headline, headline, headline_case
 from harness.report.summary import (
     compiled_line, format_seconds, process_line, sampling_line, signed_seconds, verdict_word,
 )
-from harness.report.verdicts import case_phrase, claim_factor, present, verdict_sentence
+from harness.report.verdicts import case_phrase, present, verdict_sentence
 
 
 

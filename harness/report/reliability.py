@@ -134,13 +134,3 @@ def reliability(summary: pd.DataFrame) -> Reliability:
         placebo_halfwidth=width, words=len(compared), decisive=len(decisive),
         kept=min(kept, len(decisive)), inconclusive=len(compared) - len(decisive))
 
-
-def kept_by_fdr(summary: pd.DataFrame) -> dict[tuple[str, str, str], bool]:
-    """(finding, case, variant) -> whether its decisive word holds under Benjamini-Hochberg
-    at FDR_Q over the run (inconclusive words: False)."""
-    compared = compared_rows(summary)
-    if compared.empty:
-        return {}
-    keep = benjamini_hochberg(compared["pvalue"].astype(float).tolist(), FDR_Q)
-    return {(r["finding"], r["case"], r["variant"]): bool(k and r["verdict"] in DECISIVE)
-            for r, k in zip(compared.to_dict("records"), keep)}

@@ -8,7 +8,6 @@ so the speed-up is `1 / ratio` and its interval `[1 / ci_high, 1 / ci_low]`.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
 from harness.measure.stats import Verdict
@@ -17,18 +16,10 @@ from harness.report.summary import format_seconds
 #: how a case parameter reads in a sentence: `num_envs=4` -> "4 envs"
 PARAM_WORDS = {"num_envs": "envs", "max_steps": "steps"}
 
-_CLAIM_FACTOR = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*x\b", re.IGNORECASE)
-
 
 def present(value) -> bool:
     """True for a real number or string; False for None and NaN (a missing cell)."""
     return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def claim_factor(claim: str) -> float | None:
-    """The speed-up a ticket estimates, from text like "could be ~4x faster"; else None."""
-    match = _CLAIM_FACTOR.search(claim or "")
-    return float(match.group(1)) if match else None
 
 
 def format_param(value) -> str:

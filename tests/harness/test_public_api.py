@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,3 +167,26 @@ def test_planned_calls_cases_once_and_keeps_the_list():
 
     finding = registry.planned(_declare(cases=cases), quick=False)
     assert [c.label for c in finding.cases(True)] == ["n=64"] and calls == [False]
+
+
+@pytest.mark.parametrize("claim, factor", [
+    ("could be ~4x faster with tensor operations", 4.0),
+    ("about ~ 2.5x less time", 2.5),
+    ("up to 25x fewer allocations", 25.0),
+    ("about 3.5x faster", 3.5),
+    ("up to 25 allocations per environment", None),  # a count, not a speed-up
+])
+def test_the_claimed_speed_up_is_read_from_the_claim(claim, factor):
+    """One reader of a claim's factor (`harness.findings.claim_factor_of`), the one the
+    report's claim word uses too."""
+    assert registry.claim_factor_of(claim) == factor
+
+
+def test_max_abs_difference_compares_two_tensors_as_the_api_page_says():
+    """docs/api.md says what the check takes; the annotations the first-call check reads
+    say the same (a tuple or a dict needs a check of its own)."""
+    parameters = inspect.signature(max_abs_difference).parameters.values()
+    assert [p.annotation for p in parameters] == ["torch.Tensor", "torch.Tensor"]
+    assert max_abs_difference(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])) == 0.5
+    api = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    assert "`max_abs_difference(output, reference)` compares two tensors" in " ".join(api.split())

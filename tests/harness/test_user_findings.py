@@ -18,7 +18,7 @@ from harness import findings as registry
 from harness.exits import UsageError
 from harness.gate import cli as gate
 from harness.gate.table import Outcome
-from harness.gate.counters import fingerprint
+from harness.gate.counters import counting_fingerprint
 from harness.project import ProjectConfig, load_project_config, parse
 from harness.results import load_run
 from harness.report.cli import main as report_main
@@ -242,7 +242,7 @@ def test_the_gate_records_a_users_raising_variant_and_cases_as_errors(tmp_path, 
             f"RuntimeError('{user_failures.PLANTED}')") in capsys.readouterr().err
     assert not baseline.exists()
 
-    baseline.write_text(json.dumps({"schema_version": 1, "fingerprint": fingerprint(),
+    baseline.write_text(json.dumps({"schema_version": 2, "fingerprint": counting_fingerprint(),
                                     "counters": []}))
     assert gate.main(["--findings-module", FAILURES, "--counters", "--baseline", str(baseline),
                       "--json", str(tmp_path / "rows.json")]) == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from esper.gae import METHODS
 from harness import findings as registry
@@ -44,15 +45,22 @@ def gae_baseline(tmp_path, gae_cells) -> Path:
 
 def _compare(cells: list[gate_counters.CellCounts], baseline: Path) -> list[GateRow]:
     """The counters check on cells already measured (the gate measures, then compares)."""
-    return gate_counters.compare(cells, gate_counters.load_baseline(baseline), ["B4-CR-03"],
-                                 path=baseline)
+    return gate_counters.compare(cells, gate_counters.load_baseline(baseline), ["B4-CR-03"])
+
+
+def _counts_of(entry: dict, counter: str) -> dict:
+    """Where `counter` of a baseline entry is: the entry (EXACT), or its one kernel path's."""
+    if counter in gate_counters.EXACT:
+        return entry
+    (recorded,) = entry["by_kernel_path"].values()
+    return recorded
 
 
 def _edit_first(path: Path, variant: str, counter: str, delta: int) -> dict:
     """Add `delta` to one counter of the first baseline entry of `variant`; return the entry."""
     document = json.loads(path.read_text())
     entry = next(e for e in document["counters"] if e["variant"] == variant)
-    entry[counter] += delta
+    _counts_of(entry, counter)[counter] += delta
     path.write_text(json.dumps(document))
     return entry
 
@@ -96,7 +104,7 @@ def test_counters_catch_a_planted_allocation(gae_baseline):
 def test_a_stated_tolerance_absorbs_a_difference_and_survives_an_update(gae_baseline, gae_cells):
     document = json.loads(gae_baseline.read_text())
     entry = document["counters"][0]
-    entry["allocations"] -= 2
+    _counts_of(entry, "allocations")["allocations"] -= 2
     entry["tolerance"] = {"allocations": 2}
     gae_baseline.write_text(json.dumps(document))
     rows = _compare(gae_cells, gae_baseline)
@@ -105,7 +113,8 @@ def test_a_stated_tolerance_absorbs_a_difference_and_survives_an_update(gae_base
     gate_counters.write_baseline(gae_baseline, gae_cells)
     rewritten = json.loads(gae_baseline.read_text())["counters"][0]
     assert rewritten["tolerance"] == {"allocations": 2}
-    assert rewritten["allocations"] == entry["allocations"] + 2
+    assert _counts_of(rewritten, "allocations")["allocations"] == \
+        _counts_of(entry, "allocations")["allocations"] + 2
 
 
 def test_a_new_cell_fails_unless_allowed_and_a_missing_one_is_reported(gae_baseline, gae_cells):
@@ -123,10 +132,147 @@ def test_a_new_cell_fails_unless_allowed_and_a_missing_one_is_reported(gae_basel
     assert [row.outcome for row in rows if row.outcome.fails] == [Outcome.NEW]
 
     allowed = gate_counters.compare(gae_cells, gate_counters.load_baseline(gae_baseline),
-                                    ["B4-CR-03"], path=gae_baseline, allow_new=True)
+                                    ["B4-CR-03"], allow_new=True)
     assert {row.outcome for row in allowed} == {Outcome.PASS, Outcome.NEW_ALLOWED,
                                                 Outcome.MISSING}
     assert not any(row.outcome.fails for row in allowed)
+
+
+#: a small tensor the planted clone copies
+_CLONED = torch.ones(4)
+
+
+def cloning(fn):
+    """`fn` after one clone of a small tensor: what a `clone()` planted in the code costs."""
+
+    def planted_clone(*args, **kwargs):
+        _CLONED.clone()  # the planted clone
+        return fn(*args, **kwargs)
+
+    return planted_clone
+
+
+def _line_of(text: str) -> int:
+    """The line of this file that holds `text`."""
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text in line and "_line_of" not in line)
+
+
+def test_a_planted_clone_reads_as_a_per_line_delta(tmp_path):
+    """The baseline keeps each cell's counters split by line, so that a change reads as
+    what changed where (`+N aten::clone at FILE:LINE`), not as where the counter's ops
+    are now (`now 6 aten::isfinite at :40, ...`, which hid a planted clone)."""
+    path = tmp_path / "counters.json"
+    gate_counters.write_baseline(path, gate_counters.measure(["B4-CR-03"], attribute=True))
+    baseline = gate_counters.load_baseline(path)
+    with planted(registry.defaults([REVIEW]).plant, cloning):
+        cells = gate_counters.measure(["B4-CR-03"])
+        rows = gate_counters.explain_changes(
+            gate_counters.compare(cells, baseline, ["B4-CR-03"]), cells, baseline)
+    flagged = [row for row in rows if row.outcome is Outcome.REGRESSION]
+    assert {row.variant for row in flagged} == {"scan"} and len(flagged) == 4
+    site = (f"aten::clone at tests/harness/gate/test_gate.py:{_line_of('# the planted clone')}"
+            " in planted_clone()")
+    for row in flagged:
+        before = baseline.entries[(row.finding, row.case, row.variant)]
+        (recorded,) = before.by_kernel_path.values()
+        ops = int(row.change.split("op_calls +")[1].split(",")[0])
+        assert f"op calls {before.exact['op_calls']} -> {before.exact['op_calls'] + ops}: " \
+               f"+{ops} {site}" in row.note, row.note
+        allocations = recorded.counts["allocations"]
+        assert f"allocations {allocations} -> {allocations + 1}: +1 {site}" in row.note
+        assert "now" not in row.note
+
+
+def test_a_schema_1_baseline_compares_its_exact_counters_and_says_what_it_cannot(tmp_path,
+                                                                                gae_cells):
+    """A baseline written before kernel paths were recorded still loads: op calls and host
+    syncs are compared (a changed one regresses, explained without lines: the file has
+    none), the allocation counters are not (they may come from another machine), and the
+    gate says so; `--update-baseline` rewrites it as schema 2, tolerances kept."""
+    path = tmp_path / "counters.json"
+    entries = [{"finding": c.finding, "case": c.case, "variant": c.variant, **c.counts}
+               for c in gae_cells]
+    entries[0]["allocations"] += 5  # another machine's count: never a regression
+    entries[1]["op_calls"] -= 1  # the code now makes one more op call: a regression
+    entries[2]["tolerance"] = {"op_calls": 1}
+    path.write_text(json.dumps({"schema_version": 1,
+                                "fingerprint": gate_counters.counting_fingerprint(),
+                                "counters": entries}))
+    baseline = gate_counters.load_baseline(path)
+    rows = gate_counters.explain_changes(
+        gate_counters.compare(gae_cells, baseline, ["B4-CR-03"]), gae_cells, baseline)
+    assert [row.outcome for row in rows] == [Outcome.PASS, Outcome.REGRESSION] + \
+        [Outcome.PASS] * (len(rows) - 2)
+    assert all(row.not_compared == gate_counters.KERNEL_DEPENDENT for row in rows)
+    assert rows[0].baseline.startswith("op_calls=") and "allocations" not in rows[0].baseline
+    assert rows[0].note == ("allocations, allocated_bytes, peak_bytes not compared: the "
+                            "baseline (schema 1) recorded them without their CPU kernel path")
+    assert rows[1].change == "op_calls +1" and "op calls " in rows[1].note
+    assert ("(the baseline holds no lines for this cell; `python -m harness.gate "
+            "--update-baseline` records them)") in rows[1].note
+    note = gate_counters.not_compared_note(rows, gate_counters.KernelMatch.of(baseline), path,
+                                           "CMD")
+    assert note == (f"counters: allocations, allocated_bytes, peak_bytes depend on the CPU "
+                    f"kernel path and were not compared in {len(rows)} of {len(rows)} cells: "
+                    f"{path} is of schema 1, which recorded them without the CPU kernel path "
+                    "they were counted on; op_calls, host_syncs were compared exactly. Record "
+                    "this machine's counts with `CMD` (it rewrites the file as schema 2).")
+
+    gate_counters.write_baseline(path, gae_cells)
+    document = json.loads(path.read_text())
+    assert document["schema_version"] == 2 and document["counters"][2]["tolerance"] == \
+        {"op_calls": 1}
+    rows = _compare(gae_cells, path)
+    assert {row.outcome for row in rows} == {Outcome.PASS}
+    assert not any(row.not_compared for row in rows)
+
+
+def test_each_kernel_path_keeps_its_own_allocation_counts(tmp_path):
+    """Two machines' kernel paths in one baseline: each is held to its own allocation
+    counts; a third is held to the exact counters only, and the note names the field
+    that differs; counts that changed on one path drop the others' (other code)."""
+    path = tmp_path / "counters.json"
+    counts = {"op_calls": 10, "host_syncs": 0, "allocations": 2, "allocated_bytes": 64,
+              "peak_bytes": 64}
+    here = gate_counters.gate_kernel_path()
+    avx2 = {**here, "env_onednn_max_cpu_isa": "AVX2"}
+    xeon = {**here, "cpu_model": "Intel Xeon"}
+
+    def cell(**changed):
+        return gate_counters.CellCounts("F", "c", "v", counts={**counts, **changed})
+
+    gate_counters.write_baseline(path, [cell()], here=here)
+    update = gate_counters.write_baseline(path, [cell(allocations=3, allocated_bytes=96)],
+                                          here=avx2)
+    assert update.other_kernel_paths == 1 and update.stale == ()
+    document = json.loads(path.read_text())
+    names = [gate_counters.kernel_path_id(p) for p in (here, avx2)]
+    assert document["kernel_paths"] == dict(zip(names, (here, avx2)))
+    assert {name: recorded["allocations"] for name, recorded in
+            document["counters"][0]["by_kernel_path"].items()} == dict(zip(names, (2, 3)))
+
+    baseline = gate_counters.load_baseline(path)
+
+    def outcome(kernel_path, measured):
+        match = gate_counters.KernelMatch.of(baseline, kernel_path)
+        (row,) = gate_counters.compare([measured], baseline, ["F"], match=match)
+        return row, match
+
+    assert outcome(here, cell())[0].outcome is Outcome.PASS
+    assert outcome(avx2, cell(allocations=3, allocated_bytes=96))[0].outcome is Outcome.PASS
+    assert outcome(here, cell(allocations=3, allocated_bytes=96))[0].change == \
+        "allocations +1, allocated_bytes +32"
+    row, match = outcome(xeon, cell(allocations=7))
+    assert row.outcome is Outcome.PASS and row.not_compared == gate_counters.KERNEL_DEPENDENT
+    assert row.note.endswith("this CPU kernel path is not in the baseline (cpu_model differs)")
+    assert f"differs in cpu_model: here 'Intel Xeon', recorded {here['cpu_model']!r})" in \
+        gate_counters.not_compared_note([row], match, path, "CMD")
+    assert outcome(xeon, cell(op_calls=11))[0].outcome is Outcome.REGRESSION
+
+    update = gate_counters.write_baseline(path, [cell(op_calls=11)], here=here)
+    assert update.stale == (("F", "c", "v"),) and update.other_kernel_paths == 0
+    assert list(json.loads(path.read_text())["kernel_paths"]) == names[:1]
 
 
 def test_baseline_problems_name_the_command_that_fixes_them(tmp_path):
@@ -135,7 +281,7 @@ def test_baseline_problems_name_the_command_that_fixes_them(tmp_path):
         gate_counters.load_baseline(missing)
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema_version": 0, "counters": []}))
-    with pytest.raises(UsageError, match="schema_version: expected 1; got 0"):
+    with pytest.raises(UsageError, match="schema_version: expected one of 1, 2; got 0"):
         gate_counters.load_baseline(old)
     other_torch = tmp_path / "other.json"
     other_torch.write_text(json.dumps({"schema_version": 1, "counters": [],
@@ -145,7 +291,7 @@ def test_baseline_problems_name_the_command_that_fixes_them(tmp_path):
         gate_counters.load_baseline(other_torch)
     bad_count = tmp_path / "bad.json"
     bad_count.write_text(json.dumps({
-        "schema_version": 1, "fingerprint": gate_counters.fingerprint(),
+        "schema_version": 1, "fingerprint": gate_counters.counting_fingerprint(),
         "counters": [{"finding": "F", "case": "c", "variant": "v", "op_calls": "many",
                       "host_syncs": 0, "allocations": 0, "allocated_bytes": 0,
                       "peak_bytes": 0}]}))
@@ -199,6 +345,9 @@ def test_cli_update_then_check_then_flag(tmp_path, capsys):
     (["--invariants", "--config", "missing.json"], "no invariants config at missing.json"),
     (["--against", "no-such-revision-xyz"], "--against: expected a commit, branch or tag"),
     (["--against", "HEAD", "--sessions", "1"], "--sessions: expected an integer >= 3"),
+    (["--counters", "--threads", "2"], "--threads: expected with --against REV or the "
+                                       "invariants check"),
+    (["--against", "HEAD", "--threads", "0"], "--threads: expected an integer >= 1"),
 ])
 def test_cli_usage_errors_exit_2(argv, message, capsys):
     assert gate.main(argv) == 2
@@ -269,9 +418,29 @@ def test_invariant_missing_field_is_named(tmp_path):
                              "min_speedup": 2, "measured_speedup": 6}]}, "cfg")
 
 
+def test_timing_checks_use_the_runs_thread_count_unless_told_otherwise(tmp_path):
+    """The run times at torch's thread count (the cores shared out under torchrun); the
+    gate's timing checks do the same by default, so that the gate guards the regime the
+    run reports (a claim's word can depend on it); the counters stay at one thread."""
+    config = _config(tmp_path)
+    document = json.loads((tmp_path / "invariants.json").read_text())
+    del document["sampling"]["threads"]
+    unpinned = gate_invariants.parse_config(document, "invariants.json")
+    assert unpinned.sampling.threads is None
+    assert gate_invariants.timing_threads_of(unpinned) == torch.get_num_threads()
+    assert gate_invariants.timing_threads_of(unpinned, 3) == 3
+    assert gate_invariants.timing_threads_of(config) == config.sampling.threads == 1
+    assert gate_ab.ABOptions().threads == torch.get_num_threads()
+    assert gate.ab_options(gate.parse(["--against", "HEAD", "--threads", "3"]))[0].threads == 3
+    assert gate.ab_options(gate.parse(["--against", "HEAD"]))[0].threads == \
+        torch.get_num_threads()
+    assert gate_counters.THREADS == 1
+
+
 def test_committed_invariants_name_quick_cases_and_keep_wide_margins():
     config = gate_invariants.load_config(registry.defaults([REVIEW]).invariants)
     assert config.invariants
+    assert config.sampling.threads is None  # timed at the run's thread count
     for invariant in config.invariants:
         assert invariant.margin >= 2.5, invariant
         finding = gate_invariants.registry.select([invariant.finding])[0]

@@ -59,8 +59,16 @@ def measured(monkeypatch, cells):
 
 
 def _document(entries: list[dict]) -> dict:
-    return {"schema_version": 1, "fingerprint": gate_counters.fingerprint(),
-            "counters": entries}
+    """A baseline of `entries` (every counter in the entry), their allocation counts
+    recorded on this process's kernel path."""
+    here = gate_counters.gate_kernel_path()
+    name = gate_counters.kernel_path_id(here)
+    kernel = gate_counters.KERNEL_DEPENDENT
+    return {"schema_version": 2, "fingerprint": gate_counters.counting_fingerprint(),
+            "kernel_paths": {name: here},
+            "counters": [{**{k: v for k, v in e.items() if k not in kernel},
+                          "by_kernel_path": {name: {k: e[k] for k in kernel if k in e}}}
+                         if isinstance(e, dict) else e for e in entries]}
 
 
 def _entries(cells) -> list[dict]:
@@ -281,19 +289,23 @@ def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys)
     assert json.loads(path.read_text())["counters"] == expected  # 30 of 30, same order
 
 
+COUNTS = {"op_calls": 10, "host_syncs": 0, "allocations": 2, "allocated_bytes": 64,
+          "peak_bytes": 64}
+
+
 def _cell(finding, variant, **fields) -> gate_counters.CellCounts:
-    counts = fields.pop("counts", {"op_calls": 10, "host_syncs": 0, "allocations": 2,
-                                   "allocated_bytes": 64, "peak_bytes": 64})
+    counts = fields.pop("counts", COUNTS)
     return gate_counters.CellCounts(finding, "c", variant, counts=counts, **fields)
 
 
 def test_write_baseline_merges_cell_by_cell(tmp_path):
     path = tmp_path / "counters.json"
-    old = [_cell("F1", "a"), _cell("F2", "kept-tolerance", tolerance={"allocations": 1}),
-           _cell("F2", "skipped-here"), _cell("F2", "retired"), _cell("F3", "b")]
+    old = [("F1", "a"), ("F2", "kept-tolerance"), ("F2", "skipped-here"), ("F2", "retired"),
+           ("F3", "b")]
     path.write_text(json.dumps(_document([
-        {"finding": c.finding, "case": c.case, "variant": c.variant, **c.counts,
-         **({"tolerance": c.tolerance} if c.tolerance else {})} for c in old])))
+        {"finding": f, "case": "c", "variant": v, **COUNTS,
+         **({"tolerance": {"allocations": 1}} if v == "kept-tolerance" else {})}
+        for f, v in old])))
     more = {"op_calls": 11, "host_syncs": 0, "allocations": 2, "allocated_bytes": 64,
             "peak_bytes": 64}
     update = gate_counters.write_baseline(path, [
@@ -308,7 +320,7 @@ def test_write_baseline_merges_cell_by_cell(tmp_path):
     assert entries[1]["tolerance"] == {"allocations": 1}
     assert update == gate_counters.BaselineUpdate(
         written=2, kept={"F1": 1, "F3": 1}, kept_skipped=1, dropped=(("F2", "c", "retired"),),
-        replaced=None)
+        replaced=None, kernel_path=gate_counters.kernel_path_id(gate_counters.gate_kernel_path()))
 
 
 def test_an_unmergeable_baseline_is_replaced_only_when_asked_or_when_nothing_is_lost(tmp_path):
@@ -329,7 +341,19 @@ def test_an_unmergeable_baseline_is_replaced_only_when_asked_or_when_nothing_is_
                                                              **entry}]}))
     update = gate_counters.write_baseline(path, [_cell("F1", "a")])  # F1's own entries only
     assert update.replaced and json.loads(path.read_text())["fingerprint"] == \
-        gate_counters.fingerprint()
+        gate_counters.counting_fingerprint()
+
+    # schema 1 of this torch version: the other findings' allocation counts have no kernel
+    # path to be kept under, so only a full update (or one of its own findings) rewrites it
+    schema_1 = {"schema_version": 1, "fingerprint": gate_counters.counting_fingerprint()}
+    path.write_text(json.dumps({**schema_1, "counters": [
+        {"finding": "F1", "variant": "a", **entry}, {"finding": "F2", "variant": "a", **entry}]}))
+    with pytest.raises(UsageError, match=r"baseline not updated, it would lose F2: .*"
+                                         r"schema_version 1 keeps the allocation counters "
+                                         r"without the CPU kernel path"):
+        gate_counters.write_baseline(path, [_cell("F1", "a")])
+    update = gate_counters.write_baseline(path, [_cell("F1", "a")], replace_stale=True)
+    assert update.replaced and json.loads(path.read_text())["schema_version"] == 2
 
 
 # --- exit codes and --version of every command -----------------------------------------------
@@ -605,7 +629,7 @@ def test_read_json_says_what_is_wrong_with_the_file(tmp_path):
     with pytest.raises(UsageError, match=rf"{path}: no such file"):
         exits.read_json(path)
     shutil.copy(COMMITTED_BASELINE, path)
-    assert exits.read_json(path)["schema_version"] == 1
+    assert exits.read_json(path)["schema_version"] == gate_counters.SCHEMA_VERSION
 
 
 @pytest.mark.integration  # a fresh interpreter: loading a tree swaps its modules

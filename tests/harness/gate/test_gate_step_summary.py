@@ -27,10 +27,14 @@ def test_the_gate_appends_its_table_to_the_step_summary(tmp_path, monkeypatch, c
     monkeypatch.setenv(STEP_SUMMARY_VARIABLE, str(summary))
     assert gate.main(_impossible_invariant(tmp_path)) == 1
     out = capsys.readouterr().out
-    table, line = out.strip().rsplit("\n\n", 1)
+    table, after = out.strip().split("\n\n", 1)  # the table; its notes and summary line
+    *notes, line = after.splitlines()
+    assert notes == ["note: invariants: timed at 1 torch thread (sampling.threads of the "
+                     "invariants config)"]
     text = summary.read_text()
     assert text.startswith("## an earlier step\n\n")  # appended, not overwritten
-    assert f"### harness.gate\n\n{table}\n\n{line}\n" in text
+    listed = "".join(f"- {note.removeprefix('note: ')}\n" for note in notes)
+    assert f"### harness.gate\n\n{table}\n\n{listed}\n{line}\n" in text
     assert "| invariant scan-vs-loop | B4-CR-03 | scan vs loop |" in text
     assert line.startswith("FAIL: 1 regression")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,9 @@ from harness.report.cli import main as report_main
 from tests.bisect_repo import FINDINGS, OPS, PLANTED, PYPROJECT
 
 PLANTED_LINE = 5  # `peak = x.abs().max().item()` in OPS with PLANTED in scale()'s body
+#: a recorded run (of an older schema: the report migrates it) to copy as either side
+FIXTURE_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "schema1" / \
+    "20261125-123548-cpu"
 
 
 def _run(project: Path, *args: str) -> Path:
@@ -76,3 +80,41 @@ def test_without_sources_the_counts_stand_alone_and_sources_needs_the_profile(tm
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "--sources: expected with the profiling pass" in done.stderr
+
+
+def _copy_run(folder: Path, run_id: str, sources: bool) -> Path:
+    """The fixture run as `run_id`, its journal holding lines for every variant when
+    `sources` (one op call at one line each), as `harness.run --sources` records them."""
+    shutil.copytree(FIXTURE_RUN, folder)
+    document = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**document, "run_id": run_id}))
+    for cell_file in (folder / "cells").glob("*.json"):
+        cell = json.loads(cell_file.read_text())
+        if sources:
+            cell["sources"] = {row["variant"]: [{
+                "counter": "op_calls", "op": "aten::add", "count": 1,
+                "site": {"file": "mylib/ops.py", "line": 3, "function": "scale"}}]
+                for row in cell["summary"]}
+        cell_file.write_text(json.dumps(cell))
+    return folder
+
+
+@pytest.mark.parametrize("recorded", [("new",), ("old",), ("new", "old"), ()])
+def test_compare_says_when_only_one_run_recorded_the_lines(tmp_path, capsys, recorded):
+    """With lines from one run only, the counter changes cannot name lines: the page and
+    the markdown say which run lacks them and how to record them (they said nothing)."""
+    runs = {label: _copy_run(tmp_path / "results" / f"{label}-run", f"{label}-run",
+                             label in recorded) for label in ("new", "old")}
+    out = tmp_path / "compare"
+    assert report_main([str(runs["new"]), "--compare", str(runs["old"]), "--out", str(out),
+                        "--markdown"]) == 0
+    said = capsys.readouterr().out + html.unescape((out / "index.html").read_text())
+    missing = {"new", "old"} - set(recorded)
+    if len(missing) == 1:
+        (label,) = missing
+        sentence = (f"The {label} run ({label}-run) was recorded without --sources: counter "
+                    "changes are shown without the ops and lines behind them. Record both runs "
+                    "with `python -m harness.run --sources` to see them.")
+        assert said.count(sentence) == 2  # the markdown and the page
+    else:
+        assert "without --sources" not in said
