@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from harness import Case, Finding, register
+from harness import About, Case, Finding, register
 
 #: iterations (Python) or ops (torch) of the baseline call, per size: multiples of 100,
 #: so that 1.10 N and 1.03 N are whole and the true ratios exact. A torch call of a few
@@ -71,6 +71,8 @@ for percent, factor in ((10, 1.10), (3, 1.03)):
         variants=("baseline", "planted"), baseline="baseline",
         cases=_cases, build=_build, make_call=_make_call(factor),
         gated=False,
-        notes=(f"The planted variant runs {factor:g}x the baseline's loop iterations or "
-               "torch ops: its true time ratio is known.",),
+        about=About(
+            notes=(f"The planted variant runs {factor:g}x the baseline's loop iterations or "
+                   "torch ops: its true time ratio is known.",),
+        ),
     ))

@@ -20,12 +20,14 @@ A generated block sits between two markers and is never edited by hand:
 Kinds:
   help MODULE     the `--help` of a command (its `build_parser()`), 96 columns wide
   variants        esper's reviewed axes, from `esper.variants` (values and docstrings)
-  finding-fields  the public `Finding` fields, from their docstrings
+  finding-fields [About]
+                  the public `Finding` (or `About`) fields, from their docstrings
   findings [long] the review's findings with the verdict of the committed example run
                   (results/example/run.json, rendered the way the report does), or of the
                   committed run of the long findings (results/long/run.json)
   finding-list    every finding of the review with its ticket, variants and provenance, from the
                   registry (`esper_review`)
+  words           every enum of words a user reads, what it answers and where
   targets         the GAE targets table of that run (`esper_review.gae_tools.targets`)
   condition NAME, conditions, planted, gate-power, duet
                   the verdict benchmark's tables (one simulated machine's; all in brief), from the reduced results committed in
@@ -97,12 +99,15 @@ def _variants() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _finding_fields() -> str:
-    from harness.findings import Finding
+def _finding_fields(kind: str = "Finding") -> str:
+    from harness import findings
 
-    docs = _attribute_docs(Finding)
+    if kind not in ("Finding", "About"):
+        raise DocsError(f"finding-fields: expected Finding or About; got {kind!r}")
+    dataclass = getattr(findings, kind)
+    docs = _attribute_docs(dataclass)
     lines = ["| field | default | meaning |", "|---|---|---|"]
-    for field in dataclasses.fields(Finding):
+    for field in dataclasses.fields(dataclass):
         if field.default is not dataclasses.MISSING:
             default = f"`{field.default!r}`" if not callable(field.default) else "(every case)"
         elif field.default_factory is not dataclasses.MISSING:
@@ -110,6 +115,28 @@ def _finding_fields() -> str:
         else:
             default = "required"
         lines.append(f"| `{field.name}` | {_cell(default)} | {_cell(docs.get(field.name, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+#: every enum of words a user reads, with where it is read: one question each
+WORD_ENUMS = (
+    ("harness.measure.decision", "Word", "every ratio's interval: a run's row; compare and the gate map it to their own words"),
+    ("harness.measure.decision", "ClaimWord", "a claim that states a factor (`~4x`)"),
+    ("harness.results", "Status", "a run's row: was it timed"),
+    ("harness.measure.stats", "Verdict", "a run's summary row: its Word, or its Status where it was not timed"),
+    ("harness.report.compare", "Change", "`report --compare`: one row between two runs"),
+    ("harness.gate.table", "Outcome", "`harness.gate`: one row of a check"),
+    ("harness.bisect.search", "Decision", "`harness.bisect`: one measured commit"),
+)
+
+
+def _words() -> str:
+    lines = ["| words | what they answer | read in | `module.Enum` |", "|---|---|---|---|"]
+    for module, name, where in WORD_ENUMS:
+        enum = getattr(importlib.import_module(module), name)
+        question = " ".join(inspect.getdoc(enum).split("\n\n")[0].split())
+        words = ", ".join(f"*{member.value}*" for member in enum)
+        lines.append(f"| {words} | {_cell(question)} | {_cell(where)} | `{module}.{name}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,9 +181,9 @@ def _finding_list() -> str:
         variants = ", ".join(f"`{v}`" + (" (ours)" if v in finding.ours else "")
                              + (" (peer)" if v in finding.peers else "") for v in names)
         long = " (long)" if finding.long else ""
-        lines.append(f"| `{finding.id}`{long} | {_cell(finding.ticket or '-')} | {variants} | "
-                     f"{_cell(finding.reviewed or '-')} | {_cell(finding.fix or '-')} | "
-                     f"{_cell(finding.premise or '-')} |")
+        lines.append(f"| `{finding.id}`{long} | {_cell(finding.about.ticket or '-')} | {variants} | "
+                     f"{_cell(finding.about.reviewed or '-')} | {_cell(finding.about.fix or '-')} | "
+                     f"{_cell(finding.about.premise or '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -185,6 +212,7 @@ KINDS = {
     "finding-fields": _finding_fields,
     "findings": _findings,
     "finding-list": _finding_list,
+    "words": _words,
     "targets": _targets,
     **{kind: (lambda *argument, kind=kind: _benchmark(kind, *argument))
        for kind in ("condition", "conditions", "planted", "gate-power", "duet")},

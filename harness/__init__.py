@@ -18,7 +18,7 @@ import importlib
 from typing import Any
 
 #: the public names: frozen by tests/harness/test_public_api.py
-__all__ = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+__all__ = ["About", "Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
            "max_relative_error", "register", "rounding_tolerance", "set_defaults",
            "unit_roundoff"]
 

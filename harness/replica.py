@@ -40,6 +40,7 @@ import torch
 
 from harness import findings as registry
 from harness.exits import UsageError, command, kill_group
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.timing import pinned_threads
 from harness.ranks import solo_environment
 from harness.runner import CaseRun, RunOptions
@@ -61,7 +62,7 @@ class WorkerSpec:
     seed: int = 0
     min_samples: int = 8
     max_samples: int = 200
-    margin: float = 0.05
+    margin: float = DEFAULT_MARGIN
     precision: float = 0.03
     placebo: str = "headline"
     threads: int = 1

@@ -172,9 +172,9 @@ def list_findings(quick: bool, modules: list[str]) -> str:
         except Exception as err:  # user code; a run records it as the finding's failed row
             cases = f"cases(quick={quick}) raised {type(err).__name__}: {err}"
         duration = ""
-        if f.duration_s is not None:
-            duration = (f"; about {format_seconds(f.duration_s[0])} quick, "
-                        f"{format_seconds(f.duration_s[1])} default")
+        if f.about.duration_s is not None:
+            duration = (f"; about {format_seconds(f.about.duration_s[0])} quick, "
+                        f"{format_seconds(f.about.duration_s[1])} default")
         kind = "long: runs when named or with --all" if f.long else "in the default run"
         lines.append(f"{f.id:16s} {f.title}\n{'':16s} variants: {', '.join(f.variants)} "
                      f"(baseline {f.baseline}); {cases}; {kind}{duration}; from "
@@ -406,16 +406,17 @@ def finding_info(finding: registry.Finding, options: RunOptions) -> dict:
     """What the report needs to know of `finding`, recorded when the run is made (so that
     it renders from the run's files alone)."""
     cases = finding.cases(options.quick)
-    return {"title": finding.title, "claim": finding.claim, "ticket": finding.ticket,
-            "reviewed": finding.reviewed, "fix": finding.fix, "premise": finding.premise,
+    about = finding.about
+    return {"title": finding.title, "claim": finding.claim, "ticket": about.ticket,
+            "reviewed": about.reviewed, "fix": about.fix, "premise": about.premise,
             "ours": list(finding.ours),
-            "notes": list(finding.notes), "variants": list(finding.variants),
+            "notes": list(about.notes), "variants": list(finding.variants),
             "baseline": finding.baseline, "peers": list(finding.peers),
             "answer": list(finding.answer), "claim_factor": finding.claim_factor,
             "proposed": finding.proposed, "phases": list(finding.phases),
             "per_iteration": finding.per_iteration,
             "claim_tolerance": finding.claim_tolerance,
-            "margin": finding.margin or options.margin, "paired": finding.paired,
+            "margin": finding.margin_under(options.margin), "paired": finding.paired,
             "cases": [c.label for c in cases], "headline_case": headline_label(finding, options),
             "origin": registry.ORIGINS.get(finding.id, "register()")}
 

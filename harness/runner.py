@@ -93,7 +93,7 @@ class RunOptions:
             min_sample_time=None if finding.paired else 1e-3,
             warmup_budget_s=math.inf if finding.paired else 0.1,
             sequential=self.precision > 0, precision=self.precision,
-            margin=finding.margin or self.margin, seed=self.seed, paired=finding.paired)
+            margin=finding.margin_under(self.margin), seed=self.seed, paired=finding.paired)
 
 
 def check_takes(check) -> tuple[type, ...] | None:
@@ -434,7 +434,7 @@ class CaseRun:
         stopped early is compared with the baseline's samples of the same rounds), its
         interval at the level its checks used and its word: this process's alone, until
         the run words the row from all its processes (`harness.combine`)."""
-        margin = self.finding.margin or self.options.margin
+        margin = self.finding.margin_under(self.options.margin)
         estimate = rounds_estimate(m.samples, base.samples[:m.n])
         info = {"claim_factor": self.finding.claim_factor, "peers": self.finding.peers,
                 "claim_tolerance": self.finding.claim_tolerance}

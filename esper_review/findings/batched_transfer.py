@@ -8,7 +8,7 @@ import torch
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -88,22 +88,10 @@ register(Finding(
     title="get_batched_sequences to the device: one .to() per tensor vs one flat copy",
     claim="The dictionary comprehension pattern with 20+ .to() calls may not be optimal ... "
           "If ever called in a tight loop, consider batching transfers or using pinned memory",
-    ticket="rollout-buffer-audit.md",
     variants=VARIANTS,
     baseline="per_tensor",
     proposed="flat",
     per_iteration=per_iteration(1),  # one update
-    reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
-             "(get_batched_sequences: 31 .to(device, non_blocking=nb) and 2 "
-             "permute().contiguous().to() in a dict comprehension)",
-    fix="the audit's 'consider batching transfers or using pinned memory': the fields "
-        "packed into one pinned host buffer, one copy, views split on the device (flat, "
-        "esper.rollout.transfer.FlatTransfer)",
-    premise="The audit's case is hypothetical ('if ever called in a tight loop'): at "
-            "599f3895 the buffer is allocated on the agent's device (ppo.py:318-325) and read "
-            "with device=self.device (ppo.py:502), so every .to() is a no-op and nothing is "
-            "transferred. This finding times a host-resident buffer moved to the device, "
-            "which the original never does.",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
@@ -112,19 +100,33 @@ register(Finding(
     tolerance=lambda case: 0.0,
     skip=_skip,
     extra_metrics=copies_metric(_make_call, "target"),
-    duration_s=(1.5, 4.0),
-    notes=(
-        "One timed call = get_batched_sequences of a full host-resident buffer (218 state "
-        "features, LSTM 128) to the GPU: the reviewed lines op for op (the valid mask, then "
-        "33 tensors, one .to(device, non_blocking=True) each, the step-0 hidden states "
-        "permuted and made contiguous first), or the same fields packed byte-wise into one "
-        "pinned host buffer allocated once, one copy, views split on the device.",
-        "Needs CUDA: on the CPU there is no device to copy to, and a stand-in target "
-        "would time the host side of one variant against a real copy in the other, an "
-        "answer fixed before measuring. On CUDA the check compares every value exactly, "
-        "and host syncs count the flat path's wait for the previous copy out of its "
-        "pinned buffer.",
-        "The trainer's buffer lives on the update's device, so it moves nothing: this "
-        "matters for a host-resident buffer feeding a GPU update.",
+    about=About(
+        ticket="rollout-buffer-audit.md",
+        reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
+                 "(get_batched_sequences: 31 .to(device, non_blocking=nb) and 2 "
+                 "permute().contiguous().to() in a dict comprehension)",
+        fix="the audit's 'consider batching transfers or using pinned memory': the fields "
+            "packed into one pinned host buffer, one copy, views split on the device (flat, "
+            "esper.rollout.transfer.FlatTransfer)",
+        premise="The audit's case is hypothetical ('if ever called in a tight loop'): at "
+                "599f3895 the buffer is allocated on the agent's device (ppo.py:318-325) and read "
+                "with device=self.device (ppo.py:502), so every .to() is a no-op and nothing is "
+                "transferred. This finding times a host-resident buffer moved to the device, "
+                "which the original never does.",
+        duration_s=(1.5, 4.0),
+        notes=(
+            "One timed call = get_batched_sequences of a full host-resident buffer (218 state "
+            "features, LSTM 128) to the GPU: the reviewed lines op for op (the valid mask, then "
+            "33 tensors, one .to(device, non_blocking=True) each, the step-0 hidden states "
+            "permuted and made contiguous first), or the same fields packed byte-wise into one "
+            "pinned host buffer allocated once, one copy, views split on the device.",
+            "Needs CUDA: on the CPU there is no device to copy to, and a stand-in target "
+            "would time the host side of one variant against a real copy in the other, an "
+            "answer fixed before measuring. On CUDA the check compares every value exactly, "
+            "and host syncs count the flat path's wait for the previous copy out of its "
+            "pinned buffer.",
+            "The trainer's buffer lives on the update's device, so it moves nothing: this "
+            "matters for a host-resident buffer feeding a GPU update.",
+        ),
     ),
 ))

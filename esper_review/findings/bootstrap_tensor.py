@@ -12,7 +12,7 @@ from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.env.bootstrap_states import MODES, BootstrapStates
 from esper.env.environment import OBS_DIM
 from esper.training.trainer import TrainConfig
-from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
+from harness.findings import About, Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration, policy_depth
 
@@ -84,12 +84,6 @@ register(Finding(
           "a read vs a pre-allocated state buffer vs one packed forward",
     claim="For truncated episodes (every episode ends truncated), this creates a new tensor "
           "from a Python list ... for every environment at every episode end",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:1954-1973 @2df957ed",
-    fix="vectorized-training-review.md H4: `env_state.bootstrap_state_buffer = "
-        "torch.zeros(1, state_dim, device=device)` once, then per episode end "
-        "`bootstrap_state_buffer[0].copy_(torch.as_tensor(post_action_features, "
-        "dtype=torch.float32))` before the normalise; the rest unchanged",
     ours=("packed",),
     variants=MODES,
     baseline="tensor",
@@ -105,26 +99,34 @@ register(Finding(
     tolerance=lambda case, device: rounding_tolerance(policy_depth(OBS_DIM), torch.float32,
                                                       device, matmul=True),
     extra_metrics=_extra,
-    duration_s=(4.0, 10.0),
-    notes=(
-        "One timed call = the bootstrap values [num_envs] of one episode end, on the host "
-        "(esper.env.bootstrap_states, as the trainer computes them): tensor (the original) = "
-        "per env torch.tensor([features], device=...), the observation normaliser, a "
-        "batch-1 forward of the whole policy (LSTM and all 8 heads, deterministic: "
-        "get_action(..., deterministic=True)) with the env's carried LSTM state and masks, "
-        "and .item(); copy (the review's fix) = the same with the state copied into a "
-        "[1, D] device buffer per env allocated once; packed (ours) = every env's row "
-        "written into one staged host buffer (pinned on CUDA), one copy, one batched "
-        "value-only forward, one read.",
-        "Per call: tensor and copy run N forwards and N host reads (host_syncs on the "
-        "CPU counts the .item()s), packed one forward and one read (a .cpu(), which only "
-        "CUDA counts as a sync); host_to_device_copies counts the copies (N, N, 1 on CUDA; "
-        "0 on the CPU, where nothing moves).",
-        "The policy's masks are not validated here. The original's get_action validated "
-        "each head's mask with a host read (4 heads at 2df957ed, "
-        "tamiyo/policy/action_masks.py:285-297); the trainer's policy does so for its 8 "
-        "in every act(), tensor and copy included: 8 more reads per env there.",
-        "It happens once per env per episode (25 steps): the review's 'overhead' is per "
-        "episode, not per step.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1954-1973 @2df957ed",
+        fix="vectorized-training-review.md H4: `env_state.bootstrap_state_buffer = "
+            "torch.zeros(1, state_dim, device=device)` once, then per episode end "
+            "`bootstrap_state_buffer[0].copy_(torch.as_tensor(post_action_features, "
+            "dtype=torch.float32))` before the normalise; the rest unchanged",
+        duration_s=(4.0, 10.0),
+        notes=(
+            "One timed call = the bootstrap values [num_envs] of one episode end, on the host "
+            "(esper.env.bootstrap_states, as the trainer computes them): tensor (the original) = "
+            "per env torch.tensor([features], device=...), the observation normaliser, a "
+            "batch-1 forward of the whole policy (LSTM and all 8 heads, deterministic: "
+            "get_action(..., deterministic=True)) with the env's carried LSTM state and masks, "
+            "and .item(); copy (the review's fix) = the same with the state copied into a "
+            "[1, D] device buffer per env allocated once; packed (ours) = every env's row "
+            "written into one staged host buffer (pinned on CUDA), one copy, one batched "
+            "value-only forward, one read.",
+            "Per call: tensor and copy run N forwards and N host reads (host_syncs on the "
+            "CPU counts the .item()s), packed one forward and one read (a .cpu(), which only "
+            "CUDA counts as a sync); host_to_device_copies counts the copies (N, N, 1 on CUDA; "
+            "0 on the CPU, where nothing moves).",
+            "The policy's masks are not validated here. The original's get_action validated "
+            "each head's mask with a host read (4 heads at 2df957ed, "
+            "tamiyo/policy/action_masks.py:285-297); the trainer's policy does so for its 8 "
+            "in every act(), tensor and copy included: 8 more reads per env there.",
+            "It happens once per env per episode (25 steps): the review's 'overhead' is per "
+            "episode, not per step.",
+        ),
     ),
 ))

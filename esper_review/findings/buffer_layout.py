@@ -14,7 +14,7 @@ import torch
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.agent.policy import FactoredRecurrentActorCritic, MaskedCategorical
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 from esper_review.findings.step_counts import rollout_steps
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -213,7 +213,6 @@ register(Finding(
     claim="the [num_envs, max_steps, ...] layout ... for batched network evaluation in "
           "get_batched_sequences ... may not be the most cache-friendly layout; consider "
           "[max_steps, num_envs, ...] for network evaluation",
-    ticket="rollout-buffer-audit.md",
     variants=VARIANTS,
     baseline="env_major",
     proposed="time_major",
@@ -224,39 +223,42 @@ register(Finding(
     make_call=_make_call,
     check=_difference,
     tolerance=lambda case: 0.0,
-    reviewed="src/esper/simic/tamiyo_buffer.py:144, 172-173 (`[n, m, ...]` storage), "
-             "231-252 (add's writes at [env_id, step_idx]), 356-381 (get_batched_sequences: "
-             "the fields as stored) @181a4c41",
-    fix="Audit 4.3: 'If profiling shows memory bandwidth issues, consider [max_steps, "
-        "num_envs, ...] for network evaluation' (`time_major`: the same fields stored "
-        "[m, n, ...], written at [step, env], read as stored, and evaluated by the same "
-        "network with a time-major LSTM, `batch_first=False`, the same weights)",
-    premise="The network that evaluates the batch takes it batch first: its LSTM is "
-            "`nn.LSTM(..., batch_first=True)` (src/esper/simic/tamiyo_network.py:83 "
-            "@181a4c41; src/esper/simic/agent/network.py:79-84 @2df957ed; ours "
-            "esper/agent/policy.py), so `[num_envs, max_steps, ...]` is the layout "
-            "evaluate reads with no copy; a time-major buffer needs either a transpose and "
-            "a copy of every field before each evaluate or a time-major network, which is "
-            "not the reviewed one (measured here: the audit's 'for network evaluation').",
-    notes=(
-        "part=evaluate (the headline): one timed call = the batch read as below, then the "
-        "policy's evaluate forward over it (encoder, LSTM from the stored step-0 state, "
-        "layer norm, 8 masked heads' log-probs and entropies, the value head; "
-        "esper.agent.policy, trainer-sized: 218 features, LSTM 128), with gradients as "
-        "the update runs it: env_major with the reviewed batch-first LSTM, time_major "
-        "with the same weights in a time-major LSTM. Each row evaluates its own layout: "
-        "no copy to the other one on either side.",
-        "part=read: one timed call = the batch as get_batched_sequences reads it on the "
-        "buffer's device (the reviewed lines, no transfer: every field returned as "
-        "stored, the valid mask, the step-0 hidden states permuted into [L, n, H] and "
-        "made contiguous), in each layout.",
-        "part=writes: one timed call = one rollout's per-step writes, num_envs x max_steps "
-        "add()s of the 32 fields the buffer stores (state [218], 8 actions, 8 log-probs, "
-        "value, reward, done, truncated, bootstrap value, 8 masks [K], hidden h and c "
-        "[1, 128]), as the reviewed add writes them, at [env, step] or [step, env]: the "
-        "same copies of the same rows, only the stride between consecutive steps differs. "
-        "The add()'s checks are not part of it (AUDIT-5.1-add-checks times them).",
-        "Both layouts must hold, read and evaluate to the same values, read as "
-        "[n, m, ...].",
+    about=About(
+        ticket="rollout-buffer-audit.md",
+        reviewed="src/esper/simic/tamiyo_buffer.py:144, 172-173 (`[n, m, ...]` storage), "
+                 "231-252 (add's writes at [env_id, step_idx]), 356-381 (get_batched_sequences: "
+                 "the fields as stored) @181a4c41",
+        fix="Audit 4.3: 'If profiling shows memory bandwidth issues, consider [max_steps, "
+            "num_envs, ...] for network evaluation' (`time_major`: the same fields stored "
+            "[m, n, ...], written at [step, env], read as stored, and evaluated by the same "
+            "network with a time-major LSTM, `batch_first=False`, the same weights)",
+        premise="The network that evaluates the batch takes it batch first: its LSTM is "
+                "`nn.LSTM(..., batch_first=True)` (src/esper/simic/tamiyo_network.py:83 "
+                "@181a4c41; src/esper/simic/agent/network.py:79-84 @2df957ed; ours "
+                "esper/agent/policy.py), so `[num_envs, max_steps, ...]` is the layout "
+                "evaluate reads with no copy; a time-major buffer needs either a transpose and "
+                "a copy of every field before each evaluate or a time-major network, which is "
+                "not the reviewed one (measured here: the audit's 'for network evaluation').",
+        notes=(
+            "part=evaluate (the headline): one timed call = the batch read as below, then the "
+            "policy's evaluate forward over it (encoder, LSTM from the stored step-0 state, "
+            "layer norm, 8 masked heads' log-probs and entropies, the value head; "
+            "esper.agent.policy, trainer-sized: 218 features, LSTM 128), with gradients as "
+            "the update runs it: env_major with the reviewed batch-first LSTM, time_major "
+            "with the same weights in a time-major LSTM. Each row evaluates its own layout: "
+            "no copy to the other one on either side.",
+            "part=read: one timed call = the batch as get_batched_sequences reads it on the "
+            "buffer's device (the reviewed lines, no transfer: every field returned as "
+            "stored, the valid mask, the step-0 hidden states permuted into [L, n, H] and "
+            "made contiguous), in each layout.",
+            "part=writes: one timed call = one rollout's per-step writes, num_envs x max_steps "
+            "add()s of the 32 fields the buffer stores (state [218], 8 actions, 8 log-probs, "
+            "value, reward, done, truncated, bootstrap value, 8 masks [K], hidden h and c "
+            "[1, 128]), as the reviewed add writes them, at [env, step] or [step, env]: the "
+            "same copies of the same rows, only the stride between consecutive steps differs. "
+            "The add()'s checks are not part of it (AUDIT-5.1-add-checks times them).",
+            "Both layouts must hold, read and evaluate to the same values, read as "
+            "[n, m, ...].",
+        ),
     ),
 ))

@@ -10,7 +10,7 @@ from esper.env.environment import OBS_DIM
 from esper.training.trainer import PHASES, TrainConfig, VectorizedTrainer
 from esper.variants import PRESETS as VARIANT_PRESETS
 from esper.variants import Variants
-from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
+from harness.findings import About, Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration, policy_depth
 
 PRESETS = {name: getattr(Variants, name) for name in VARIANT_PRESETS}
@@ -102,17 +102,8 @@ register(Finding(
     id="E2E-iteration",
     title="A full PPO iteration: the reviewed code vs the reviews' fixes vs ours",
     claim="This runs once per rollout, not in the hot training path",
-    ticket="B4-CR-03-gae-vectorization.md",
     variants=tuple(PRESETS),
     baseline="original",
-    reviewed="the training iteration of src/esper/simic/training/vectorized.py @2df957ed "
-             "and simic/agent/ppo.py @599f3895 as esper reproduces it (Variants.original(): "
-             "every reviewed choice at the original's value; docs/differences.md lists what "
-             "still differs)",
-    fix="every fix as the reviews wrote it (Variants.reviews(): B4-CR-03's vectorized "
-        "loop, B4-PT-05's count tensor, H1's checkpointed pool, H3's events, H4's state "
-        "buffer, H5's pre-allocated masks, L2's stacked add, audit 5.1's mask checks, ...; "
-        "C3's seed clipping left out: it changes what is learned)",
     proposed="reviews",
     ours=("ours",),
     per_iteration=per_iteration(1),
@@ -135,25 +126,36 @@ register(Finding(
     # values, which can round differently on another CPU), and its allocated bytes changed
     # with the torch thread count
     gated=False,
-    notes=(
-        "One timed call = one iteration: rollout (env epochs, policy forwards, buffer adds), "
-        "GAE and the PPO update. "
-        + "; ".join(f"{name} = {preset().spec()}" for name, preset in PRESETS.items()) + ".",
-        "Each preset has its phase table (rollout, GAE, update): reviews against original "
-        "is the end-to-end effect of the reviews' own advice, ours against original that "
-        "of this project's designs, and the headline says how far ours goes beyond the "
-        "reviews' where it does.",
-        "The correctness check compares what the presets compute from one state in the "
-        "first iteration (same seed): the mean return of the rollout and the value loss and "
-        "entropy before the first Adam step, within the rounding bound of float32 at that "
-        "depth (later epochs start from parameters that rounded apart).",
-        "Paired: both trainers start from one seed and follow one trajectory, so round k "
-        "times iteration k of each (in alternating order); the interval is over the "
-        "per-iteration ratios.",
-        "Phase seconds are medians over the timed iterations; each phase's time saved is "
-        "the median per-iteration difference with its interval. The update is reported "
-        "without the GAE inside it. On CUDA each phase has host and device seconds side by "
-        "side (phase_<name>_s, phase_<name>_device_s): host time of a sync-free GAE counts "
-        "its launches, device time its kernels.",
+    about=About(
+        ticket="B4-CR-03-gae-vectorization.md",
+        reviewed="the training iteration of src/esper/simic/training/vectorized.py @2df957ed "
+                 "and simic/agent/ppo.py @599f3895 as esper reproduces it (Variants.original(): "
+                 "every reviewed choice at the original's value; docs/differences.md lists what "
+                 "still differs)",
+        fix="every fix as the reviews wrote it (Variants.reviews(): B4-CR-03's vectorized "
+            "loop, B4-PT-05's count tensor, H1's checkpointed pool, H3's events, H4's state "
+            "buffer, H5's pre-allocated masks, L2's stacked add, audit 5.1's mask checks, ...; "
+            "C3's seed clipping left out: it changes what is learned)",
+        notes=(
+            "One timed call = one iteration: rollout (env epochs, policy forwards, buffer adds), "
+            "GAE and the PPO update. "
+            + "; ".join(f"{name} = {preset().spec()}" for name, preset in PRESETS.items()) + ".",
+            "Each preset has its phase table (rollout, GAE, update): reviews against original "
+            "is the end-to-end effect of the reviews' own advice, ours against original that "
+            "of this project's designs, and the headline says how far ours goes beyond the "
+            "reviews' where it does.",
+            "The correctness check compares what the presets compute from one state in the "
+            "first iteration (same seed): the mean return of the rollout and the value loss and "
+            "entropy before the first Adam step, within the rounding bound of float32 at that "
+            "depth (later epochs start from parameters that rounded apart).",
+            "Paired: both trainers start from one seed and follow one trajectory, so round k "
+            "times iteration k of each (in alternating order); the interval is over the "
+            "per-iteration ratios.",
+            "Phase seconds are medians over the timed iterations; each phase's time saved is "
+            "the median per-iteration difference with its interval. The update is reported "
+            "without the GAE inside it. On CUDA each phase has host and device seconds side by "
+            "side (phase_<name>_s, phase_<name>_device_s): host time of a sync-free GAE counts "
+            "its launches, device time its kernels.",
+        ),
     ),
 ))

@@ -11,7 +11,7 @@ from esper.env.config import EnvConfig
 from esper.env.pool import EnvBatches
 from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import AXES, Variants
-from harness.findings import Case, Finding, register
+from harness.findings import About, Case, Finding, register
 from esper_review.findings.fragmentation import fragmentation
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -115,25 +115,11 @@ register(Finding(
     claim="Every batch creates entirely new environments (models, optimizers, CUDA "
           "streams) ... Consider environment pooling where models are reset rather than "
           "recreated",
-    ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="recreate",
     proposed="checkpoint",
     ours=("pool",),
     per_iteration=per_iteration(1),  # one batch of episodes a rollout
-    reviewed="src/esper/simic/training/vectorized.py:1103-1107 and 818-894 @2df957ed "
-             "(create_env_state per env per batch: host model, SGD, a new torch.cuda.Stream, "
-             "a new GradScaler, accumulators)",
-    fix="the review's 'environment pooling where models are reset rather than recreated', "
-        "as its sketch writes it (`checkpoint`): `reset_env_state` restores the host's "
-        "weights from a checkpoint (`env_state.model.reset_to_checkpoint()`, here a copy "
-        "of each host's state dict taken when the env is made, restored with "
-        "load_state_dict) and resets the rest of the env's state; ours (`pool`) draws the "
-        "weights again in place and keeps no copy",
-    premise="Holds, with one part not reproduced: the original's create_env_state also takes "
-            "a governor snapshot (tolaria/governor.py:83-113: the model's state_dict copied to "
-            "the CPU, a device-to-host copy and a sync per env per batch) and wires telemetry "
-            "callbacks; the host is a CIFAR-10 CNN there, an MLP here.",
     headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
@@ -142,19 +128,35 @@ register(Finding(
     tolerance=lambda case: 0.0,
     skip=_skip,
     extra_metrics=_fragmentation,
-    duration_s=(3.0, 8.0),
-    notes=(
-        "The environment as reviewed: esper.env.pool.EnvBatches hands out each batch's "
-        "envs, recreated (new host networks, optimizers, CUDA streams; the data, drawn "
-        "once, are shared) or reset in place, their host weights restored from the "
-        "checkpoint (env_pool=checkpoint, the review's) or drawn again (env_pool=pool, "
-        "ours).",
-        "'boundary' rows: one timed call = one batch boundary of num_envs envs; allocations "
-        "and bytes per boundary come from the profiling pass.",
-        "'fragmentation' rows (CUDA only; 'needs CUDA' here): one call = a boundary and one "
-        f"epoch per env; reserved_minus_allocated_bytes is read after {FRAGMENTATION_BATCHES} "
-        "such batches from an emptied cache.",
-        f"Check: both batches' envs run the same {CHECK_STEPS}-step script (germinate a seed, "
-        "then wait) and must give identical observations, rewards and metrics.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1103-1107 and 818-894 @2df957ed "
+                 "(create_env_state per env per batch: host model, SGD, a new torch.cuda.Stream, "
+                 "a new GradScaler, accumulators)",
+        fix="the review's 'environment pooling where models are reset rather than recreated', "
+            "as its sketch writes it (`checkpoint`): `reset_env_state` restores the host's "
+            "weights from a checkpoint (`env_state.model.reset_to_checkpoint()`, here a copy "
+            "of each host's state dict taken when the env is made, restored with "
+            "load_state_dict) and resets the rest of the env's state; ours (`pool`) draws the "
+            "weights again in place and keeps no copy",
+        premise="Holds, with one part not reproduced: the original's create_env_state also takes "
+                "a governor snapshot (tolaria/governor.py:83-113: the model's state_dict copied to "
+                "the CPU, a device-to-host copy and a sync per env per batch) and wires telemetry "
+                "callbacks; the host is a CIFAR-10 CNN there, an MLP here.",
+        duration_s=(3.0, 8.0),
+        notes=(
+            "The environment as reviewed: esper.env.pool.EnvBatches hands out each batch's "
+            "envs, recreated (new host networks, optimizers, CUDA streams; the data, drawn "
+            "once, are shared) or reset in place, their host weights restored from the "
+            "checkpoint (env_pool=checkpoint, the review's) or drawn again (env_pool=pool, "
+            "ours).",
+            "'boundary' rows: one timed call = one batch boundary of num_envs envs; allocations "
+            "and bytes per boundary come from the profiling pass.",
+            "'fragmentation' rows (CUDA only; 'needs CUDA' here): one call = a boundary and one "
+            f"epoch per env; reserved_minus_allocated_bytes is read after {FRAGMENTATION_BATCHES} "
+            "such batches from an emptied cache.",
+            f"Check: both batches' envs run the same {CHECK_STEPS}-step script (germinate a seed, "
+            "then wait) and must give identical observations, rewards and metrics.",
+        ),
     ),
 ))

@@ -8,7 +8,7 @@ import torch
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
 from esper.gae.reference import reference_gae
 from esper_review.findings import peers
-from harness.findings import Case, Finding, max_relative_error, register, rounding_tolerance
+from harness.findings import About, Case, Finding, max_relative_error, register, rounding_tolerance
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
 GAMMA, LAMBDA = 0.995, 0.98
@@ -134,23 +134,12 @@ register(Finding(
     title="GAE: per-env Python loop vs vectorized methods",
     claim="GAE computation uses O(envs * steps) Python loop - could be ~4x faster with "
           "tensor operations",
-    ticket="B4-CR-03-gae-vectorization.md",
     variants=(*METHODS, *peers.PEERS),
     baseline="loop",
     peers=tuple(peers.PEERS),
     headline_case=nearest_trainer_size,
     per_iteration=per_iteration(1),  # one GAE per update
     proposed="batched",  # the ticket's own fix: one loop over time, vectorized over envs
-    reviewed="src/esper/simic/agent/rollout_buffer.py:347-416 @599f3895 "
-             "(TamiyoRolloutBuffer.compute_advantages_and_returns: a Python loop over envs and "
-             "steps on 0-d tensors, 3 host reads per step, a clone per env and per true "
-             "terminal; the `loop` method with reset=clone, op for op: "
-             "tests/esper/gae/test_loop_reads.py)",
-    fix="the ticket's 'Recommended Fix' (compute_advantages_vectorized) as written: delta "
-        "for all envs at once, then per step `gae = delta[:, t] + gamma * gae_lambda * "
-        "(1 - dones[:, t]) * gae; advantages[:, t] = gae` on [num_envs] tensors (the "
-        "`batched` method, esper/gae/batched.py: what the sketch leaves out, bool flags, "
-        "the bootstrap at a truncation, ragged rows, filled in before the loop)",
     ours=tuple(m for m in METHODS if m not in ("loop", "batched")),
     cases=_cases,
     build=build_gae_inputs,
@@ -162,33 +151,46 @@ register(Finding(
     skip=_skip,
     min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
     profile_max_s=PROFILE_MAX_S,
-    notes=(
-        f"gamma {GAMMA}, lambda {LAMBDA}, float32; checked against the float64 pure-Python "
-        "reference (max error relative to max(1, |A|)).",
-        "The loop is the reviewed method line by line (reset=clone): per step of an "
-        "episode 3 host reads, a clone per env and per true terminal; it gets step counts "
-        "as a Python list (as the original); the other methods a resident integer tensor.",
-        f"The loop is skipped past {LOOP_MAX_STEPS} env-steps per call (minutes per sample).",
-        f"Counters come from one profiled call of each variant, except calls over "
-        f"{PROFILE_MAX_S * 1e3:.0f} ms (the loop and the peers at large sizes), which the "
-        "profiler would slow ~20x.",
-        "Peers (other libraries' GAE, as comparators): torchrl and torchrl_vec are TorchRL's "
-        "generalized_advantage_estimate and vec_generalized_advantage_estimate on "
-        "[envs, steps, 1] tensors; sb3_numpy is Stable-Baselines3's algorithm (our code) on "
-        "time-major float32 numpy arrays, truncation bootstrap folded into the reward. Their "
-        "inputs are laid out when the case is built, outside the timing.",
-        "Bandwidth floor: the bytes a call must move (rewards, values, bootstrap values, "
-        "advantages, returns as floats; dones, truncated as bytes; int64 step counts) over "
-        "the copy bandwidth measured at the call's own working-set size (floor_level: the "
-        "cache level it fits in). A case is bandwidth-bound when our best method is within "
-        "3x of that floor, else launch-bound (per-call overhead dominates).",
-        "The ticket's fix is `batched`, its loop as the ticket writes it (per step a "
-        "select, `1 - dones[:, t]`, two multiplies and an add, and a write). addcmul "
-        "(the same loop, one addcmul per step on a coefficient precomputed per call), "
-        "scan, compiled, numba, triton and auto are this project's own designs: the "
-        "headline says how far the fastest of them goes beyond the ticket's fix. The "
-        "ticket's 'the overhead is ~1ms' at 4 x 25 is the loop's own time a call (the "
-        "headline's difference per call), and its premise that the loop is not the hot "
-        "path is E2E-iteration's to answer.",
+    about=About(
+        ticket="B4-CR-03-gae-vectorization.md",
+        reviewed="src/esper/simic/agent/rollout_buffer.py:347-416 @599f3895 "
+                 "(TamiyoRolloutBuffer.compute_advantages_and_returns: a Python loop over envs and "
+                 "steps on 0-d tensors, 3 host reads per step, a clone per env and per true "
+                 "terminal; the `loop` method with reset=clone, op for op: "
+                 "tests/esper/gae/test_loop_reads.py)",
+        fix="the ticket's 'Recommended Fix' (compute_advantages_vectorized) as written: delta "
+            "for all envs at once, then per step `gae = delta[:, t] + gamma * gae_lambda * "
+            "(1 - dones[:, t]) * gae; advantages[:, t] = gae` on [num_envs] tensors (the "
+            "`batched` method, esper/gae/batched.py: what the sketch leaves out, bool flags, "
+            "the bootstrap at a truncation, ragged rows, filled in before the loop)",
+        notes=(
+            f"gamma {GAMMA}, lambda {LAMBDA}, float32; checked against the float64 pure-Python "
+            "reference (max error relative to max(1, |A|)).",
+            "The loop is the reviewed method line by line (reset=clone): per step of an "
+            "episode 3 host reads, a clone per env and per true terminal; it gets step counts "
+            "as a Python list (as the original); the other methods a resident integer tensor.",
+            f"The loop is skipped past {LOOP_MAX_STEPS} env-steps per call (minutes per sample).",
+            f"Counters come from one profiled call of each variant, except calls over "
+            f"{PROFILE_MAX_S * 1e3:.0f} ms (the loop and the peers at large sizes), which the "
+            "profiler would slow ~20x.",
+            "Peers (other libraries' GAE, as comparators): torchrl and torchrl_vec are TorchRL's "
+            "generalized_advantage_estimate and vec_generalized_advantage_estimate on "
+            "[envs, steps, 1] tensors; sb3_numpy is Stable-Baselines3's algorithm (our code) on "
+            "time-major float32 numpy arrays, truncation bootstrap folded into the reward. Their "
+            "inputs are laid out when the case is built, outside the timing.",
+            "Bandwidth floor: the bytes a call must move (rewards, values, bootstrap values, "
+            "advantages, returns as floats; dones, truncated as bytes; int64 step counts) over "
+            "the copy bandwidth measured at the call's own working-set size (floor_level: the "
+            "cache level it fits in). A case is bandwidth-bound when our best method is within "
+            "3x of that floor, else launch-bound (per-call overhead dominates).",
+            "The ticket's fix is `batched`, its loop as the ticket writes it (per step a "
+            "select, `1 - dones[:, t]`, two multiplies and an add, and a write). addcmul "
+            "(the same loop, one addcmul per step on a coefficient precomputed per call), "
+            "scan, compiled, numba, triton and auto are this project's own designs: the "
+            "headline says how far the fastest of them goes beyond the ticket's fix. The "
+            "ticket's 'the overhead is ~1ms' at 4 x 25 is the loop's own time a call (the "
+            "headline's difference per call), and its premise that the loop is not the hot "
+            "path is E2E-iteration's to answer.",
+        ),
     ),
 ))

@@ -20,7 +20,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.env.optimizers import HOST, amp_dtype
 from esper.variants import Variants
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 from harness.measure.stats import t_mean_ci, wilson_interval
 from harness.measure.timing import pinned_threads
 from esper_review.findings.random_play import play_episode
@@ -177,20 +177,6 @@ register(Finding(
     claim="If one optimizer step skips due to NaN/Inf gradients, the scaler still updates "
           "its scale factor based on that failure, which can cause the subsequent optimizer "
           "steps to also be affected inconsistently",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:1031-1035 @2df957ed (one GradScaler "
-             "per env, 853, shared by the host's SGD and every live seed's, 844-846 and "
-             "970-981; float16 autocast on CUDA only, 725 and 987-990; AMP off by default, 397)",
-    fix="separate GradScalers for the host and the seed optimizers (the review's "
-        "recommendation 1, vectorized-training-review.md C1)",
-    premise="Half of it. PyTorch's GradScaler.step checks each optimizer's own gradients "
-            "(found_inf_per_device per optimizer, torch/amp/grad_scaler.py _maybe_opt_step), "
-            "so an overflow skips only the step of the optimizer that overflowed, and it "
-            "unscales every optimizer's gradients before its step, so the scale never enters "
-            "an effective learning rate (the review's risk, 'different effective learning "
-            "rates during scale adjustments', does not arise). What is shared is the one "
-            "update(): any optimizer's overflow halves the scale all of them use next, which "
-            "moves only their margin to float16 overflow and underflow.",
     variants=VARIANTS,
     baseline="shared",
     proposed="per_optimizer",
@@ -205,39 +191,55 @@ register(Finding(
     answer=("host_overflow_rate", "seed_overflow_rate", "host_skipped_steps_diff",
             "final_scale_log2_diff"),
     long=True,  # episodes of real training per case: out of the default run's 150 s
-    duration_s=(12.0, 90.0),
-    notes=(
-        "The environment as reviewed: mixed precision (EnvConfig.amp) and the original's "
-        "optimizers (esper.env.optimizers): the host's SGD (lr 0.01, momentum 0.9, weight "
-        "decay 5e-4) and one SGD per live seed (lr 0.01 x the style's scale, momentum 0.9), "
-        "kept through the episode; a new scaler per episode, as the original's per env.",
-        "amp=cuda rows are the original's configuration (float16 autocast, "
-        "GradScaler('cuda')): 'needs CUDA' on a CPU run. amp=cpu rows are a CPU stand-in "
-        f"the original never runs (CPU autocast in {CPU_AMP}, GradScaler('cpu')): the same "
-        "arrangement of scalers, not CUDA's kernels.",
-        "One timed call = one epoch (4 steps of each optimizer) of an env with one training "
-        "seed; the check: both arrangements give identical metrics when nothing overflows.",
-        "The answer: `episodes` episodes per variant (env seeds from "
-        f"{FIRST_EPISODE_SEED}; uniformly random masked actions seeded by the env seed, the "
-        "same under both), nothing injected. Per episode, from what each scaler.step found: "
-        "host_overflow_rate and seed_overflow_rate (steps skipped for an inf/NaN / steps), "
-        "host_skipped_steps, seed_only_overflows (batches where a seed overflowed and the "
-        "host did not: under a shared scaler each halves the host's scale), "
-        "final_scale_log2 (log2 of the host's scale at the end; 16 at the start); each a "
-        "mean with a 95% Student-t interval over episodes, which are independent (cut to "
-        "the range a rate or count cannot leave). On the "
-        "per_optimizer row host_skipped_steps_diff and final_scale_log2_diff are the "
-        "paired differences per_optimizer - shared (same env seed).",
-        "Values that are equal in every episode (all 0) give a point interval: "
-        "episodes_with_{host,seed}_overflow_rate, with a 95% Wilson interval over episodes, "
-        "bounds how often an episode overflows at all.",
-        f"seed_lr={STRESS_SEED_LR} (full runs) is 30x the original's seed learning rate: "
-        "seeds diverge within the episode, so overflows happen and the arrangements can "
-        "differ.",
-        "The original's shared scaler would raise 'No inf checks were recorded for this "
-        "optimizer' on a live seed without gradients (2df957ed calls scaler.step on every "
-        "live seed); ours steps such an optimizer without the scaler, as 599f3895 does "
-        "(vectorized.py:1456-1465). Every live seed here is in the forward pass, so the "
-        "case does not arise in these episodes.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1031-1035 @2df957ed (one GradScaler "
+                 "per env, 853, shared by the host's SGD and every live seed's, 844-846 and "
+                 "970-981; float16 autocast on CUDA only, 725 and 987-990; AMP off by default, 397)",
+        fix="separate GradScalers for the host and the seed optimizers (the review's "
+            "recommendation 1, vectorized-training-review.md C1)",
+        premise="Half of it. PyTorch's GradScaler.step checks each optimizer's own gradients "
+                "(found_inf_per_device per optimizer, torch/amp/grad_scaler.py _maybe_opt_step), "
+                "so an overflow skips only the step of the optimizer that overflowed, and it "
+                "unscales every optimizer's gradients before its step, so the scale never enters "
+                "an effective learning rate (the review's risk, 'different effective learning "
+                "rates during scale adjustments', does not arise). What is shared is the one "
+                "update(): any optimizer's overflow halves the scale all of them use next, which "
+                "moves only their margin to float16 overflow and underflow.",
+        duration_s=(12.0, 90.0),
+        notes=(
+            "The environment as reviewed: mixed precision (EnvConfig.amp) and the original's "
+            "optimizers (esper.env.optimizers): the host's SGD (lr 0.01, momentum 0.9, weight "
+            "decay 5e-4) and one SGD per live seed (lr 0.01 x the style's scale, momentum 0.9), "
+            "kept through the episode; a new scaler per episode, as the original's per env.",
+            "amp=cuda rows are the original's configuration (float16 autocast, "
+            "GradScaler('cuda')): 'needs CUDA' on a CPU run. amp=cpu rows are a CPU stand-in "
+            f"the original never runs (CPU autocast in {CPU_AMP}, GradScaler('cpu')): the same "
+            "arrangement of scalers, not CUDA's kernels.",
+            "One timed call = one epoch (4 steps of each optimizer) of an env with one training "
+            "seed; the check: both arrangements give identical metrics when nothing overflows.",
+            "The answer: `episodes` episodes per variant (env seeds from "
+            f"{FIRST_EPISODE_SEED}; uniformly random masked actions seeded by the env seed, the "
+            "same under both), nothing injected. Per episode, from what each scaler.step found: "
+            "host_overflow_rate and seed_overflow_rate (steps skipped for an inf/NaN / steps), "
+            "host_skipped_steps, seed_only_overflows (batches where a seed overflowed and the "
+            "host did not: under a shared scaler each halves the host's scale), "
+            "final_scale_log2 (log2 of the host's scale at the end; 16 at the start); each a "
+            "mean with a 95% Student-t interval over episodes, which are independent (cut to "
+            "the range a rate or count cannot leave). On the "
+            "per_optimizer row host_skipped_steps_diff and final_scale_log2_diff are the "
+            "paired differences per_optimizer - shared (same env seed).",
+            "Values that are equal in every episode (all 0) give a point interval: "
+            "episodes_with_{host,seed}_overflow_rate, with a 95% Wilson interval over episodes, "
+            "bounds how often an episode overflows at all.",
+            f"seed_lr={STRESS_SEED_LR} (full runs) is 30x the original's seed learning rate: "
+            "seeds diverge within the episode, so overflows happen and the arrangements can "
+            "differ.",
+            "The original's shared scaler would raise 'No inf checks were recorded for this "
+            "optimizer' on a live seed without gradients (2df957ed calls scaler.step on every "
+            "live seed); ours steps such an optimizer without the scaler, as 599f3895 does "
+            "(vectorized.py:1456-1465). Every live seed here is in the forward pass, so the "
+            "case does not arise in these episodes.",
+        ),
     ),
 ))

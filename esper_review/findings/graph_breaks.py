@@ -23,7 +23,7 @@ from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.env.config import EnvConfig
 from esper.env.environment import OBS_DIM, MorphoEnv
-from harness.findings import Case, Finding, register
+from harness.findings import About, Case, Finding, register
 from esper_review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = ("setup_inline", "setup_disabled", "env_step", "policy_act")
@@ -426,7 +426,6 @@ register(Finding(
     title="Graph breaks under torch.compile: the reviewed per-batch setup, and ours",
     claim="The conditional control flow with dict access and method calls can cause graph "
           "breaks under torch.compile",
-    ticket="vectorized-training-review.md",
     variants=VARIANTS,
     baseline="setup_inline",
     proposed="setup_disabled",
@@ -438,43 +437,46 @@ register(Finding(
     extra_metrics=_counts,
     answer=("graph_breaks",),
     long=True,
-    duration_s=(15.0, 15.0),
-    reviewed="src/esper/simic/training/vectorized.py:947-956 @2df957ed (the auto-advance "
-             "loop of process_train_batch, before the host forward at 993)",
-    fix="'Consider marking this setup section with torch.compiler.disable or ensuring the "
-        "compiled boundary is at the model.forward call' (`setup_disabled`: the loop under "
-        "torch.compiler.disable)",
-    premise="'The process_train_batch function runs model.forward which IS compiled' does "
-            "not hold at 2df957ed: the host model is never compiled. The only "
-            "torch.compile calls in src/ are the policy network's (simic/agent/ppo.py:300) "
-            "and training/helpers.py:85 (`_train_step_impl`, reached only through "
-            "`_train_one_epoch`, helpers.py:123-177, which nothing calls); vectorized.py "
-            "imports nothing from helpers and calls `model(inputs)` eagerly (993). "
-            "(`git grep -n 'torch.compile(' 2df957ed -- src`.) The graph breaks the "
-            "review fears would only arise if someone compiled process_train_batch.",
     ours=("env_step", "policy_act"),
-    notes=(
-        "The answer is graph_breaks (graphs - 1, exact, so its interval is the value) "
-        "from torch._dynamo.explain of one call per variant, with the distinct reasons in "
-        "break_reasons; graphs is the graph count. The time rows are each variant's eager "
-        "call and compare nothing across variants (the env step trains a host, the policy "
-        "forward samples 8 heads): they are not the answer.",
-        "setup_inline / setup_disabled: process_train_batch's setup and forward (2df957ed "
-        "vectorized.py:943-993, the loop at 947-956 verbatim) on a host whose slots "
-        "advance as kasmina/slot.py:947-1035 writes it: the G1 gate check "
-        "(QualityGates.check_gate, a match on the gate level), the stage transition (a "
-        "timestamp, the history), the stage-entry hook and two telemetry events built "
-        "as _emit_telemetry builds them (a uuid4 id, a timestamp) and handed to the "
-        "env's callback (emit_with_env_context, a hub that keeps them), with one "
-        "germinated seed so the branch runs. Left out: the host is an MLP stand-in, "
-        "and the leyline types are abridged to the fields these lines touch.",
-        "env_step (ours): MorphoEnv.launch_train_batch, the trainer's per-batch env step "
-        "and process_train_batch's counterpart (forward over the seed slots, backward, the "
-        "host and seed SGD steps), a germinated seed in one slot. policy_act (ours): the "
-        "trainer's per-step "
-        "policy.act for 4 envs (LSTM, 8 masked heads, mask checks).",
-        "explain resets dynamo's caches before and after: a compiled GAE method run later "
-        "in the same process compiles again. It takes seconds: a long finding, run only "
-        "when named (--findings M6-graph-breaks) or with --all.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        duration_s=(15.0, 15.0),
+        reviewed="src/esper/simic/training/vectorized.py:947-956 @2df957ed (the auto-advance "
+                 "loop of process_train_batch, before the host forward at 993)",
+        fix="'Consider marking this setup section with torch.compiler.disable or ensuring the "
+            "compiled boundary is at the model.forward call' (`setup_disabled`: the loop under "
+            "torch.compiler.disable)",
+        premise="'The process_train_batch function runs model.forward which IS compiled' does "
+                "not hold at 2df957ed: the host model is never compiled. The only "
+                "torch.compile calls in src/ are the policy network's (simic/agent/ppo.py:300) "
+                "and training/helpers.py:85 (`_train_step_impl`, reached only through "
+                "`_train_one_epoch`, helpers.py:123-177, which nothing calls); vectorized.py "
+                "imports nothing from helpers and calls `model(inputs)` eagerly (993). "
+                "(`git grep -n 'torch.compile(' 2df957ed -- src`.) The graph breaks the "
+                "review fears would only arise if someone compiled process_train_batch.",
+        notes=(
+            "The answer is graph_breaks (graphs - 1, exact, so its interval is the value) "
+            "from torch._dynamo.explain of one call per variant, with the distinct reasons in "
+            "break_reasons; graphs is the graph count. The time rows are each variant's eager "
+            "call and compare nothing across variants (the env step trains a host, the policy "
+            "forward samples 8 heads): they are not the answer.",
+            "setup_inline / setup_disabled: process_train_batch's setup and forward (2df957ed "
+            "vectorized.py:943-993, the loop at 947-956 verbatim) on a host whose slots "
+            "advance as kasmina/slot.py:947-1035 writes it: the G1 gate check "
+            "(QualityGates.check_gate, a match on the gate level), the stage transition (a "
+            "timestamp, the history), the stage-entry hook and two telemetry events built "
+            "as _emit_telemetry builds them (a uuid4 id, a timestamp) and handed to the "
+            "env's callback (emit_with_env_context, a hub that keeps them), with one "
+            "germinated seed so the branch runs. Left out: the host is an MLP stand-in, "
+            "and the leyline types are abridged to the fields these lines touch.",
+            "env_step (ours): MorphoEnv.launch_train_batch, the trainer's per-batch env step "
+            "and process_train_batch's counterpart (forward over the seed slots, backward, the "
+            "host and seed SGD steps), a germinated seed in one slot. policy_act (ours): the "
+            "trainer's per-step "
+            "policy.act for 4 envs (LSTM, 8 masked heads, mask checks).",
+            "explain resets dynamo's caches before and after: a compiled GAE method run later "
+            "in the same process compiles again. It takes seconds: a long finding, run only "
+            "when named (--findings M6-graph-breaks) or with --all.",
+        ),
     ),
 ))

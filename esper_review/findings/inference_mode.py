@@ -11,7 +11,7 @@ from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.variants import AXES, Variants
-from harness.findings import Case, Finding, register
+from harness.findings import About, Case, Finding, register
 from esper_review.findings.trainer_size import ENV_STEPS, nearest_trainer_size, per_iteration
 
 MODES = AXES["validation"]
@@ -55,8 +55,6 @@ register(Finding(
     title="The validation forward: torch.inference_mode() vs torch.no_grad()",
     claim="This correctly uses inference_mode() for validation, which is more efficient "
           "than no_grad(). Good practice",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:1070-1076 @2df957ed",
     variants=MODES,
     baseline="inference_mode",
     per_iteration=per_iteration(ENV_STEPS),  # one validation per env step
@@ -66,15 +64,19 @@ register(Finding(
     make_call=_make_call,
     check=values_difference,
     tolerance=lambda case: 0.0,
-    duration_s=(3.0, 6.0),
-    notes=(
-        "One timed call = one env's validation forward (MorphoEnv.process_val_batch, the "
-        "reviewed process_val_batch's lines 1063-1076 op for op: the host and one seed "
-        "over val_size examples, cross-entropy and the correct count) under the grad "
-        "mode of Variants.validation: inference_mode (the original's, the default) or "
-        "no_grad.",
-        "The review's observation holds where no_grad is slower than inference_mode "
-        "(a ratio above 1); 'same' means the difference is within the margin.",
-        "Check: both modes give the same validation loss and count, bit for bit.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1070-1076 @2df957ed",
+        duration_s=(3.0, 6.0),
+        notes=(
+            "One timed call = one env's validation forward (MorphoEnv.process_val_batch, the "
+            "reviewed process_val_batch's lines 1063-1076 op for op: the host and one seed "
+            "over val_size examples, cross-entropy and the correct count) under the grad "
+            "mode of Variants.validation: inference_mode (the original's, the default) or "
+            "no_grad.",
+            "The review's observation holds where no_grad is slower than inference_mode "
+            "(a ratio above 1); 'same' means the difference is within the margin.",
+            "Check: both modes give the same validation loss and count, bit for bit.",
+        ),
     ),
 ))

@@ -13,7 +13,7 @@ from esper.env.config import EnvConfig
 from esper.env.mask_batch import MODES, MaskBatcher
 from esper.env.seed_slot import NUM_SLOTS
 from esper.env.vectorized import VectorizedMorphoEnv
-from harness.findings import Case, Finding, register
+from harness.findings import About, Case, Finding, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.inference_mode import germinate
 from esper_review.findings.trainer_size import DEFAULT_SIZE, nearest_trainer_size, per_iteration
@@ -66,19 +66,6 @@ register(Finding(
           "row into pre-allocated tensors vs one packed transfer",
     claim="This creates intermediate lists and stacks tensors inside a dict comprehension "
           "every epoch. The masks are boolean tensors that could be pre-allocated",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:1553-1571 and "
-             "src/esper/tamiyo/policy/action_masks.py:122-172 @2df957ed",
-    fix="vectorized-training-review.md H5: `batch_masks = {key: torch.zeros(n_envs, K, "
-        "dtype=torch.bool, device=device)}` allocated once, then per step `for i, mask in "
-        "enumerate(all_masks): for key in mask: batch_masks[key][i] = mask[key]`",
-    premise="The review's 'memory churn' is of device tensors: each env's masks are built "
-            "on the device (compute_action_masks(device=torch.device(device)), "
-            "vectorized.py:1555-1562; torch.zeros/ones per head and one element write per "
-            "allowed entry, action_masks.py:129-172), so the stack's .to(device) "
-            "(vectorized.py:1569) moves nothing. 2df957ed has 4 heads (slot, blueprint, "
-            "blend, op); this measures esper's 8 (the action space of 599f3895, which the "
-            "trainer's policy has), so 8 stacks or 8 x N row copies per step.",
     ours=("packed",),
     variants=MODES,
     baseline="stack",
@@ -91,23 +78,38 @@ register(Finding(
     check=masks_difference,
     tolerance=lambda case: 0.0,
     extra_metrics=copies_metric(_make_call),
-    duration_s=(1.5, 3.5),
-    notes=(
-        "One timed call = one step's masks of num_envs envs, {head: [N, K] bool} on the "
-        "run's device, from each env's state (esper.env.mask_batch, as the trainer builds "
-        "them; one env step is one host epoch, the review's 'every epoch'): stack (the "
-        "original) = each env's masks built on the device as compute_action_masks does "
-        "(torch.zeros/ones per head, one element write per allowed op or slot), then "
-        "torch.stack per head and a .to(device) that moves nothing; preallocated (the "
-        "review's fix) = the same per-env device masks copied row by row into [N, K] "
-        "device tensors allocated once (8 x N copies); packed (ours) = each env's masks "
-        "built on the host, one torch.cat(..., out=) into a host buffer allocated once "
-        "(pinned on CUDA), one copy into a device buffer allocated once, views per head.",
-        "8 heads are measured, not 2df957ed's 4: esper's action space is 599f3895's "
-        "(8 heads, K = 3, 13, 4, 3, 3, 4, 3, 6); the original's per-step count would be "
-        "4 stacks (or 4 x N row copies).",
-        "host_to_device_copies: 0 for stack and preallocated (masks made on the device "
-        "need no transfer), 1 for packed on CUDA; 0 everywhere on the CPU.",
-        "Check: the batches must be equal entry for entry.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1553-1571 and "
+                 "src/esper/tamiyo/policy/action_masks.py:122-172 @2df957ed",
+        fix="vectorized-training-review.md H5: `batch_masks = {key: torch.zeros(n_envs, K, "
+            "dtype=torch.bool, device=device)}` allocated once, then per step `for i, mask in "
+            "enumerate(all_masks): for key in mask: batch_masks[key][i] = mask[key]`",
+        premise="The review's 'memory churn' is of device tensors: each env's masks are built "
+                "on the device (compute_action_masks(device=torch.device(device)), "
+                "vectorized.py:1555-1562; torch.zeros/ones per head and one element write per "
+                "allowed entry, action_masks.py:129-172), so the stack's .to(device) "
+                "(vectorized.py:1569) moves nothing. 2df957ed has 4 heads (slot, blueprint, "
+                "blend, op); this measures esper's 8 (the action space of 599f3895, which the "
+                "trainer's policy has), so 8 stacks or 8 x N row copies per step.",
+        duration_s=(1.5, 3.5),
+        notes=(
+            "One timed call = one step's masks of num_envs envs, {head: [N, K] bool} on the "
+            "run's device, from each env's state (esper.env.mask_batch, as the trainer builds "
+            "them; one env step is one host epoch, the review's 'every epoch'): stack (the "
+            "original) = each env's masks built on the device as compute_action_masks does "
+            "(torch.zeros/ones per head, one element write per allowed op or slot), then "
+            "torch.stack per head and a .to(device) that moves nothing; preallocated (the "
+            "review's fix) = the same per-env device masks copied row by row into [N, K] "
+            "device tensors allocated once (8 x N copies); packed (ours) = each env's masks "
+            "built on the host, one torch.cat(..., out=) into a host buffer allocated once "
+            "(pinned on CUDA), one copy into a device buffer allocated once, views per head.",
+            "8 heads are measured, not 2df957ed's 4: esper's action space is 599f3895's "
+            "(8 heads, K = 3, 13, 4, 3, 3, 4, 3, 6); the original's per-step count would be "
+            "4 stacks (or 4 x N row copies).",
+            "host_to_device_copies: 0 for stack and preallocated (masks made on the device "
+            "need no transfer), 1 for packed on CUDA; 0 everywhere on the CPU.",
+            "Check: the batches must be equal entry for entry.",
+        ),
     ),
 ))

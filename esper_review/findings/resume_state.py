@@ -19,7 +19,7 @@ from esper.training.checkpoint import (
     save_checkpoint,
 )
 from esper.training.trainer import TrainConfig, VectorizedTrainer
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 from esper_review.findings.trainer_size import nearest_trainer_size
 
 #: fresh_hidden: resumed with a fresh LSTM state, as the reviewed code (its checkpoint has
@@ -151,22 +151,6 @@ register(Finding(
     title="Resume: a fresh LSTM state (as reviewed) vs the checkpoint's (the fix)",
     claim="The LSTM hidden states from the checkpoint are not restored. This means resumed "
           "training always starts with fresh hidden states, losing temporal context",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:729-745 @2df957ed (resume: torch.load "
-             "with map_location=device, PPOAgent.load(resume_path, device=device)), "
-             "src/esper/simic/agent/ppo.py:737-802 @2df957ed (PPOAgent.load)",
-    fix="Store and restore LSTM hidden states in checkpoints; verify PPOAgent.load() "
-        "respects the device parameter (the review's recommendation)",
-    premise="At 2df957ed every batch of episodes starts from a zero LSTM state "
-            "(vectorized.py:1113, `env_states[env_idx].lstm_hidden = None  # Fresh hidden "
-            "for new episode`) and the only save is once after training "
-            "(vectorized.py:2424-2439, agent.save): a resumed run starts a new batch, which "
-            "starts from a zero state anyway, so no temporal context is lost. The device "
-            "mapping is consistent: PPOAgent.load calls torch.load(path, map_location=device, "
-            "weights_only=True) (ppo.py:752) and builds the agent with device=device "
-            "(ppo.py:790-795). esper is the same: esper/training/checkpoint.py saves and "
-            "restores `hidden`, and VectorizedTrainer.rollout replaces it with "
-            "policy.initial_hidden at each rollout's start.",
     variants=VARIANTS,
     baseline="fresh_hidden",
     proposed="restored_hidden",
@@ -183,25 +167,43 @@ register(Finding(
     # read) that trains twice per call: 7 s of a quick run, 10 s of a default one;
     # the full test run checks it through harness.run (tests/esper_review/test_resume_state.py)
     long=True,
-    duration_s=(10.0, 10.0),
     # not gated: a correctness check whose timed call writes and reads a file
     gated=False,
-    notes=(
-        "One timed call = train `before` iterations, save a checkpoint (a temporary "
-        "folder, removed after), build a new trainer, resume it from the file and run one "
-        "more iteration: fresh_hidden then sets the LSTM state a new run starts with (the "
-        "reviewed code's resume), restored_hidden keeps the checkpoint's (the fix).",
-        "The check compares that iteration, bit for bit (tolerance 0), with the same "
-        "iteration of a run that was never interrupted: the actions taken on every stored "
-        "step, the mean return, the update's losses and every weight after the update.",
-        "continues_exactly (1/0): the resumed run equals the uninterrupted one. hidden_read "
-        "(1/0): replacing the checkpoint's LSTM state by large random values changes the "
-        "next iteration (0: it is never read, the rollout starts from a fresh state). "
-        "cpu_state_exact (1/0): the checkpoint of the run's device, read with map_location "
-        "to the CPU into a CPU trainer, gives exactly the saved weights, Adam moments and "
-        "LSTM state, all on the CPU (on a CPU run, the CPU's own checkpoint). On CUDA "
-        "the CPU trainer's action sampler cannot take a CUDA generator's state and is "
-        "reseeded (esper.training.checkpoint), so only the state, not the continuation, "
-        "is compared across devices.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:729-745 @2df957ed (resume: torch.load "
+                 "with map_location=device, PPOAgent.load(resume_path, device=device)), "
+                 "src/esper/simic/agent/ppo.py:737-802 @2df957ed (PPOAgent.load)",
+        fix="Store and restore LSTM hidden states in checkpoints; verify PPOAgent.load() "
+            "respects the device parameter (the review's recommendation)",
+        premise="At 2df957ed every batch of episodes starts from a zero LSTM state "
+                "(vectorized.py:1113, `env_states[env_idx].lstm_hidden = None  # Fresh hidden "
+                "for new episode`) and the only save is once after training "
+                "(vectorized.py:2424-2439, agent.save): a resumed run starts a new batch, which "
+                "starts from a zero state anyway, so no temporal context is lost. The device "
+                "mapping is consistent: PPOAgent.load calls torch.load(path, map_location=device, "
+                "weights_only=True) (ppo.py:752) and builds the agent with device=device "
+                "(ppo.py:790-795). esper is the same: esper/training/checkpoint.py saves and "
+                "restores `hidden`, and VectorizedTrainer.rollout replaces it with "
+                "policy.initial_hidden at each rollout's start.",
+        duration_s=(10.0, 10.0),
+        notes=(
+            "One timed call = train `before` iterations, save a checkpoint (a temporary "
+            "folder, removed after), build a new trainer, resume it from the file and run one "
+            "more iteration: fresh_hidden then sets the LSTM state a new run starts with (the "
+            "reviewed code's resume), restored_hidden keeps the checkpoint's (the fix).",
+            "The check compares that iteration, bit for bit (tolerance 0), with the same "
+            "iteration of a run that was never interrupted: the actions taken on every stored "
+            "step, the mean return, the update's losses and every weight after the update.",
+            "continues_exactly (1/0): the resumed run equals the uninterrupted one. hidden_read "
+            "(1/0): replacing the checkpoint's LSTM state by large random values changes the "
+            "next iteration (0: it is never read, the rollout starts from a fresh state). "
+            "cpu_state_exact (1/0): the checkpoint of the run's device, read with map_location "
+            "to the CPU into a CPU trainer, gives exactly the saved weights, Adam moments and "
+            "LSTM state, all on the CPU (on a CPU run, the CPU's own checkpoint). On CUDA "
+            "the CPU trainer's action sampler cannot take a CUDA generator's state and is "
+            "reseeded (esper.training.checkpoint), so only the state, not the continuation, "
+            "is compared across devices.",
+        ),
     ),
 ))

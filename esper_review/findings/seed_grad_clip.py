@@ -18,7 +18,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import MAX_LOSS_FEATURE, MorphoEnv
 from esper.env.seed_slot import STYLE_LR_SCALES
 from esper.variants import Variants
-from harness.findings import Case, Finding, register
+from harness.findings import About, Case, Finding, register
 from harness.measure.stats import t_mean_ci, wilson_interval
 from harness.measure.timing import pinned_threads
 from esper_review.findings.random_play import play_episode
@@ -137,18 +137,6 @@ register(Finding(
     title="Seed optimizers: stepped without vs with gradient clipping",
     claim="Seed optimizers are stepped directly without gradient clipping. Seeds are smaller "
           "networks that can be more susceptible to gradient explosions",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:979-981,1033-1039 @2df957ed (each live "
-             "seed's SGD, lr 0.01, momentum 0.9, stepped without clipping)",
-    fix="torch.nn.utils.clip_grad_norm_(seed_params, max_norm=1.0) before each seed "
-        "optimizer's step (vectorized-training-review.md C3)",
-    premise="Half of it. The seeds are stepped without clipping (true: no clip_grad in "
-            "src/esper/simic/training/ at 2df957ed). But 'the host optimizer uses "
-            "max_grad_norm clipping via the PPO agent's update' is false: the host's SGD "
-            "(vectorized.py:844-846) is stepped at 1032/1037 without clipping either. The "
-            "only clip_grad_norm_ of the training loop is the policy's, on the PPO "
-            "network's parameters (src/esper/simic/agent/ppo.py:632 @2df957ed; "
-            "ppo.py:797 @599f3895), which has nothing to do with the host network.",
     variants=VARIANTS,
     baseline="none",
     proposed="clip",
@@ -158,30 +146,44 @@ register(Finding(
     extra_metrics=_stability,
     answer=("exploded_episodes_rate", "diverged_episodes_rate", "final_val_acc_diff"),
     long=True,
-    duration_s=(8.0, 100.0),
-    notes=(
-        "The environment as reviewed, with the original's optimizers "
-        "(esper.env.optimizers): each live seed has its own SGD (lr 0.01 x the style's "
-        "scale, momentum 0.9) kept through its life; the host's (lr 0.01, momentum 0.9, "
-        "weight decay 5e-4) is not clipped under either variant, as there. clip = "
-        "clip_grad_norm_(seed parameters, 1.0) before each seed step, as the review "
-        "suggests.",
-        "One timed call = one epoch (4 steps) of an env whose seed (a 128-wide MLP) trains "
-        "at 4x the seed learning rate: the time cost of clipping. Clipping changes the "
-        "training by design, so there is no equality check (tests/esper_review/test_review_findings.py "
-        "proves the two equal when no norm exceeds the limit).",
-        "The answer, per episode (its steps are correlated; episodes are independent): "
-        f"`episodes` episodes per variant (env seeds from {FIRST_EPISODE_SEED}, uniformly "
-        "random masked actions seeded by the env seed, the same under both). "
-        f"exploded_episodes: a seed gradient norm before clipping above {EXPLOSION_NORM:g} "
-        "or not finite (10x the clip limit: at the top seed lr, 0.04, momentum's 10x "
-        "steady state makes that one step of length 4, as long as a small seed's whole "
-        "weight vector); clip_acting_episodes: above the clip limit 1.0, the episodes in "
-        "which clipping changes anything; diverged_episodes: a host training loss not "
-        "finite or above 10 x ln(classes). Each a rate with a 95% Wilson interval over "
-        "episodes; final_val_acc a mean with a 95% t interval over episodes, and on the "
-        "clip row final_val_acc_diff its paired difference clip - none (same env seed).",
-        f"seed_lr={STRESS_SEED_LR} (full runs) is 30x the original's seed learning rate: "
-        "there seeds do explode, which shows what clipping does when they do.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:979-981,1033-1039 @2df957ed (each live "
+                 "seed's SGD, lr 0.01, momentum 0.9, stepped without clipping)",
+        fix="torch.nn.utils.clip_grad_norm_(seed_params, max_norm=1.0) before each seed "
+            "optimizer's step (vectorized-training-review.md C3)",
+        premise="Half of it. The seeds are stepped without clipping (true: no clip_grad in "
+                "src/esper/simic/training/ at 2df957ed). But 'the host optimizer uses "
+                "max_grad_norm clipping via the PPO agent's update' is false: the host's SGD "
+                "(vectorized.py:844-846) is stepped at 1032/1037 without clipping either. The "
+                "only clip_grad_norm_ of the training loop is the policy's, on the PPO "
+                "network's parameters (src/esper/simic/agent/ppo.py:632 @2df957ed; "
+                "ppo.py:797 @599f3895), which has nothing to do with the host network.",
+        duration_s=(8.0, 100.0),
+        notes=(
+            "The environment as reviewed, with the original's optimizers "
+            "(esper.env.optimizers): each live seed has its own SGD (lr 0.01 x the style's "
+            "scale, momentum 0.9) kept through its life; the host's (lr 0.01, momentum 0.9, "
+            "weight decay 5e-4) is not clipped under either variant, as there. clip = "
+            "clip_grad_norm_(seed parameters, 1.0) before each seed step, as the review "
+            "suggests.",
+            "One timed call = one epoch (4 steps) of an env whose seed (a 128-wide MLP) trains "
+            "at 4x the seed learning rate: the time cost of clipping. Clipping changes the "
+            "training by design, so there is no equality check (tests/esper_review/test_review_findings.py "
+            "proves the two equal when no norm exceeds the limit).",
+            "The answer, per episode (its steps are correlated; episodes are independent): "
+            f"`episodes` episodes per variant (env seeds from {FIRST_EPISODE_SEED}, uniformly "
+            "random masked actions seeded by the env seed, the same under both). "
+            f"exploded_episodes: a seed gradient norm before clipping above {EXPLOSION_NORM:g} "
+            "or not finite (10x the clip limit: at the top seed lr, 0.04, momentum's 10x "
+            "steady state makes that one step of length 4, as long as a small seed's whole "
+            "weight vector); clip_acting_episodes: above the clip limit 1.0, the episodes in "
+            "which clipping changes anything; diverged_episodes: a host training loss not "
+            "finite or above 10 x ln(classes). Each a rate with a 95% Wilson interval over "
+            "episodes; final_val_acc a mean with a 95% t interval over episodes, and on the "
+            "clip row final_val_acc_diff its paired difference clip - none (same env seed).",
+            f"seed_lr={STRESS_SEED_LR} (full runs) is 30x the original's seed learning rate: "
+            "there seeds do explode, which shows what clipping does when they do.",
+        ),
     ),
 ))

@@ -10,7 +10,7 @@ from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.env.mask_batch import masks_to_device
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import AXES, Variants
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -102,7 +102,6 @@ register(Finding(
     title="Buffer step counts at the update: Python list vs CPU tensor vs cached tensor",
     claim="step_counts is a Python list, not a tensor - prevents vectorized operations and "
           "requires CPU-GPU round trips",
-    ticket="B4-PT-05-step-counts-list.md",
     variants=VARIANTS,
     baseline="list",
     proposed="tensor",
@@ -115,40 +114,43 @@ register(Finding(
     check=_max_difference,
     tolerance=lambda case: 0.0,
     extra_metrics=copies_metric(_make_call),
-    reviewed="src/esper/simic/agent/rollout_buffer.py:255-345 (add: `step_idx = "
-             "self.step_counts[env_id]` at 295, `self.step_counts[env_id] = step_idx + 1` at "
-             "345), 506-511 (reset) and 445-504 (get_batched_sequences: `torch.tensor("
-             "self.step_counts, device=device)` at 458, the valid mask at 459-460, then 33 "
-             "`.to(device)` of tensors already there) @599f3895",
-    fix="The ticket's first fix as written (`tensor`): `torch.zeros(num_envs, "
-        "dtype=torch.int32, device='cpu')`, `self.step_counts[env_idx] += 1` in each add "
-        "(which also reads its step back from the tensor), `self.step_counts.to(device, "
-        "non_blocking=True)` for the valid mask. Its second option, a list with a cached "
-        "int32 tensor rebuilt when a dirty flag is set (`cached`), is another row; ours "
-        "(`numpy_view`) is an int64 tensor read and counted up through a NumPy view of its "
-        "memory: no aten op per add.",
-    premise="The ticket's 'CPU-GPU round trips' are one conversion per update: the "
-            "original builds the count tensor once (line 458) and reads the list as Python "
-            "ints everywhere else (GAE 376, normalize_advantages 423 and 439: slices, no "
-            "tensor). The '30+ tensor.to() transfers' the cross-reviews say dominate it "
-            "move nothing: the buffer lives on the agent's device (ppo.py:318-325 "
-            "@599f3895), so each `.to(device)` returns its tensor.",
-    notes=(
-        "One timed call = what the bookkeeping takes part in once per iteration: reset(), "
-        "one rollout's add() calls (num_envs x max_steps, each reading its step and "
-        "counting it up: list and cached in Python, tensor by tensor ops, numpy_view "
-        "through NumPy) and get_batched_sequences(device) of the full buffer on the run's "
-        "device, as PPOAgent's update calls it once (the buffer's tensors returned as they "
-        "are, the count tensor, the valid mask). The adds' writes are the same in every "
-        "row; the cached row rebuilds its tensor once, after the adds set its dirty flag.",
-        "The counts are read elsewhere once per update too: the loop GAE reads a tensor's "
-        "per env (a host read each; a list's, no read) and normalize_advantages reads the "
-        "list by row slices, as the original (tests/esper/rollout/test_step_counts.py "
-        "holds it to a re-typed copy), a tensor by masked sums. Those are not in this "
-        "call: B4-CR-03 and B4-DRL-03 time the GAE.",
-        "On the CPU the count tensor moves nowhere; on CUDA host_to_device_copies counts "
-        "the transfer: list and cached copy the list (a blocking copy from pageable "
-        "memory), tensor and numpy_view copy their CPU tensor non-blocking.",
-        "Every variant must produce identical batches (the list variant is the reference).",
+    about=About(
+        ticket="B4-PT-05-step-counts-list.md",
+        reviewed="src/esper/simic/agent/rollout_buffer.py:255-345 (add: `step_idx = "
+                 "self.step_counts[env_id]` at 295, `self.step_counts[env_id] = step_idx + 1` at "
+                 "345), 506-511 (reset) and 445-504 (get_batched_sequences: `torch.tensor("
+                 "self.step_counts, device=device)` at 458, the valid mask at 459-460, then 33 "
+                 "`.to(device)` of tensors already there) @599f3895",
+        fix="The ticket's first fix as written (`tensor`): `torch.zeros(num_envs, "
+            "dtype=torch.int32, device='cpu')`, `self.step_counts[env_idx] += 1` in each add "
+            "(which also reads its step back from the tensor), `self.step_counts.to(device, "
+            "non_blocking=True)` for the valid mask. Its second option, a list with a cached "
+            "int32 tensor rebuilt when a dirty flag is set (`cached`), is another row; ours "
+            "(`numpy_view`) is an int64 tensor read and counted up through a NumPy view of its "
+            "memory: no aten op per add.",
+        premise="The ticket's 'CPU-GPU round trips' are one conversion per update: the "
+                "original builds the count tensor once (line 458) and reads the list as Python "
+                "ints everywhere else (GAE 376, normalize_advantages 423 and 439: slices, no "
+                "tensor). The '30+ tensor.to() transfers' the cross-reviews say dominate it "
+                "move nothing: the buffer lives on the agent's device (ppo.py:318-325 "
+                "@599f3895), so each `.to(device)` returns its tensor.",
+        notes=(
+            "One timed call = what the bookkeeping takes part in once per iteration: reset(), "
+            "one rollout's add() calls (num_envs x max_steps, each reading its step and "
+            "counting it up: list and cached in Python, tensor by tensor ops, numpy_view "
+            "through NumPy) and get_batched_sequences(device) of the full buffer on the run's "
+            "device, as PPOAgent's update calls it once (the buffer's tensors returned as they "
+            "are, the count tensor, the valid mask). The adds' writes are the same in every "
+            "row; the cached row rebuilds its tensor once, after the adds set its dirty flag.",
+            "The counts are read elsewhere once per update too: the loop GAE reads a tensor's "
+            "per env (a host read each; a list's, no read) and normalize_advantages reads the "
+            "list by row slices, as the original (tests/esper/rollout/test_step_counts.py "
+            "holds it to a re-typed copy), a tensor by masked sums. Those are not in this "
+            "call: B4-CR-03 and B4-DRL-03 time the GAE.",
+            "On the CPU the count tensor moves nowhere; on CUDA host_to_device_copies counts "
+            "the transfer: list and cached copy the list (a blocking copy from pageable "
+            "memory), tensor and numpy_view copy their CPU tensor non-blocking.",
+            "Every variant must produce identical batches (the list variant is the reference).",
+        ),
     ),
 ))

@@ -9,7 +9,7 @@ import torch
 
 from esper.training.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 from harness.measure.counters import profiling
 from esper_review.findings.e2e import stream_fields
 from esper_review.findings.trainer_size import nearest_trainer_size
@@ -158,12 +158,6 @@ register(Finding(
           "validation vs CUDA events",
     claim="Sync all streams ONCE at epoch end ... Consider using CUDA events for "
           "dependency instead of synchronization",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:1162-1240, 1272-1375 @2df957ed",
-    fix="vectorized-training-review.md H3: after training, `event.record(env_state.stream)` "
-        "per env stream, `torch.cuda.current_stream().wait_event(event)` for each, and "
-        "validation on the default stream after them, with no host wait between training "
-        "and validation",
     variants=("stream", "event"),
     baseline="stream",
     proposed="event",
@@ -176,32 +170,40 @@ register(Finding(
     skip=_skip,
     extra_metrics=_epoch_boundary,
     gated=False,  # needs CUDA, and the gate counts on the CPU: it would have no cell
-    notes=(
-        "One timed call = one env step of every env, as the reviewed epoch: training "
-        "batches outer and envs inner, each env's batch on its own stream after a "
-        "wait_stream(default) (per env per batch, as the original), then the epoch "
-        "boundary. stream (the original): per env stream.synchronize() and 2 .item() "
-        "after training, validation on the env streams, then per env synchronize and 2 "
-        ".item() again (2N syncs and 4N reads per step); event (the review's fix): an "
-        "event per env stream, the default stream waits on each, validation runs on the "
-        "default stream, one read of every result at the end.",
-        f"host_blocked_s_per_step: the host's wait in synchronize and reads, averaged over "
-        f"{STEPS_FOR_BLOCKED_TIME} steps. From the profiler trace of {PROFILED_STEPS} "
-        "steps: train_val_gap_s, from the end of the last training kernel to the start "
-        "of the first validation kernel (the idle gap that H3 is about); "
-        "stream_train_val_gap_s, the same per env stream (to its own first validation "
-        "kernel for stream, to the first on the default stream for event), averaged; and "
-        "val_before_train_read_s, validation's device time before the host finished "
-        "reading the training results (0 for stream: it reads, then launches).",
-        "host_syncs (CUDA, one step): 2N stream synchronizes and 4N blocking reads for "
-        "stream, 1 read for event.",
-        "With event, validation of all envs runs on one stream (the default), in "
-        "sequence; with stream, on the env streams side by side: the fix trades that "
-        "parallelism for the gap.",
-        "env_streams is how many distinct CUDA streams the envs ran on: torch.cuda.Stream() "
-        "cycles through a pool of 32 per device, so above 32 envs some share one.",
-        "On a machine without CUDA every row reads 'needs CUDA'; the ordering of both "
-        "variants is checked race-free on the CPU (tests/esper/training/"
-        "test_stream_races.py).",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1162-1240, 1272-1375 @2df957ed",
+        fix="vectorized-training-review.md H3: after training, `event.record(env_state.stream)` "
+            "per env stream, `torch.cuda.current_stream().wait_event(event)` for each, and "
+            "validation on the default stream after them, with no host wait between training "
+            "and validation",
+        notes=(
+            "One timed call = one env step of every env, as the reviewed epoch: training "
+            "batches outer and envs inner, each env's batch on its own stream after a "
+            "wait_stream(default) (per env per batch, as the original), then the epoch "
+            "boundary. stream (the original): per env stream.synchronize() and 2 .item() "
+            "after training, validation on the env streams, then per env synchronize and 2 "
+            ".item() again (2N syncs and 4N reads per step); event (the review's fix): an "
+            "event per env stream, the default stream waits on each, validation runs on the "
+            "default stream, one read of every result at the end.",
+            f"host_blocked_s_per_step: the host's wait in synchronize and reads, averaged over "
+            f"{STEPS_FOR_BLOCKED_TIME} steps. From the profiler trace of {PROFILED_STEPS} "
+            "steps: train_val_gap_s, from the end of the last training kernel to the start "
+            "of the first validation kernel (the idle gap that H3 is about); "
+            "stream_train_val_gap_s, the same per env stream (to its own first validation "
+            "kernel for stream, to the first on the default stream for event), averaged; and "
+            "val_before_train_read_s, validation's device time before the host finished "
+            "reading the training results (0 for stream: it reads, then launches).",
+            "host_syncs (CUDA, one step): 2N stream synchronizes and 4N blocking reads for "
+            "stream, 1 read for event.",
+            "With event, validation of all envs runs on one stream (the default), in "
+            "sequence; with stream, on the env streams side by side: the fix trades that "
+            "parallelism for the gap.",
+            "env_streams is how many distinct CUDA streams the envs ran on: torch.cuda.Stream() "
+            "cycles through a pool of 32 per device, so above 32 envs some share one.",
+            "On a machine without CUDA every row reads 'needs CUDA'; the ordering of both "
+            "variants is checked race-free on the CPU (tests/esper/training/"
+            "test_stream_races.py).",
+        ),
     ),
 ))

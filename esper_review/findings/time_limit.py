@@ -13,7 +13,7 @@ import torch
 
 from esper.training.evaluate import evaluate_always_wait, evaluate_random, train_and_evaluate
 from esper.training.trainer import TIME_LIMITS, TrainConfig, VectorizedTrainer
-from harness.findings import Case, Finding, register
+from harness.findings import About, Case, Finding, register
 from harness.measure.stats import t_mean_ci
 from harness.measure.timing import pinned_threads
 from esper_review.findings.trainer_size import nearest_trainer_size
@@ -158,17 +158,6 @@ register(Finding(
     claim="The truncation handling ... correctly computes V(s_{t+1}) for truncated "
           "episodes, avoiding the systematic downward bias that would occur from treating "
           "truncation as termination",
-    ticket="vectorized-training-review.md",
-    reviewed="src/esper/simic/training/vectorized.py:1905-1906 @2df957ed (`truncated = "
-             "done` at epoch == max_epochs, then a bootstrap V(s_T), 1912-1973), with the "
-             "terminal reward of src/esper/simic/rewards/rewards.py:657-669 and the reward "
-             "normaliser of vectorized.py:555,1899",
-    premise="The bias it avoids is that of cutting a longer task short; here the time "
-            "limit is the task's. Every episode of the original ends at max_epochs, the "
-            "observation holds the epoch (src/esper/tamiyo/policy/features.py:131,166 "
-            "@2df957ed) and the last step pays the terminal reward (rewards.py:660, `if "
-            "epoch == max_epochs`); yet it is stored as truncated and bootstrapped from "
-            "V(s_T), a state the value head is never trained on.",
     ours=("terminal",),
     variants=TIME_LIMITS,
     baseline="truncated",
@@ -182,36 +171,49 @@ register(Finding(
     answer=("return_vs_wait", "heldout_return_diff"),
     paired=True,
     long=True,
-    duration_s=(15.0, 750.0),
     # not gated: like E2E-iteration, its work depends on the trainer's state
     gated=False,
-    notes=(
-        "truncated (the reviewed behaviour, TrainConfig.time_limit's default) bootstraps "
-        "the last step from V(s_T); terminal (ours) stores a true terminal. Both pay the "
-        "original's terminal reward (EnvConfig.terminal_bonus) and normalise rewards online "
-        "(TrainConfig.reward_normalizer), as the original does by default.",
-        "One timed call = one training iteration (paired rounds, as E2E-iteration); the "
-        "check compares the first iteration's mean return, which comes before any update.",
-        f"The learning answer: for each of {TRAIN_SEEDS} training seeds per arm, train "
-        "`iterations` iterations and evaluate the policy on `eval_seeds` held-out env seeds "
-        f"(from {FIRST_EVAL_SEED}); heldout_return is the mean over training seeds, "
-        "return_vs_wait its excess over always-WAIT's mean return on the same held-out "
-        "seeds (always_wait_return), each with a 95% Student-t interval over training "
-        "seeds (each seed's policy draws its actions from a generator of its own seed, so "
-        "the seeds' outcomes are independent); on the terminal row heldout_return_diff is "
-        "the paired difference terminal - truncated (same training seed), with its t "
-        "interval. random_return: uniformly random masked actions on the same seeds, for "
-        "scale (random play germinates seeds, which can already beat always-WAIT).",
-        f"decision (terminal row) says '{CANNOT_DECIDE}' unless both arms beat always-WAIT "
-        "with return_vs_wait's interval above 0 and the difference's interval is clear of "
-        "0 (then which arm is higher). A policy that does not beat always-WAIT has not "
-        "learned enough to tell the arms apart: that cannot-decide is also the row's "
-        "warning, said at the end of the run.",
-        "Sizes: the default case runs the trainer's size (4 envs x 25 steps) but shrinks "
-        "each seed's run (40 iterations instead of the learning test's 125, 8 held-out "
-        "episodes) so that 10 seeds per arm fit in about 12 minutes on a 2-core CPU; "
-        "there both arms beat always-WAIT, but by little more than random play does. The "
-        "quick case (2 envs x 5 steps, 1 iteration, about 15 s) is a smoke test of the "
-        "answer's computation: its policies have barely trained and it cannot decide.",
+    about=About(
+        ticket="vectorized-training-review.md",
+        reviewed="src/esper/simic/training/vectorized.py:1905-1906 @2df957ed (`truncated = "
+                 "done` at epoch == max_epochs, then a bootstrap V(s_T), 1912-1973), with the "
+                 "terminal reward of src/esper/simic/rewards/rewards.py:657-669 and the reward "
+                 "normaliser of vectorized.py:555,1899",
+        premise="The bias it avoids is that of cutting a longer task short; here the time "
+                "limit is the task's. Every episode of the original ends at max_epochs, the "
+                "observation holds the epoch (src/esper/tamiyo/policy/features.py:131,166 "
+                "@2df957ed) and the last step pays the terminal reward (rewards.py:660, `if "
+                "epoch == max_epochs`); yet it is stored as truncated and bootstrapped from "
+                "V(s_T), a state the value head is never trained on.",
+        duration_s=(15.0, 750.0),
+        notes=(
+            "truncated (the reviewed behaviour, TrainConfig.time_limit's default) bootstraps "
+            "the last step from V(s_T); terminal (ours) stores a true terminal. Both pay the "
+            "original's terminal reward (EnvConfig.terminal_bonus) and normalise rewards online "
+            "(TrainConfig.reward_normalizer), as the original does by default.",
+            "One timed call = one training iteration (paired rounds, as E2E-iteration); the "
+            "check compares the first iteration's mean return, which comes before any update.",
+            f"The learning answer: for each of {TRAIN_SEEDS} training seeds per arm, train "
+            "`iterations` iterations and evaluate the policy on `eval_seeds` held-out env seeds "
+            f"(from {FIRST_EVAL_SEED}); heldout_return is the mean over training seeds, "
+            "return_vs_wait its excess over always-WAIT's mean return on the same held-out "
+            "seeds (always_wait_return), each with a 95% Student-t interval over training "
+            "seeds (each seed's policy draws its actions from a generator of its own seed, so "
+            "the seeds' outcomes are independent); on the terminal row heldout_return_diff is "
+            "the paired difference terminal - truncated (same training seed), with its t "
+            "interval. random_return: uniformly random masked actions on the same seeds, for "
+            "scale (random play germinates seeds, which can already beat always-WAIT).",
+            f"decision (terminal row) says '{CANNOT_DECIDE}' unless both arms beat always-WAIT "
+            "with return_vs_wait's interval above 0 and the difference's interval is clear of "
+            "0 (then which arm is higher). A policy that does not beat always-WAIT has not "
+            "learned enough to tell the arms apart: that cannot-decide is also the row's "
+            "warning, said at the end of the run.",
+            "Sizes: the default case runs the trainer's size (4 envs x 25 steps) but shrinks "
+            "each seed's run (40 iterations instead of the learning test's 125, 8 held-out "
+            "episodes) so that 10 seeds per arm fit in about 12 minutes on a 2-core CPU; "
+            "there both arms beat always-WAIT, but by little more than random play does. The "
+            "quick case (2 envs x 5 steps, 1 iteration, about 15 s) is a smoke test of the "
+            "answer's computation: its policies have barely trained and it cannot decide.",
+        ),
     ),
 ))

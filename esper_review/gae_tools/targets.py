@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 

@@ -15,7 +15,7 @@ from torchrl.objectives.value.functional import (
     generalized_advantage_estimate, vec_generalized_advantage_estimate,
 )
 
-from harness import Case, Finding, max_abs_difference, register
+from harness import About, Case, Finding, max_abs_difference, register
 from my_rl.gae import gae
 
 GAMMA, LMBDA = 0.99, 0.95
@@ -77,7 +77,6 @@ register(Finding(
     id="GAE-torchrl",
     title="GAE: our loop vs TorchRL's GAE module and functional forms",
     claim="Switch our GAE loop to TorchRL's GAE module: ~4x faster",
-    ticket="a code review comment",
     variants=("ours", "torchrl_module", "torchrl_functional", "torchrl_vec"),
     baseline="ours",
     cases=cases,
@@ -86,9 +85,12 @@ register(Finding(
     reference=reference,
     check=max_abs_difference,
     tolerance=1e-4,
-    notes=("Inputs are float32 [num_envs, num_steps, 1]; the reference is our loop in "
-           "float64.",
-           "torchrl_module is GAE(value_network=None) on a TensorDict holding the values. "
-           "Built with vectorized left at None, it runs the loop (torchrl_functional), "
-           "whatever its docstring says: the counters show it (no host syncs)."),
+    about=About(
+        ticket="a code review comment",
+        notes=("Inputs are float32 [num_envs, num_steps, 1]; the reference is our loop in "
+               "float64.",
+               "torchrl_module is GAE(value_network=None) on a TensorDict holding the values. "
+               "Built with vectorized left at None, it runs the loop (torchrl_functional), "
+               "whatever its docstring says: the counters show it (no host syncs)."),
+    ),
 ))

@@ -34,9 +34,8 @@ from harness.exits import UsageError
 from harness.gate import ab as gate_ab
 from harness.gate.counters import COUNTERS
 from harness.gate.table import GateRow
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.project import load_findings
-
-DEFAULT_MARGIN = 0.05
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +140,7 @@ def _check(args: argparse.Namespace) -> Setup:
     if args.time:
         margin = DEFAULT_MARGIN if args.margin is None else args.margin
         ab = gate_ab.ABOptions(
-            findings=ids, threshold=margin, seed=args.seed, findings_modules=modules,
+            findings=ids, margin=margin, seed=args.seed, findings_modules=modules,
             paths=folders,
             sessions=gate_ab.ABOptions.sessions if args.sessions is None else args.sessions)
     counters = (args.counter,) if args.counter else COUNTERS
@@ -262,7 +261,7 @@ def _failures(counts: CommitCounts) -> str:
 
 
 def _bisect_time(setup: Setup, progress: Progress) -> int:
-    options, margin = setup.ab, setup.ab.threshold
+    options, margin = setup.ab, setup.ab.margin
     label = f"{setup.good.short} (good)"
 
     def sessions(tree: Path) -> list[dict] | str:
@@ -346,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = _check(args)
     progress = Progress((1 if setup.ab else 2) + expected_steps(len(setup.candidates)))
     _say(f"bisect: {', '.join(setup.probe.findings)} "
-         f"({'time, margin ' + format(setup.ab.threshold, '.0%') if setup.ab else ', '.join(setup.counters)}) "
+         f"({'time, margin ' + format(setup.ab.margin, '.0%') if setup.ab else ', '.join(setup.counters)}) "
          f"over {len(setup.candidates)} commit{'s' if len(setup.candidates) != 1 else ''} "
          f"after {setup.good.short} up to {setup.bad.short}; "
          f"about {progress.total} runs")

@@ -140,6 +140,47 @@ class _Listed:
 
 
 @dataclass(frozen=True)
+class About:
+    """What a report says of a finding beyond its measurement: where the claim comes from,
+    what the baseline reproduces, the fix as its source wrote it, and notes. Text only:
+    nothing here changes what is measured. A finding checks it (`Finding.about`)."""
+
+    ticket: str = ""
+    """Where the claim comes from (a review ticket, an issue or pull-request link)."""
+    reviewed: str = ""
+    """The reviewed code the baseline reproduces: file, lines and commit, e.g.
+    "src/mylib/buffer.py:347-416 @599f3895"."""
+    fix: str = ""
+    """The fix the proposed variant applies, as the review states it, with where it says so."""
+    premise: str = ""
+    """Where the review's premise does not hold at the reviewed commit: what the code there
+    really does, with the evidence (file and lines). Empty: the premise holds."""
+    notes: tuple[str, ...] = ()
+    """What a reader should know about the setup (what is skipped and why); a list is accepted."""
+    duration_s: tuple[float, float] | None = None
+    """About how many seconds its quick and its default cases take on a 2-core CPU
+    (`harness.run --list` shows it; a long finding should say)."""
+
+    def check(self, bad: Callable[[str, str, Any], None]) -> None:
+        """Each field's type, reported through the finding's `bad(field, expected, got)`;
+        `notes` given as a list becomes a tuple."""
+        for name in ("ticket", "reviewed", "fix", "premise"):
+            if not isinstance(getattr(self, name), str):
+                bad(f"about.{name}", "a str", getattr(self, name))
+        notes = self.notes
+        if isinstance(notes, str) or not isinstance(notes, (tuple, list)) or not all(
+                isinstance(n, str) and n.strip() for n in notes):
+            bad("about.notes", "a tuple of non-empty str", notes)
+        object.__setattr__(self, "notes", tuple(notes))  # normalising the frozen instance
+        duration = self.duration_s
+        if duration is not None and not (
+                isinstance(duration, tuple) and len(duration) == 2
+                and all(is_real(v) and v >= 0 for v in duration)):
+            bad("about.duration_s", "None or (quick seconds, default seconds), each >= 0",
+                duration)
+
+
+@dataclass(frozen=True)
 class Finding:
     """A claim turned into a measurement: declare one and pass it to `register`.
 
@@ -258,24 +299,12 @@ class Finding:
     long: bool = False
     """A long finding (learning runs, many episodes): it runs only when named with
     `--findings` or with `--all`, never in the default run; its quick cases stay CI-sized."""
-    duration_s: tuple[float, float] | None = None
-    """About how many seconds its quick and its default cases take on a 2-core CPU
-    (`harness.run --list` shows it; a long finding should say)."""
-    ticket: str = ""
-    """Where the claim comes from (a review ticket, an issue or pull-request link)."""
-    reviewed: str = ""
-    """The reviewed code the baseline reproduces: file, lines and commit, e.g.
-    "src/mylib/buffer.py:347-416 @599f3895"."""
-    fix: str = ""
-    """The fix the proposed variant applies, as the review states it, with where it says so."""
-    premise: str = ""
-    """Where the review's premise does not hold at the reviewed commit: what the code there
-    really does, with the evidence (file and lines). Empty: the premise holds."""
     ours: tuple[str, ...] = ()
     """Variants of this project's own design, beyond the review's fix: reported as ours,
     never as the review's (a list is accepted)."""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    """What a reader should know about the setup (what is skipped and why); a list is accepted."""
+    about: About = field(default_factory=About)
+    """Where the claim comes from and what a reader should know (`About`): text for the
+    report and `--list`, none of it changing what is measured."""
     gated: bool = True
     """Whether `harness.gate` checks it (its counters, and its A/B timing): True unless its
     counts are not deterministic (they depend on state that varies from run to run)."""
@@ -295,6 +324,11 @@ class Finding:
                       "reference is given (without it the reference is never compared)",
                       self.check)
 
+    def margin_under(self, run_margin: float) -> float:
+        """The margin of this finding's words in a run whose `--margin` is `run_margin`:
+        the finding's own where it declares one, else the run's (a fraction)."""
+        return run_margin if self.margin is None else self.margin
+
     def _bad(self, name: str, expected: str, received: Any) -> None:
         raise ValueError(f"Finding {self.id!r}: {name}: expected {expected}; got {received!r}")
 
@@ -309,11 +343,10 @@ class Finding:
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 self._bad(name, "a non-empty str", value)
-        for name in ("ticket", "reviewed", "fix", "premise"):
-            if not isinstance(getattr(self, name), str):
-                self._bad(name, "a str", getattr(self, name))
-        notes = self._names("notes", self.notes, allow_empty=True, unique=False)
-        self._set("notes", notes)
+        if not isinstance(self.about, About):
+            self._bad("about", "an About(ticket=..., reviewed=..., fix=..., premise=..., "
+                      "notes=..., duration_s=...)", self.about)
+        self.about.check(self._bad)
         self._set("answer", self._names("answer", self.answer, allow_empty=True))
         self._set("phases", self._names("phases", self.phases, allow_empty=True))
         for name in ("paired", "gated", "long"):
@@ -345,12 +378,6 @@ class Finding:
                 self._bad("per_iteration", "None or (calls per training iteration > 0, id "
                           "of the finding whose baseline call is one iteration)", per_iteration)
             self._set("per_iteration", (float(per_iteration[0]), per_iteration[1]))
-        duration = self.duration_s
-        if duration is not None and not (
-                isinstance(duration, tuple) and len(duration) == 2
-                and all(is_real(v) and v >= 0 for v in duration)):
-            self._bad("duration_s", "None or (quick seconds, default seconds), each >= 0",
-                      duration)
 
     def _fraction(self, name: str, value: Any, prefix: str = "") -> float:
         """`value` as a float in (0, 1); else the field's ValueError."""

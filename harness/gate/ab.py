@@ -13,7 +13,7 @@ ratios), and the sessions' estimates are averaged, with a variance moderated bet
 their own spread and the spread of every cell of the gate run at that call length, as
 the sessions measured it (`harness.measure.estimate.pool_spread` and `row_estimate`:
 nothing assumed of the machine). A cell regresses when a one-sided test
-says its slowdown exceeds the margin (`threshold`, default 5%), with Holm's correction
+says its slowdown exceeds the margin (`margin`, default 5%), with Holm's correction
 over every cell of the gate run, so that the chance of any false alarm in one gate run is
 at most `alpha` (5%); it improved when the same test says so the other way.
 
@@ -54,6 +54,7 @@ from statsmodels.stats.multitest import multipletests
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
 from harness.gate.worker import WorkerConfig
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
 from harness.measure.numbers import is_whole
 from harness.measure.stats import RatioCI
@@ -73,8 +74,8 @@ class ABOptions:
     findings modules' `Defaults.ab_findings`, else every gated finding)."""
     sessions: int = 6
     """Worker processes, each timing both trees; the estimate is over sessions."""
-    threshold: float = 0.05
-    """The margin: a cell regresses when a one-sided test says it is more than this
+    margin: float = DEFAULT_MARGIN
+    """The margin (harness.run's): a cell regresses when a one-sided test says it is more than this
     fraction slower than REV."""
     confidence: float = 0.95
     """1 - alpha: the chance of no false alarm over all cells of one gate run."""
@@ -102,9 +103,9 @@ class ABOptions:
                              f"whose spread the estimate needs); got {self.sessions!r}")
         if not is_whole(self.threads) or self.threads < 1:
             raise UsageError(f"--threads: expected an integer >= 1; got {self.threads!r}")
-        if not (math.isfinite(self.threshold) and 0.0 < self.threshold < 10.0):
-            raise UsageError(f"--threshold: expected a fraction in (0, 10), e.g. 0.05; "
-                             f"got {self.threshold!r}")
+        if not (math.isfinite(self.margin) and 0.0 < self.margin < 10.0):
+            raise UsageError(f"--margin: expected a fraction in (0, 10), e.g. 0.05; "
+                             f"got {self.margin!r}")
 
 
 # ------------------------------------------------------------------------------- git
@@ -350,7 +351,7 @@ def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRo
         for cell in session["cells"]:
             by_cell.setdefault((cell["finding"], cell["case"], cell["variant"]), []).append(cell)
     alpha = 1.0 - options.confidence
-    edge = math.log1p(options.threshold)
+    edge = math.log1p(options.margin)
     rows: list[GateRow | None] = []
     measured = []  # (row index, base fields, the sessions' rounds, medians)
     for (finding, case, variant), cells in by_cell.items():
@@ -378,8 +379,8 @@ def compare(sessions: list[dict], options: ABOptions, label: str) -> list[GateRo
         rows[index] = GateRow(
             **base, baseline=_us(medians[0]), current=_us(medians[1]),
             change=f"{ci.ratio - 1:+.1%} [{ci.low - 1:+.1%}, {ci.high - 1:+.1%}]",
-            outcome=outcome, ci=ci, threshold=1.0 + options.threshold,
-            note=f"p(slower than +{options.threshold:.0%}) = {p:.2g}, Holm over "
+            outcome=outcome, ci=ci, threshold=1.0 + options.margin,
+            note=f"p(slower than +{options.margin:.0%}) = {p:.2g}, Holm over "
                  f"{len(tested)} cells at {alpha:.0%}",
         )
     return rows

@@ -12,7 +12,7 @@ change, verdict) on stdout:
                     another at one case), against an invariants config (--config)
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
                     alternation in each of several processes; fails a cell when a
-                    one-sided test says it is more than --threshold (5%) slower, with
+                    one-sided test says it is more than --margin (5%) slower, with
                     Holm's correction over the cells (at most 5% false alarms per run);
                     alone, it does not count, and its notes say COUNTERS NOT CHECKED
 
@@ -109,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="A/B and invariants: torch threads while timing (default: those of "
                         "harness.run, torch's count, the cores shared out under torchrun; "
                         "the counters always count at one thread)")
-    p.add_argument("--threshold", type=options.fraction, metavar="FRACTION",
+    p.add_argument("--margin", type=options.fraction, metavar="FRACTION",
                    help=f"A/B: the margin, as a fraction: a cell fails when a one-sided "
                         f"test (Holm-corrected over the cells) says it is slower by more "
-                        f"than this (default {gate_ab.ABOptions.threshold})")
+                        f"than this (default {gate_ab.ABOptions.margin}, as harness.run's)")
     return p
 
 
@@ -158,7 +158,7 @@ def ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
     options = gate_ab.ABOptions(
         findings=ids,
         sessions=defaults.sessions if args.sessions is None else args.sessions,
-        threshold=defaults.threshold if args.threshold is None else args.threshold,
+        margin=defaults.margin if args.margin is None else args.margin,
         threads=defaults.threads if args.threads is None else args.threads,
         findings_modules=modules, paths=folders,
     )
@@ -207,7 +207,7 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--threads: expected with --against REV or the invariants check "
                          f"(it sets their timing; the counters always count at one thread); "
                          f"got --threads {args.threads} without them")
-    for name, value in (("--sessions", args.sessions), ("--threshold", args.threshold)):
+    for name, value in (("--sessions", args.sessions), ("--margin", args.margin)):
         if value is not None and args.against is None:
             raise UsageError(f"{name}: expected with --against REV (it sets the A/B check); "
                              f"got {name} {value} without --against")

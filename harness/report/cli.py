@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness import exits, lock, options
 from harness.exits import UsageError
-from harness.report.compare import DEFAULT_FACTOR
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.report.data import ReportError, open_run
 from harness.report.folder import check_destination
 from harness.report.history import build_history
@@ -61,10 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "before --markdown)")
     p.add_argument("--force", action="store_true",
                    help="compare runs even if their machine fingerprints differ")
-    p.add_argument("--factor", type=options.factor, default=DEFAULT_FACTOR,
-                   help=f"compare: the margin of the words, as a factor: new / old within it "
-                        f"either way is 'same', wholly beyond it 'regressed' or 'improved' "
-                        f"(default {DEFAULT_FACTOR})")
+    p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN,
+                   metavar="FRACTION",
+                   help=f"compare: the margin of the words, as a fraction: new / old within "
+                        f"1 + margin either way is 'same', wholly beyond it 'regressed' or "
+                        f"'improved' (default {DEFAULT_MARGIN}, as harness.run's --margin)")
     return p
 
 
@@ -122,7 +123,7 @@ def _markdown_target(markdown: str, page: Path) -> tuple[Path | None, str]:
 
 def render(run, *, compare=None, out: Path | None = None,
            results_dir: Path = DEFAULT_RESULTS_DIR, force: bool = False,
-           factor: float = DEFAULT_FACTOR) -> Path:
+           margin: float = DEFAULT_MARGIN) -> Path:
     """Render a run's report (or RUN vs `compare`) and update the index; returns the page.
 
     Raises ReportError (a UsageError, exit 2) for a missing or corrupt run, an --out that
@@ -130,11 +131,11 @@ def render(run, *, compare=None, out: Path | None = None,
     """
     new = open_run(run, results_dir)
     old = open_run(compare, results_dir) if compare is not None else None
-    return render_runs(new, old, out, force=force, factor=factor)
+    return render_runs(new, old, out, force=force, margin=margin)
 
 
 def render_runs(new: Run, old: Run | None, out: Path | None, *, force: bool = False,
-                factor: float = DEFAULT_FACTOR) -> Path:
+                margin: float = DEFAULT_MARGIN) -> Path:
     """`render` for runs already read."""
     out = Path(out or DEFAULT_REPORTS_DIR / (
         new.run_id if old is None else f"{new.run_id}-vs-{old.run_id}"))
@@ -149,7 +150,7 @@ def render_runs(new: Run, old: Run | None, out: Path | None, *, force: bool = Fa
         if old is None:
             page = render_run(new, out)
         else:
-            page = render_compare(new, old, out, force=force, factor=factor)
+            page = render_compare(new, old, out, force=force, margin=margin)
         update_index(out.parent)
     return page
 
@@ -163,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         return exits.PASS
     new = open_run(args.run, results, "RUN")
     old = open_run(args.compare, results, "--compare") if args.compare is not None else None
-    page = render_runs(new, old, args.out, force=args.force, factor=args.factor)
+    page = render_runs(new, old, args.out, force=args.force, margin=args.margin)
     if args.markdown is not None:
         target, link = _markdown_target(args.markdown, page)
         text = run_markdown(new, link) if old is None else compare_markdown(
-            new, old, link, factor=args.factor, force=args.force)
+            new, old, link, margin=args.margin, force=args.force)
         if target is None:
             print(text)
         else:

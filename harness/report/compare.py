@@ -7,7 +7,7 @@ difference of the two carries a between-run term, the standard deviation of a ro
 time from one run of a commit to the next on one machine. That term is measured from
 the results folder's repeated runs of one commit where there are some, else the figure
 measured on the 2-core CPU this project is developed on (`BETWEEN_RUN_SD`). The word is
-the runs' margin word (`--factor` 1.05: a 5% margin): improved, regressed, same or
+the runs' margin word (`--margin` 0.05: 5%): improved, regressed, same or
 inconclusive. Runs measured on machines whose fingerprints differ are refused unless
 forced: their times say more about the machines than the code; so are runs whose CPU
 kernel paths differ (`harness.measure.machine.kernel_path`), which may be one machine.
@@ -19,12 +19,11 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from harness.measure.decision import Word, decide
+from harness.measure.decision import DEFAULT_MARGIN, Word, decide
 from harness.measure.estimate import PairedEstimate, log_estimate
 from harness.measure.machine import (
     KERNEL_FIELDS, fingerprint, fingerprint_changes, records_kernel_path,
@@ -36,7 +35,6 @@ from harness.results import Run
 from harness.measure.stats import Verdict
 from harness.report.verdicts import case_phrase, present
 
-DEFAULT_FACTOR = 1.05
 #: the standard deviation (log units) of one row's time between two default runs of one
 #: commit, one after the other, on the 2-core CPU (docs/statistics.md); used where the
 #: results folder holds no repeated runs of a commit to measure it from
@@ -53,11 +51,11 @@ class Change(str, enum.Enum):
     """What happened to one finding x case x variant between the old and the new run."""
 
     IMPROVED = "improved"
-    """The whole interval of new / old lies below 1 / factor: the new run takes less time."""
+    """The whole interval of new / old lies below 1 / (1 + margin): the new run takes less time."""
     REGRESSED = "regressed"
-    """The whole interval lies above the factor: the new run takes more time."""
+    """The whole interval lies above 1 + margin: the new run takes more time."""
     SAME = "same"
-    """The whole interval lies within the factor either way."""
+    """The whole interval lies within the margin either way."""
     INCONCLUSIVE = "inconclusive"
     """Neither: the runs cannot tell."""
     NEW_FAILURE = "new_failure"
@@ -174,7 +172,7 @@ def cell_device(row: dict, run: Run) -> str | None:
     return row.get("device_name") if present(row.get("device_name")) else run.metadata.get("device_name")
 
 
-def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
+def compare_runs(new: Run, old: Run, *, margin: float = DEFAULT_MARGIN,
                  seed: int = 0, force: bool = False,
                  between_sd: float | None = None) -> pd.DataFrame:
     """One row per finding x case x variant found in either run's summary.
@@ -187,8 +185,8 @@ def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
     in one run than in the other (runs sharded over a mixed cluster) is not compared
     unless `force`: its change is not_comparable and the note names both.
     """
-    if not (math.isfinite(factor) and factor > 1.0):
-        raise ReportError(f"--factor: expected a finite factor > 1.0, e.g. 1.05; got {factor!r}")
+    if not (math.isfinite(margin) and margin > 0.0):
+        raise ReportError(f"--margin: expected a finite fraction > 0, e.g. 0.05; got {margin!r}")
     if between_sd is None:
         between_sd = between_run_sd([new, old])[0]
     old_samples, new_samples = samples_by_key(old.rows), samples_by_key(new.rows)
@@ -210,7 +208,7 @@ def compare_runs(new: Run, old: Run, *, factor: float = DEFAULT_FACTOR,
             estimate = run_difference(new_samples[key], old_samples[key], between_sd)
             low, high = estimate.interval(0.95)
             row.update(ratio=estimate.ratio, ci_low=low, ci_high=high)
-            word = decide(low, high, factor - 1.0)
+            word = decide(low, high, margin)
         change = _change(row["old_status"], row["new_status"], word)
         out.append({**row, "change": change.value})
     return pd.DataFrame(out, columns=COLUMNS)

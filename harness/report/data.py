@@ -8,20 +8,19 @@ HTML templates receive the plain dicts and dataclasses built here.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pandas as pd
 
-from harness.exits import UsageError, read_json
+from harness.exits import UsageError
 from harness.results import Run, load_run
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline, headline_case
 from harness.report.summary import (
     compiled_line, format_seconds, process_line, sampling_line, signed_seconds, verdict_word,
 )
-from harness.report.verdicts import case_phrase, present, verdict_sentence
+from harness.report.verdicts import case_phrase, level_label, present, verdict_sentence
 
 
 
@@ -187,7 +186,7 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
     """One display row per case x variant, grouped by case in run order; cells are strings.
 
     Each dict: case, case_note (its bandwidth floor and label, or ''), variant, baseline,
-    median, iqr, ratio (with its 95% CI), speedup, bandwidth (achieved, and its share of
+    median, iqr, ratio (with its interval and that interval's level), speedup, bandwidth (achieved, and its share of
     the copy bandwidth), one entry per COUNTERS key, peak (memory), sampling (samples
     and why they stopped), interval (the ratio's half-width), correctness, verdict (a word), css
     (the verdict value, for colour) and note (reason or error of a row that was not timed).
@@ -197,6 +196,7 @@ def table_rows(rows: pd.DataFrame) -> list[dict]:
         ratio = "-"
         if present(row.get("ratio")):
             ratio = f"{row['ratio']:.3g} [{row['ci_low']:.3g}-{row['ci_high']:.3g}]"
+            ratio += f" ({level_label([row.get('ci_level')])})"
         note = next((row[k] for k in ("error", "reason", "profile_note") if present(row.get(k))), "")
         out.append({
             "case": case_phrase(row),

@@ -7,9 +7,10 @@ metadata in a line and a link to the HTML report.
 
 from __future__ import annotations
 
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.report import attribution
 from harness.report.compare import (
-    DEFAULT_FACTOR, check_comparable, compare_headlines, compare_runs,
+    check_comparable, compare_headlines, compare_runs,
 )
 from harness.report.headline import COUNTERS as HEADLINE_COUNTERS
 from harness.report.data import metadata_line, run_headlines, run_sampling_line, status_banner
@@ -65,11 +66,11 @@ def _counters_text(run: Run, head, recorded: dict) -> str:
     return head.counters_text()
 
 
-def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_FACTOR,
+def compare_markdown(new: Run, old: Run, link: str, *, margin: float = DEFAULT_MARGIN,
                      force: bool = False) -> str:
     """Two runs' summary: per finding, its headline variant new against old with the
     interval, how many of its rows changed, and the counters that changed."""
-    table = compare_runs(new, old, factor=factor, force=force)
+    table = compare_runs(new, old, margin=margin, force=force)
     rows = [(h.finding, h.where, h.ratio_text(), h.changes_text(), h.counters_text())
             for h in compare_headlines(new, old, table)]
     lines = [f"### esper-bench {new.run_id} (new) vs {old.run_id} (old)", ""]
@@ -80,7 +81,7 @@ def compare_markdown(new: Run, old: Run, link: str, *, factor: float = DEFAULT_F
         if banner:
             lines += [f"> **The {label} run is not complete.** {banner}", ""]
     lines += _table(("finding", "headline case", f"headline variant, time new / old (95% CI; "
-                     f"margin {factor:g}x)", "rows changed", "counters that changed"),
+                     f"margin {margin:.0%})", "rows changed", "counters that changed"),
                     rows)
     lines += ["", f"new: {metadata_line(new.metadata)}", "",
               f"old: {metadata_line(old.metadata)}", "", f"HTML report: [{link}]({link})"]

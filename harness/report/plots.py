@@ -28,7 +28,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 
 from harness.report.data import COUNTERS, PhaseBreakdown, param_columns
 from harness.report.summary import format_seconds
-from harness.report.verdicts import case_phrase, format_param, present
+from harness.report.verdicts import case_phrase, format_param, level_label, present
 
 #: how a scaling axis is labelled: param -> axis label with its unit
 AXIS_LABELS = {"num_envs": "environments (num_envs)",
@@ -312,7 +312,8 @@ def _mark_crossovers(ax, curves: dict, name: str, label: str) -> list[Crossover]
 
 def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: list[str],
                    claim: float | None, folder: Path) -> Figure | None:
-    """Speed-up over the baseline (1 / time ratio) per case and variant, with 95% CI whiskers."""
+    """Speed-up over the baseline (1 / time ratio) per case and variant, with whiskers at
+    the level of each row's interval (`level_label`)."""
     compared = rows[rows["ratio"].notna()] if "ratio" in rows else rows.iloc[0:0]
     if compared.empty:
         return None
@@ -352,12 +353,13 @@ def speedup_figure(finding: str, rows: pd.DataFrame, baseline: str, variants: li
     _case_ticks(ax, [phrases[c] for c in cases])
     ax.set_xlabel("case")
     ax.set_ylabel(f"speed-up over {baseline} (x, log scale)")
-    ax.set_title(f"{finding}: speed-up over {baseline}, with 95% bootstrap CI")
+    level = level_label(compared["ci_level"] if "ci_level" in compared else [])
+    ax.set_title(f"{finding}: speed-up over {baseline}, with {level} intervals")
     ax.grid(True, axis="y", which="major", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _save(fig, folder, f"{finding}-speedup.png", f"Speed-up over {baseline}",
-                  "Bars: median baseline time / median variant time. Whiskers: 95% bootstrap "
-                  "interval. Above the solid line the variant is faster. A case marked "
+                  "Bars: median baseline time / median variant time. Whiskers: the ratio's "
+                  f"{level} interval. Above the solid line the variant is faster. A case marked "
                   "[vs X] did not time the baseline: its bars are over X.")
 
 
@@ -429,7 +431,7 @@ def phases_figure(finding: str, breakdown: PhaseBreakdown, folder: Path,
                   "the median time per call.")
 
 
-def compare_figure(rows: pd.DataFrame, factor: float, folder: Path) -> Figure | None:
+def compare_figure(rows: pd.DataFrame, margin: float, folder: Path) -> Figure | None:
     """Ratio new / old per finding x case x variant with its 95% CI, coloured by change."""
     compared = rows[rows["ratio"].notna()]
     if compared.empty:
@@ -443,10 +445,10 @@ def compare_figure(rows: pd.DataFrame, factor: float, folder: Path) -> Figure | 
     colours = [CHANGE_COLOURS.get(c, NEUTRAL) for c in compared["change"]]
     ax.errorbar(ratio, y, xerr=err, fmt="none", ecolor="#555555", capsize=2)
     ax.scatter(ratio, y, c=colours, zorder=3)
-    for change, colour in [*CHANGE_COLOURS.items(), ("no change beyond the factor", NEUTRAL)]:
+    for change, colour in [*CHANGE_COLOURS.items(), ("no change beyond the margin", NEUTRAL)]:
         ax.scatter([], [], c=colour, label=change)  # legend entries only
     ax.axvline(1.0, color="black", linewidth=1)
-    for bound in (factor, 1.0 / factor):
+    for bound in (1.0 + margin, 1.0 / (1.0 + margin)):
         ax.axvline(bound, color="black", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     _log_labels(ax.xaxis, ax.get_xlim(), lambda v: f"{v:g}")
@@ -455,11 +457,11 @@ def compare_figure(rows: pd.DataFrame, factor: float, folder: Path) -> Figure | 
     ax.invert_yaxis()
     ax.set_xlabel("time ratio new / old (log scale; below 1: the new run is faster)")
     ax.set_title(f"Run vs run: ratio of medians with 95% bootstrap CI "
-                 f"(dotted: the {factor:g}x factor)")
+                 f"(dotted: the {margin:.0%} margin)")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     return _save(fig, folder, "compare.png", "New vs old",
                   "Green: improved; red: regressed; grey: no measurable change or within the "
-                  "factor.")
+                  "margin.")
 
 
 #: what a heat-map cell says when it has no speed-up: verdict or status -> word

@@ -27,10 +27,11 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.exits import Nonsense
 from harness.report import plots, sense
 from harness.report.compare import (
-    DEFAULT_FACTOR, Change, between_run_sd, check_comparable, compare_headlines, compare_runs,
+    Change, between_run_sd, check_comparable, compare_headlines, compare_runs,
 )
 from harness.report.data import (
     COUNTERS, ReportError, counters_at, finding_phases, finding_text, format_date, has_bandwidth,
@@ -44,7 +45,7 @@ from harness.report.reliability import reliability, without_placebo
 from harness.report.changepoints import MIN_SIZE, PENALTY_BETA
 from harness.report.history import MACHINE_FIELDS, History
 from harness.report.summary import verdict_word
-from harness.report.verdicts import present
+from harness.report.verdicts import level_label, present
 from harness.results import Run, atomic_write_text
 from harness.report.summary import format_seconds
 
@@ -133,7 +134,8 @@ def _finding_section(run: Run, finding_id: str, headline: Headline, out: Path) -
     return {
         "text": text, "headline": headline, "answer": answer, "verdicts": verdicts,
         "sentences": every, "figures": figures, "crossovers": crossovers,
-        "table": table_rows(every_row), "phases": phases, "bandwidth": has_bandwidth(rows),
+        "table": table_rows(every_row), "phases": phases,
+        "level": level_label(every_row["ci_level"] if "ci_level" in every_row else []), "bandwidth": has_bandwidth(rows),
         "counters_figure": plots.counters_figure(finding_id, rows, variants, out)
         if counted else None,
         "counters_at": counters_at(rows, headline.case),
@@ -220,18 +222,18 @@ def _layout_problems(sections: list[dict]) -> list[str]:
 
 
 def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
-                   factor: float = DEFAULT_FACTOR) -> Path:
+                   margin: float = DEFAULT_MARGIN) -> Path:
     """Write the new-vs-old report into `out`; ReportError if fingerprints differ unless forced."""
     refuse_nonsense(new)
     refuse_nonsense(old)
     comparability = check_comparable(new, old, force)
     between, source = between_run_sd([new, old])
-    table = compare_runs(new, old, factor=factor, force=force, between_sd=between)
+    table = compare_runs(new, old, margin=margin, force=force, between_sd=between)
     out = Path(out)
     counts = table["change"].value_counts().to_dict()
     with staged(out, protect=[new.folder, old.folder]) as stage:
         page = _TEMPLATES.get_template("compare.html.j2").render(
-            new=new, old=old, factor=factor, comparability=comparability,
+            new=new, old=old, margin=margin, comparability=comparability,
             between=f"\u00b1{100 * between:.2g}% sd, {source}",
             headlines=compare_headlines(new, old, table),
             banners=[(label, status_banner(r.metadata)) for label, r in (("new", new),
@@ -239,7 +241,7 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
                      if status_banner(r.metadata)],
             rows=table.astype(object).where(table.notna(), None).to_dict("records"),
             counts=[(c.value, counts.get(c.value, 0)) for c in Change],
-            figure=plots.compare_figure(table, factor, stage),
+            figure=plots.compare_figure(table, margin, stage),
             new_meta=dict(metadata_panel(new.metadata)),
             old_meta=dict(metadata_panel(old.metadata)),
             format_seconds=format_seconds,

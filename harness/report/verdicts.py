@@ -46,10 +46,18 @@ def case_phrase(row: Mapping) -> str:
     return text or str(row.get("case", "the only case"))
 
 
+def level_label(levels) -> str:
+    """How every page, table and figure names the level of the intervals it shows: '95%',
+    or '95-99.3%' where rows looked more than once while sampling (their `ci_level`);
+    95% where no row says."""
+    found = sorted({round(100 * float(v), 1) for v in levels if present(v)}) or [95.0]
+    low, high = f"{found[0]:g}", f"{found[-1]:g}"
+    return f"{low}%" if low == high else f"{low}-{high}%"
+
+
 def _interval(low: float, high: float, level=None) -> str:
     """'95% CI 0.95-1.02', or '99.2% CI ...' where sampling looked more than once."""
-    percent = f"{100 * level:.3g}%" if present(level) else "95%"
-    return f"{percent} CI {low:.3g}-{high:.3g}"
+    return f"{level_label([level])} CI {low:.3g}-{high:.3g}"
 
 
 def _margin(row: Mapping) -> str:

@@ -55,7 +55,7 @@ def test_b4_drl_03_times_assign_as_ours_and_its_check_catches_a_wrong_row():
     f = finding("B4-DRL-03")
     assert f.variants == ("clone", "mask", "assign", "restructured")
     assert f.ours == ("assign", "restructured")
-    assert f.proposed == "mask" and f.reviewed and f.fix and f.premise
+    assert f.proposed == "mask" and f.about.reviewed and f.about.fix and f.about.premise
     case = Case.of(num_envs=4, max_steps=25, dones="random0.05")
     rows = check_cell(f, case)
     assert all(rows[v]["status"] is None for v in ("mask", "assign", "restructured"))
@@ -195,5 +195,5 @@ def test_the_transcribed_setup_advances_the_germinated_seed_once():
 def test_m6_is_long_answers_with_graph_breaks_and_states_its_premise():
     f = finding("M6-graph-breaks")
     assert f.long and f.answer == ("graph_breaks",) and f.ours == ("env_step", "policy_act")
-    assert "not hold" in f.premise and "ppo.py:300" in f.premise
+    assert "not hold" in f.about.premise and "ppo.py:300" in f.about.premise
     assert f.skip("setup_inline", f.cases(True)[0], CPU) is None

@@ -96,7 +96,7 @@ def test_fresh_hidden_is_the_state_the_original_starts_a_batch_from():
 
 def test_the_finding_states_its_provenance():
     f = finding("C2-resume-state")
-    assert "@2df957ed" in f.reviewed and "vectorized.py:1113" in f.premise
+    assert "@2df957ed" in f.about.reviewed and "vectorized.py:1113" in f.about.premise
     assert f.answer == ("continues_exactly", "hidden_read", "cpu_state_exact")
     assert not f.gated
 

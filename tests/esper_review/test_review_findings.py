@@ -156,9 +156,9 @@ def test_h4_h5_declare_the_review_s_fix_and_ours():
     for finding_id in ("H4-bootstrap-tensor", "H5-mask-stacking"):
         f = finding(finding_id)
         assert f.proposed == f.variants[1] and f.ours == ("packed",)
-        assert "@2df957ed" in f.reviewed and f.fix
-    assert "8 transfers" not in " ".join(finding("H5-mask-stacking").notes)
-    assert ".to(device)" in finding("H5-mask-stacking").premise  # moves nothing there
+        assert "@2df957ed" in f.about.reviewed and f.about.fix
+    assert "8 transfers" not in " ".join(finding("H5-mask-stacking").about.notes)
+    assert ".to(device)" in finding("H5-mask-stacking").about.premise  # moves nothing there
 
 
 # ----- H3: the epoch boundary ------------------------------------------------------------
@@ -371,7 +371,7 @@ def test_c1_cuda_rows_need_cuda_and_cpu_rows_are_the_stand_in():
         assert (f.skip("shared", case, CPU) == "needs CUDA") == (case["amp"] == "cuda")
     assert {c["amp"] for c in f.cases(True)} == {"cuda", "cpu"}
     assert all(c["episodes"] >= 5 for c in f.cases(True))
-    assert any("stand-in" in note for note in f.notes)
+    assert any("stand-in" in note for note in f.about.notes)
 
 
 def test_amp_env_runs_on_the_cpu_with_the_dtype_said_and_scalers_agree_without_overflow():

@@ -386,7 +386,7 @@ def test_every_finding_with_a_review_fix_proposes_it():
     assert proposed["H2-redundant-is-cuda"] == "stream"
     for f in registry.select(None, include_long=True):
         assert f.proposed not in f.ours, f.id
-        assert (f.proposed is not None) == bool(f.fix), f.id
+        assert (f.proposed is not None) == bool(f.about.fix), f.id
 
 
 def test_the_b4_cr_03_fix_is_the_ticket_s_loop_and_ours_stay_extras():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.findings import Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, max_abs_difference, register
 
 
 def _finding(finding_id: str, long: bool) -> Finding:
@@ -15,7 +15,9 @@ def _finding(finding_id: str, long: bool) -> Finding:
         build=lambda case, device, seed: torch.arange(case["n"], dtype=torch.float64),
         make_call=lambda v, x: (lambda: x.sum()) if v == "sum" else (lambda: (x + x).sum() / 2),
         check=max_abs_difference, tolerance=1e-9, long=long,
-        duration_s=(20.0, 600.0) if long else None,
+        about=About(
+            duration_s=(20.0, 600.0) if long else None,
+        ),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from harness import Case, Finding, max_abs_difference, register
+from harness import About, Case, Finding, max_abs_difference, register
 
 
 def build(case: Case, device: torch.device, seed: int) -> torch.Tensor:
@@ -28,7 +28,6 @@ register(Finding(
     id="USER-rowsums",
     title="Row sums: a Python loop over rows vs one sum(dim=1)",
     claim="sum(dim=1) is ~8x faster than summing row by row",
-    ticket="https://example.org/review/1",
     variants=("row_loop", "sum_dim"),
     baseline="row_loop",
     cases=lambda quick: [Case.of(rows=16, cols=64)] if quick else
@@ -38,4 +37,7 @@ register(Finding(
     reference=lambda x: x.double().sum(dim=1),
     check=max_abs_difference,
     tolerance=1e-4,
+    about=About(
+        ticket="https://example.org/review/1",
+    ),
 ))

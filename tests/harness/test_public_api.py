@@ -14,11 +14,11 @@ import torch
 
 import harness
 from tests.review import review_findings
-from harness import Case, Finding, max_abs_difference, register
+from harness import About, Case, Finding, max_abs_difference, register
 from harness import findings as registry
 
 #: what a user may import from `harness`; changing it breaks their finding modules
-PUBLIC_NAMES = ["Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+PUBLIC_NAMES = ["About", "Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
                 "max_relative_error", "register", "rounding_tolerance", "set_defaults",
                 "unit_roundoff"]
 #: Finding's fields, in order: a user's keyword arguments
@@ -26,9 +26,9 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
                   "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "margin",
                   "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
-                  "long", "duration_s",
-                  "ticket", "reviewed", "fix", "premise", "ours", "notes", "gated",
-                  "per_iteration")
+                  "long", "ours", "about", "gated", "per_iteration")
+#: About's fields: the text a report shows of a finding
+ABOUT_FIELDS = ("ticket", "reviewed", "fix", "premise", "notes", "duration_s")
 
 
 def test_the_public_names_are_frozen_and_are_the_registry_s_own():
@@ -42,13 +42,15 @@ def test_the_public_names_are_frozen_and_are_the_registry_s_own():
         harness.Findings  # noqa: B018
 
 
-def test_finding_s_fields_are_frozen_and_each_has_a_docstring():
-    assert tuple(f.name for f in dataclasses.fields(Finding)) == FINDING_FIELDS == registry.FIELDS
-    body = ast.parse(textwrap.dedent(inspect.getsource(Finding))).body[0].body
+@pytest.mark.parametrize("kind, names", [(Finding, FINDING_FIELDS), (About, ABOUT_FIELDS)])
+def test_finding_s_fields_are_frozen_and_each_has_a_docstring(kind, names):
+    assert tuple(f.name for f in dataclasses.fields(kind)) == names
+    assert registry.FIELDS == FINDING_FIELDS
+    body = ast.parse(textwrap.dedent(inspect.getsource(kind))).body[0].body
     documented = {statement.target.id for statement, following in zip(body, body[1:])
                   if isinstance(statement, ast.AnnAssign) and isinstance(following, ast.Expr)
                   and isinstance(following.value, ast.Constant)}
-    assert sorted(set(FINDING_FIELDS) - documented) == []
+    assert sorted(set(names) - documented) == []
 
 
 def _declare(**changes) -> Finding:
@@ -91,9 +93,10 @@ def _declare(**changes) -> Finding:
     ({"profile_max_s": 0}, "profile_max_s: expected None or seconds > 0; got 0"),
     ({"budget_factor": 0}, "budget_factor: expected a finite number > 0; got 0"),
     ({"budget_factor": float("inf")}, "budget_factor: expected a finite number > 0; got inf"),
-    ({"duration_s": 30}, "duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
-    ({"notes": "one note"}, "notes: expected a tuple of str; got 'one note'"),
-    ({"reviewed": 599}, "reviewed: expected a str; got 599"),
+    ({"about": About(duration_s=30)}, "about.duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
+    ({"about": About(notes="one note")}, "about.notes: expected a tuple of non-empty str; got 'one note'"),
+    ({"about": "a ticket"}, "about: expected an About(ticket=..., reviewed=..., fix=..., premise=..., notes=..., duration_s=...); got 'a ticket'"),
+    ({"about": About(reviewed=599)}, "about.reviewed: expected a str; got 599"),
     ({"ours": ("a",)}, "ours: expected variants other than the baseline and the peers"),
     ({"ours": ("z",)}, "ours: expected variants other than the baseline and the peers (a design of this project's own); got ['z']"),
     ({"min_bytes": 64}, "min_bytes: expected None or a callable case -> bytes; got 64"),
@@ -109,8 +112,8 @@ def test_a_wrong_field_is_a_value_error_naming_it(changes, message):
 
 def test_lists_and_numbers_are_accepted_where_a_stranger_would_write_them():
     finding = _declare(variants=["a", "b"], cases=[Case.of(n=4), Case.of(n=8)], tolerance=1e-3,
-                       notes=["one note"])
-    assert finding.variants == ("a", "b") and finding.notes == ("one note",)
+                       about=About(notes=["one note"]))
+    assert finding.variants == ("a", "b") and finding.about.notes == ("one note",)
     assert [c.label for c in finding.cases(True)] == [c.label for c in finding.cases(False)] == ["n=4", "n=8"]
     assert finding.tolerance(Case.of(n=4), torch.device("cpu")) == 1e-3
     assert _declare().tolerance(Case.of(n=4), torch.device("cpu")) == 0.0  # exact by default

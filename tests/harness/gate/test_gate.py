@@ -546,8 +546,8 @@ def test_ab_options_need_enough_sessions_for_the_interval():
     with pytest.raises(UsageError, match="--sessions: expected an integer >= 3"):
         gate_ab.ABOptions(sessions=2)
     for bad in (-0.1, 0.0, float("inf"), float("nan")):
-        with pytest.raises(UsageError, match="--threshold: expected a fraction in"):
-            gate_ab.ABOptions(threshold=bad)
+        with pytest.raises(UsageError, match="--margin: expected a fraction in"):
+            gate_ab.ABOptions(margin=bad)
     with pytest.raises(UsageError, match="confidence: expected a fraction in"):
         gate_ab.ABOptions(confidence=1.0)
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 FINDINGS_MODULE = textwrap.dedent('''
     import torch
-    from harness import Case, Finding, register
+    from harness import About, Case, Finding, register
 
     register(Finding(
         id="GONE-sums", title="A sum against a loop of adds",
@@ -30,9 +30,9 @@ FINDINGS_MODULE = textwrap.dedent('''
         build=lambda case, device, seed: torch.ones(case["n"]),
         make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum"
                                      else (lambda: sum(x.tolist())),
-        notes=("a note only the run recorded",),
-        reviewed="loops.py:10-12 @abc123", fix="the ticket's sum()",
-        premise="loops.py never loops at abc123",
+        about=About(notes=("a note only the run recorded",),
+                    reviewed="loops.py:10-12 @abc123", fix="the ticket's sum()",
+                    premise="loops.py never loops at abc123"),
     ))
 ''')
 
