@@ -479,16 +479,27 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def run_group(args: Sequence[str], **popen: object) -> subprocess.CompletedProcess:
+def run_group(args: Sequence[str], grace_s: float = 0.0,
+              **popen: object) -> subprocess.CompletedProcess:
     """`subprocess.run(args, capture_output=True, text=True)` in a process group of its own.
 
     Whatever way this returns or raises (an exception, Ctrl-C, SIGTERM as `Terminated`),
-    the child and every process it started are killed: nothing is left running.
+    the child and every process it started are killed: nothing is left running. With
+    `grace_s` > 0, a way out by an exception first sends the group SIGINT and gives it up
+    to `grace_s` seconds to end by itself (a harness command then cleans up and marks its
+    run interrupted, rather than leaving it killed).
     """
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True, **popen)
     try:
         stdout, stderr = process.communicate()
+    except BaseException:
+        if grace_s > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=grace_s)
+        raise
     finally:
         kill_group(process)
     return subprocess.CompletedProcess(list(args), process.returncode, stdout, stderr)

@@ -96,7 +96,9 @@ def project(tmp_path_factory) -> Path:
 
 def _run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """`python ARGS` in `cwd` with the wheel's packages first (and nothing of this tree)."""
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**{k: v for k, v in os.environ.items()  # a pytest in it loads its plugins itself
+              if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")},
+           "PYTHONPATH": str(site)}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -150,3 +152,40 @@ def test_the_reviews_own_findings_run_from_the_wheel(wheel_site, tmp_path):
     listed = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module",
                   "esper_review", "--list")
     assert "B4-CR-03" in listed.stdout
+
+
+USER_TEST = '''
+import torch
+from harness import Case, Finding, max_abs_difference, register
+
+register(Finding(
+    id="WHEEL-rowsums", title="a loop over rows vs sum(dim=1)", claim="sum is faster",
+    variants=("loop", "sum"), baseline="loop", cases=[Case.of(rows=64)],
+    build=lambda case, device, seed: torch.rand(case["rows"], 64),
+    make_call=lambda variant, x: (lambda: torch.stack([row.sum() for row in x]))
+                                 if variant == "loop" else (lambda: x.sum(dim=1)),
+    check=max_abs_difference, tolerance=1e-4,
+))
+
+
+def test_sum_is_faster(claim):
+    claim("WHEEL-rowsums", word="faster", budget=5, counters={"host_syncs": 0})
+'''
+
+
+def test_the_pytest_plugin_loads_from_the_wheel_through_its_entry_point(wheel_site, tmp_path):
+    """Installing the wheel is enough: pytest finds the plugin by its pytest11 entry point
+    (no -p, no conftest), lists the fixture from the wheel's module, and a claim runs."""
+    (entry_points,) = wheel_site.glob("esper_bench-*.dist-info/entry_points.txt")
+    assert "[pytest11]\nesper-bench = harness.pytest_plugin" in entry_points.read_text()
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    fixtures = _run(wheel_site, tmp_path, "-m", "pytest", "--fixtures", "-v",
+                    "-p", "no:cacheprovider", "test_user.py")
+    assert fixtures.returncode == 0, fixtures.stdout[-2000:] + fixtures.stderr[-2000:]
+    (listed,) = [line for line in fixtures.stdout.splitlines() if line.startswith("claim -- ")]
+    where = Path(listed.removeprefix("claim -- ").rpartition(":")[0])  # relative to tmp_path
+    assert (tmp_path / where).resolve() == (wheel_site / "harness" / "pytest_plugin.py").resolve()
+    claimed = _run(wheel_site, tmp_path, "-m", "pytest", "-p", "no:cacheprovider",
+                   f"--basetemp={tmp_path / 'basetemp'}", "test_user.py")
+    assert claimed.returncode == 0, claimed.stdout[-3000:] + claimed.stderr[-2000:]
+    assert "PASSED WHEEL-rowsums sum vs loop at rows=64: ratio" in claimed.stdout

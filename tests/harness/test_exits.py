@@ -169,3 +169,43 @@ def test_ctrl_c_while_harness_run_imports_torch_is_exit_130_and_one_line(tmp_pat
     assert done.returncode == 130, done.stderr
     assert done.stderr == "SIGINT: stopped while loading the command; nothing was done\n"
     assert done.stdout == ""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("grace_s, cleaned", [(30.0, True), (0.0, False)])
+def test_run_group_interrupted_lets_its_child_clean_up_within_the_grace(tmp_path, grace_s,
+                                                                         cleaned):
+    """Ctrl-C while `run_group` waits: with a grace, the child's group gets SIGINT and ends
+    by itself (a harness command marks its run interrupted); without, it is killed. Either
+    way nothing is left running."""
+    done = _python_m(tmp_path, "interrupted_group", f"""
+        import os, signal, sys, threading, time
+        from harness.exits import run_group
+
+        CHILD = (
+            "import os, signal, sys, time\\n"
+            "def cleanup(signum, frame):\\n"
+            "    open('cleaned', 'w').close()\\n"
+            "    sys.exit(130)\\n"
+            "signal.signal(signal.SIGINT, cleanup)\\n"
+            "open('ready', 'w').write(str(os.getpid()))\\n"
+            "time.sleep(60)\\n")
+
+        def interrupt_once_ready():
+            while not os.path.exists("ready"):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_once_ready, daemon=True).start()
+        try:
+            run_group([sys.executable, "-c", CHILD], grace_s={grace_s})
+        except KeyboardInterrupt:
+            pid = int(open("ready").read())
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            print("interrupted; cleaned:", os.path.exists("cleaned"), "alive:", alive)
+    """)
+    assert done.stdout == f"interrupted; cleaned: {cleaned} alive: False\n", done.stderr
