@@ -49,7 +49,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from statsmodels.stats.multitest import multipletests
 
 from harness.exits import UsageError, run_group, signals_deferred
 from harness.gate.table import GateRow, Outcome
@@ -313,11 +312,19 @@ def run_sessions(current: Path, against: Path, options: ABOptions,
 # ----------------------------------------------------------------------------- statistics
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`
-    (statsmodels' `multipletests`: sorted p_(i) against alpha / (m - i + 1), stopping at
-    the first that fails)."""
-    return [bool(r) for r in multipletests(np.asarray(p_values, dtype=np.float64), alpha,
-                                           method="holm")[0]]
+    """Which hypotheses Holm's step-down procedure rejects at family-wise error `alpha`:
+    sorted p_(i) against alpha / (m - i + 1), stopping at the first that fails.
+
+    Written here, not taken from statsmodels' `multipletests(method="holm")`, which runs
+    a full `gc.collect()` on every call (0.2 s in a process that has loaded torch; the
+    test holds the two to the same answers)."""
+    order = np.argsort(np.asarray(p_values, dtype=np.float64), kind="stable")
+    rejected = [False] * len(order)
+    for rank, index in enumerate(order):
+        if not p_values[index] <= alpha / (len(order) - rank):
+            break
+        rejected[index] = True
+    return rejected
 
 
 def _us(seconds: float) -> str:

@@ -460,6 +460,16 @@ def test_holm_rejects_in_order_until_the_first_p_that_fails():
     assert gate_ab.holm([0.03, 0.5], 0.05) == [False, False]
 
 
+def test_holm_answers_as_statsmodels_does():
+    multipletests = pytest.importorskip("statsmodels.stats.multitest").multipletests
+    rng = np.random.default_rng(3)
+    for _ in range(40):  # each statsmodels call collects garbage: 0.2 s here
+        m = int(rng.integers(1, 40))
+        p = rng.uniform(0, 1, m) ** rng.uniform(1, 6)  # many small p-values, ties unlikely
+        alpha = float(rng.choice([0.01, 0.05, 0.1]))
+        assert gate_ab.holm(p.tolist(), alpha) == multipletests(p, alpha, method="holm")[0].tolist()
+
+
 def _synthetic_sessions(rng, cells: int, sessions: int, slowdowns: dict[int, float],
                         rounds: int = 20) -> list[dict]:
     """Worker outputs of a gate run on a synthetic clock: per session and cell, rounds of
