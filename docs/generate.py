@@ -20,8 +20,8 @@ A generated block sits between two markers and is never edited by hand:
 Kinds:
   help MODULE     the `--help` of a command (its `build_parser()`), 96 columns wide
   variants        esper's reviewed axes, from `esper.variants` (values and docstrings)
-  finding-fields [About]
-                  the public `Finding` (or `About`) fields, from their docstrings
+  finding-fields [Recording|Reading|About]
+                  the public `Finding` fields (or its parts'), from their docstrings
   findings [long] the review's findings with the verdict of the committed example run
                   (results/example/run.json, rendered the way the report does), or of the
                   committed run of the long findings (results/long/run.json)
@@ -102,14 +102,17 @@ def _variants() -> str:
 def _finding_fields(kind: str = "Finding") -> str:
     from harness import findings
 
-    if kind not in ("Finding", "About"):
-        raise DocsError(f"finding-fields: expected Finding or About; got {kind!r}")
+    kinds = ("Finding", "Recording", "Reading", "About")
+    if kind not in kinds:
+        raise DocsError(f"finding-fields: expected one of {', '.join(kinds)}; got {kind!r}")
     dataclass = getattr(findings, kind)
     docs = _attribute_docs(dataclass)
     lines = ["| field | default | meaning |", "|---|---|---|"]
     for field in dataclasses.fields(dataclass):
         if field.default is not dataclasses.MISSING:
             default = f"`{field.default!r}`" if not callable(field.default) else "(every case)"
+        elif dataclasses.is_dataclass(field.default_factory):
+            default = f"`{field.default_factory.__name__}()`"
         elif field.default_factory is not dataclasses.MISSING:
             default = f"`{field.default_factory()!r}`"
         else:

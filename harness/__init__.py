@@ -18,7 +18,8 @@ import importlib
 from typing import Any
 
 #: the public names: frozen by tests/harness/test_public_api.py
-__all__ = ["About", "Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+__all__ = ["About", "Case", "Defaults", "Finding", "PlantTarget", "Reading", "Recording",
+           "max_abs_difference",
            "max_relative_error", "register", "rounding_tolerance", "set_defaults",
            "unit_roundoff"]
 

@@ -3,7 +3,7 @@
 A run has `budget_s` seconds, its report included. What is not sampling (loading the
 findings, each cell's inputs, first calls, checks and profiling, the workers' start, the
 report) is a cost to be paid; what is left is shared out over the cells by their weight
-(`Finding.budget_factor`, times the variants a cell times) and over the processes that
+(`Recording.budget_factor`, times the variants a cell times) and over the processes that
 time each cell. The plan starts from what the cells cost in the newest earlier runs of
 the same results folder (else a guess), and is made again before every cell from what
 this run has spent so far, so a slower machine samples less rather than running longer;

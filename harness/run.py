@@ -383,14 +383,14 @@ def _interrupted(writer: RunWriter, launch: ranks.Launch, err: KeyboardInterrupt
 
 
 def headline_label(finding: registry.Finding, options: RunOptions) -> str:
-    """The label of `finding`'s headline case in this run: `Finding.headline_case` of its
+    """The label of `finding`'s headline case in this run: `Reading.headline_case` of its
     cases, or the first; a `headline_case` that raises or returns another object falls
     back to the first case, said on stderr."""
     cases = finding.cases(options.quick)
-    if finding.headline_case is None:
+    if finding.reading.headline_case is None:
         return cases[0].label
     try:
-        chosen = finding.headline_case(list(cases))
+        chosen = finding.reading.headline_case(list(cases))
     except Exception as err:  # user code: said, and the first case heads the finding
         print(f"{finding.id}: headline_case raised {type(err).__name__}: {err}; the first "
               "case heads it", file=sys.stderr)
@@ -412,11 +412,11 @@ def finding_info(finding: registry.Finding, options: RunOptions) -> dict:
             "ours": list(finding.ours),
             "notes": list(about.notes), "variants": list(finding.variants),
             "baseline": finding.baseline, "peers": list(finding.peers),
-            "answer": list(finding.answer), "claim_factor": finding.claim_factor,
-            "proposed": finding.proposed, "phases": list(finding.phases),
-            "per_iteration": finding.per_iteration,
-            "claim_tolerance": finding.claim_tolerance,
-            "margin": finding.margin_under(options.margin), "paired": finding.paired,
+            "answer": list(finding.reading.answer), "claim_factor": finding.reading.claim_factor,
+            "proposed": finding.proposed, "phases": list(finding.recording.phases),
+            "per_iteration": finding.reading.per_iteration,
+            "claim_tolerance": finding.reading.claim_tolerance,
+            "margin": finding.margin_under(options.margin), "paired": finding.recording.paired,
             "cases": [c.label for c in cases], "headline_case": headline_label(finding, options),
             "origin": registry.ORIGINS.get(finding.id, "register()")}
 
@@ -518,7 +518,7 @@ def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[floa
     its seconds in the newest earlier run that journaled it, else a guess from its
     weight."""
     known = earlier_costs(results_dir)
-    return [known.get((f.id, c.label), (0.0, (1 + len(f.variants)) * f.budget_factor))[1]
+    return [known.get((f.id, c.label), (0.0, (1 + len(f.variants)) * f.recording.budget_factor))[1]
             for f, c in cells]
 
 
@@ -533,7 +533,7 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
         mine = [(fi, ci) for fi, ci, rank in plan if rank == launch.rank]
         label = f"rank {launch.rank}: " if launch.distributed else ""
         rank_info = ranks.describe_rank(launch, options.device)
-        if any(f.min_bytes is not None for f in selected):
+        if any(f.recording.min_bytes is not None for f in selected):
             if "copy_bandwidth_bytes_per_s" not in writer.metadata:
                 # once per run (per rank), before any cell, with its threads: the floor
                 writer.metadata["copy_bandwidth_bytes_per_s"] = measure_copy_bandwidth(options.device)
@@ -566,7 +566,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                    if launch.distributed else {})
     cells = [(selected[fi], selected[fi].cases(options.quick)[ci], (fi, ci)) for fi, ci in mine]
     plan = Plan(options.budget_s,
-                {(f.id, c.label): f.budget_factor * len(f.variants) for f, c, _ in cells},
+                {(f.id, c.label): f.recording.budget_factor * len(f.variants) for f, c, _ in cells},
                 options.processes,
                 {k: v[0] for k, v in earlier_costs(writer.results_dir).items()},
                 started=STARTED)

@@ -11,7 +11,7 @@ timing, profile.
      launches (and, at a finding's first case, its profiles make the Chrome trace); each
      variant's time ratio to the baseline from this process's rounds, its interval and
      word (provisional: the run words every row again from all its processes,
-     `harness.combine`); for a finding that counts its bytes (`Finding.min_bytes`), the
+     `harness.combine`); for a finding that counts its bytes (`Recording.min_bytes`), the
      achieved bandwidth per variant and the case's bandwidth floor and label.
 The run's other processes (`harness.replica`) time the same cell with `check=False` and
 the variants this one found correct (`timed`). A variant that raises is recorded as a
@@ -90,10 +90,10 @@ class RunOptions:
         return Sampling(
             time_budget_s=seconds, min_rounds=self.min_samples, max_rounds=self.max_samples,
             # paired: every variant makes the same calls, one per sample
-            min_sample_time=None if finding.paired else 1e-3,
-            warmup_budget_s=math.inf if finding.paired else 0.1,
+            min_sample_time=None if finding.recording.paired else 1e-3,
+            warmup_budget_s=math.inf if finding.recording.paired else 0.1,
             sequential=self.precision > 0, precision=self.precision,
-            margin=finding.margin_under(self.margin), seed=self.seed, paired=finding.paired)
+            margin=finding.margin_under(self.margin), seed=self.seed, paired=finding.recording.paired)
 
 
 def check_takes(check) -> tuple[type, ...] | None:
@@ -134,7 +134,7 @@ class CaseRun:
                  timed: Sequence[str] | None = None, check: bool = True) -> None:
         self.finding, self.case, self.options = finding, case, options
         self.headline = headline
-        """Whether this is the finding's headline case (`Finding.headline_case`)."""
+        """Whether this is the finding's headline case (`Reading.headline_case`)."""
         self.sampling_s = sampling_s
         """Seconds of rounds this process takes of the cell (the planner's share)."""
         self.process = process
@@ -159,7 +159,7 @@ class CaseRun:
         self.seconds: dict[str, float] = {}
         """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
         self.sample_metrics: dict[str, list[dict[str, float]]] = {}
-        """variant -> `Finding.sample_metrics` of each sample, in sample order."""
+        """variant -> `Recording.sample_metrics` of each sample, in sample order."""
 
     # ------------------------------------------------------------------ steps
 
@@ -190,7 +190,7 @@ class CaseRun:
         if PLACEBO in self._active():
             try:
                 self.placebo_inputs = self.inputs
-                if f.paired:
+                if f.recording.paired:
                     with self._stage("build"):
                         self.placebo_inputs = f.build(self.case, options.device, options.seed)
                 # its first call, as every variant had one (not checked: the baseline's
@@ -346,7 +346,7 @@ class CaseRun:
                 self.measurements = measure_interleaved(
                     calls, make_clock(self.options.device), finding=f.id, case=self.case.label,
                     sampling=sampling, reference=f.baseline,
-                    after_sample=self._read_sample_metrics if f.sample_metrics else None,
+                    after_sample=self._read_sample_metrics if f.recording.sample_metrics else None,
                 )
                 return
             except VariantError as err:  # drop it and time the others again
@@ -355,12 +355,12 @@ class CaseRun:
 
     def _read_sample_metrics(self, variant: str) -> None:
         self.sample_metrics[variant].append(
-            dict(self.finding.sample_metrics(self._code(variant), self._inputs_of(variant))))
+            dict(self.finding.recording.sample_metrics(self._code(variant), self._inputs_of(variant))))
 
     def _profile(self, trace_path: Path | None) -> None:
         """Counters of each variant from one profiled call; with `trace_path`, the same
         profiles merged into the cell's Chrome trace (`harness.measure.trace`)."""
-        device, limit = self.options.device, self.finding.profile_max_s
+        device, limit = self.options.device, self.finding.recording.profile_max_s
         with tempfile.TemporaryDirectory(prefix="esper-bench-trace-") as scratch:
             parts: dict[str, Path] = {}
             for index, variant in enumerate(list(self.measurements)):
@@ -391,13 +391,13 @@ class CaseRun:
                     raise
 
     def _extra_metrics(self) -> None:
-        if self.finding.extra_metrics is None:
+        if self.finding.recording.extra_metrics is None:
             return
         for variant in list(self.measurements):
             if variant == PLACEBO:
                 continue
             try:
-                self.cells[variant].update(self.finding.extra_metrics(variant, self.inputs))
+                self.cells[variant].update(self.finding.recording.extra_metrics(variant, self.inputs))
             except Exception as err:
                 self._fail(variant, err, "extra metrics")
                 del self.measurements[variant]
@@ -436,20 +436,20 @@ class CaseRun:
         the run words the row from all its processes (`harness.combine`)."""
         margin = self.finding.margin_under(self.options.margin)
         estimate = rounds_estimate(m.samples, base.samples[:m.n])
-        info = {"claim_factor": self.finding.claim_factor, "peers": self.finding.peers,
-                "claim_tolerance": self.finding.claim_tolerance}
+        info = {"claim_factor": self.finding.reading.claim_factor, "peers": self.finding.peers,
+                "claim_tolerance": self.finding.reading.claim_tolerance}
         return word_fields(estimate, m.confidence, margin, variant, info,
                            placebo=variant == PLACEBO)
 
     def _compare_sample_metrics(self, reference: str, timed: list[str]) -> None:
         """Median of each sample metric per variant; in a paired finding, the per-round
-        difference to `reference` with its interval (see `Finding.sample_metrics`), and
+        difference to `reference` with its interval (see `Recording.sample_metrics`), and
         of the time per call itself (`time_diff_s`, `time_diff_low_s`, `time_diff_high_s`:
         below 0, the variant saves time)."""
         base_time = self.measurements[reference].samples
         for variant in timed:
             times = self.measurements[variant].samples
-            if self.finding.paired and variant != reference and len(times) == len(base_time):
+            if self.finding.recording.paired and variant != reference and len(times) == len(base_time):
                 diff, low, high = paired_difference_ci(times, base_time, seed=self.options.seed)
                 self.cells[variant].update(time_diff_s=diff, time_diff_low_s=low,
                                            time_diff_high_s=high)
@@ -458,7 +458,7 @@ class CaseRun:
                 values = [s[name] for s in per_sample]
                 self.cells[variant][name] = float(np.median(values))
                 base = [s[name] for s in self.sample_metrics.get(reference) or []]
-                if self.finding.paired and variant != reference and len(base) == len(values):
+                if self.finding.recording.paired and variant != reference and len(base) == len(values):
                     diff, low, high = paired_difference_ci(values, base, seed=self.options.seed)
                     self.cells[variant].update({f"{name}_diff": diff, f"{name}_diff_low": low,
                                                 f"{name}_diff_high": high})
@@ -474,9 +474,9 @@ class CaseRun:
         own variants (peers excluded) against the floor.
         """
         f = self.finding
-        if f.min_bytes is None:
+        if f.recording.min_bytes is None:
             return
-        nbytes = f.min_bytes(self.case)
+        nbytes = f.recording.min_bytes(self.case)
         for variant, m in self.measurements.items():
             self.cells[variant]["achieved_bytes_per_s"] = nbytes / m.median
         if self.options.copy_bandwidth_bytes_per_s is None:

@@ -8,7 +8,7 @@ import torch
 
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import AXES, Variants
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from esper_review.findings.step_counts import HIDDEN, STATE_DIM, fill, rollout_steps
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -71,17 +71,13 @@ register(Finding(
     baseline="none",
     proposed="mask_shapes",
     ours=("checked",),
-    per_iteration=per_iteration(1),  # one rollout
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=stored_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=_per_add,
     # the profiler slows the 2,400 add() calls at 16 x 150 ~20x; the counts scale with the
     # steps, so the 4 x 25 case's counts tell the same story
-    profile_max_s=0.05,
     about=About(
         ticket="rollout-buffer-audit.md",
         reviewed="src/esper/simic/agent/rollout_buffer.py:255-345 @599f3895 (add: no check but "
@@ -115,5 +111,13 @@ register(Finding(
             "Counters (op calls, allocations, host syncs) come from the 4 x 25 case: calls over "
             "50 ms are not profiled.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_per_add,
+        profile_max_s=0.05,
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # one rollout
+        headline_case=nearest_trainer_size,
     ),
 ))

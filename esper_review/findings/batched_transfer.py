@@ -8,7 +8,7 @@ import torch
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import Variants
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -91,15 +91,12 @@ register(Finding(
     variants=VARIANTS,
     baseline="per_tensor",
     proposed="flat",
-    per_iteration=per_iteration(1),  # one update
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=batch_difference,
     tolerance=lambda case: 0.0,
     skip=_skip,
-    extra_metrics=copies_metric(_make_call, "target"),
     about=About(
         ticket="rollout-buffer-audit.md",
         reviewed="src/esper/simic/agent/rollout_buffer.py:445-504 @599f3895 "
@@ -128,5 +125,12 @@ register(Finding(
             "The trainer's buffer lives on the update's device, so it moves nothing: this "
             "matters for a host-resident buffer feeding a GPU update.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=copies_metric(_make_call, "target"),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # one update
+        headline_case=nearest_trainer_size,
     ),
 ))

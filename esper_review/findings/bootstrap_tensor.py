@@ -12,7 +12,9 @@ from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.env.bootstrap_states import MODES, BootstrapStates
 from esper.env.environment import OBS_DIM
 from esper.training.trainer import TrainConfig
-from harness.findings import About, Case, Finding, max_relative_error, register, rounding_tolerance
+from harness.findings import (
+    About, Case, Finding, Reading, Recording, max_relative_error, register, rounding_tolerance
+)
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration, policy_depth
 
@@ -88,8 +90,6 @@ register(Finding(
     variants=MODES,
     baseline="tensor",
     proposed="copy",
-    per_iteration=per_iteration(1),  # every env's episode ends once a rollout
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
@@ -98,7 +98,6 @@ register(Finding(
     # tensor and copy agree exactly: the bound of one forward, in float32 (TF32 on CUDA)
     tolerance=lambda case, device: rounding_tolerance(policy_depth(OBS_DIM), torch.float32,
                                                       device, matmul=True),
-    extra_metrics=_extra,
     about=About(
         ticket="vectorized-training-review.md",
         reviewed="src/esper/simic/training/vectorized.py:1954-1973 @2df957ed",
@@ -128,5 +127,12 @@ register(Finding(
             "It happens once per env per episode (25 steps): the review's 'overhead' is per "
             "episode, not per step.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_extra,
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # every env's episode ends once a rollout
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -14,7 +14,7 @@ import torch
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.agent.policy import FactoredRecurrentActorCritic, MaskedCategorical
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, max_abs_difference, register
 from esper_review.findings.step_counts import rollout_steps
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -216,8 +216,6 @@ register(Finding(
     variants=VARIANTS,
     baseline="env_major",
     proposed="time_major",
-    per_iteration=per_iteration(1),  # one rollout and one update
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
@@ -260,5 +258,9 @@ register(Finding(
             "Both layouts must hold, read and evaluate to the same values, read as "
             "[n, m, ...].",
         ),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # one rollout and one update
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -11,7 +11,7 @@ from esper.env.config import EnvConfig
 from esper.env.pool import EnvBatches
 from esper.env.vectorized import VectorizedMorphoEnv
 from esper.variants import AXES, Variants
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, Recording, register
 from esper_review.findings.fragmentation import fragmentation
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -119,15 +119,12 @@ register(Finding(
     baseline="recreate",
     proposed="checkpoint",
     ours=("pool",),
-    per_iteration=per_iteration(1),  # one batch of episodes a rollout
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=_check,
     tolerance=lambda case: 0.0,
     skip=_skip,
-    extra_metrics=_fragmentation,
     about=About(
         ticket="vectorized-training-review.md",
         reviewed="src/esper/simic/training/vectorized.py:1103-1107 and 818-894 @2df957ed "
@@ -158,5 +155,12 @@ register(Finding(
             f"Check: both batches' envs run the same {CHECK_STEPS}-step script (germinate a seed, "
             "then wait) and must give identical observations, rewards and metrics.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_fragmentation,
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # one batch of episodes a rollout
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from esper.env.accumulators import MODES, EpochAccumulators
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, max_abs_difference, register
 from esper_review.findings.trainer_size import TRAIN_BATCHES, nearest_trainer_size, per_iteration
 
 
@@ -46,8 +46,6 @@ register(Finding(
     variants=MODES,
     baseline="separate",
     proposed="stacked",
-    per_iteration=per_iteration(TRAIN_BATCHES),  # one update per training batch
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
@@ -71,5 +69,9 @@ register(Finding(
             "sums.add_(torch.stack([loss, correct])) (two 0-d tensors, so one add needs a "
             "stack first).",
         ),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(TRAIN_BATCHES),  # one update per training batch
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -8,7 +8,9 @@ import torch
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
 from esper.gae.reference import reference_gae
 from esper_review.findings import peers
-from harness.findings import About, Case, Finding, max_relative_error, register, rounding_tolerance
+from harness.findings import (
+    About, Case, Finding, Reading, Recording, max_relative_error, register, rounding_tolerance
+)
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
 GAMMA, LAMBDA = 0.995, 0.98
@@ -137,8 +139,6 @@ register(Finding(
     variants=(*METHODS, *peers.PEERS),
     baseline="loop",
     peers=tuple(peers.PEERS),
-    headline_case=nearest_trainer_size,
-    per_iteration=per_iteration(1),  # one GAE per update
     proposed="batched",  # the ticket's own fix: one loop over time, vectorized over envs
     ours=tuple(m for m in METHODS if m not in ("loop", "batched")),
     cases=_cases,
@@ -149,8 +149,6 @@ register(Finding(
     # float32 against the float64 reference: one chain of max_steps roundings per env
     tolerance=lambda case, device: rounding_tolerance(case["max_steps"], torch.float32, device),
     skip=_skip,
-    min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
-    profile_max_s=PROFILE_MAX_S,
     about=About(
         ticket="B4-CR-03-gae-vectorization.md",
         reviewed="src/esper/simic/agent/rollout_buffer.py:347-416 @599f3895 "
@@ -192,5 +190,13 @@ register(Finding(
             "headline's difference per call), and its premise that the loop is not the hot "
             "path is E2E-iteration's to answer.",
         ),
+    ),
+    recording=Recording(
+        min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
+        profile_max_s=PROFILE_MAX_S,
+    ),
+    reading=Reading(
+        headline_case=nearest_trainer_size,
+        per_iteration=per_iteration(1),  # one GAE per update
     ),
 ))

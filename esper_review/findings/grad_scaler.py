@@ -20,7 +20,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.env.optimizers import HOST, amp_dtype
 from esper.variants import Variants
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from harness.measure.stats import t_mean_ci, wilson_interval
 from harness.measure.timing import pinned_threads
 from esper_review.findings.random_play import play_episode
@@ -180,16 +180,12 @@ register(Finding(
     variants=VARIANTS,
     baseline="shared",
     proposed="per_optimizer",
-    headline_case=_headline,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     skip=_skip,
     check=max_abs_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=_stability,
-    answer=("host_overflow_rate", "seed_overflow_rate", "host_skipped_steps_diff",
-            "final_scale_log2_diff"),
     long=True,  # episodes of real training per case: out of the default run's 150 s
     about=About(
         ticket="vectorized-training-review.md",
@@ -241,5 +237,13 @@ register(Finding(
             "(vectorized.py:1456-1465). Every live seed here is in the forward pass, so the "
             "case does not arise in these episodes.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_stability,
+    ),
+    reading=Reading(
+        headline_case=_headline,
+        answer=("host_overflow_rate", "seed_overflow_rate", "host_skipped_steps_diff",
+                "final_scale_log2_diff"),
     ),
 ))

@@ -23,7 +23,7 @@ from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 from esper.agent.policy import FactoredRecurrentActorCritic
 from esper.env.config import EnvConfig
 from esper.env.environment import OBS_DIM, MorphoEnv
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, Recording, register
 from esper_review.findings.trainer_size import nearest_trainer_size
 
 VARIANTS = ("setup_inline", "setup_disabled", "env_step", "policy_act")
@@ -429,13 +429,10 @@ register(Finding(
     variants=VARIANTS,
     baseline="setup_inline",
     proposed="setup_disabled",
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     skip=_skip,
-    extra_metrics=_counts,
-    answer=("graph_breaks",),
     long=True,
     ours=("env_step", "policy_act"),
     about=About(
@@ -478,5 +475,12 @@ register(Finding(
             "in the same process compiles again. It takes seconds: a long finding, run only "
             "when named (--findings M6-graph-breaks) or with --all.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_counts,
+    ),
+    reading=Reading(
+        headline_case=nearest_trainer_size,
+        answer=("graph_breaks",),
     ),
 ))

@@ -11,7 +11,7 @@ from esper.agent.heads import HEAD_NAMES, OP_INDEX
 from esper.env.config import EnvConfig
 from esper.env.environment import MorphoEnv
 from esper.variants import AXES, Variants
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, register
 from esper_review.findings.trainer_size import ENV_STEPS, nearest_trainer_size, per_iteration
 
 MODES = AXES["validation"]
@@ -57,8 +57,6 @@ register(Finding(
           "than no_grad(). Good practice",
     variants=MODES,
     baseline="inference_mode",
-    per_iteration=per_iteration(ENV_STEPS),  # one validation per env step
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
@@ -78,5 +76,9 @@ register(Finding(
             "(a ratio above 1); 'same' means the difference is within the margin.",
             "Check: both modes give the same validation loss and count, bit for bit.",
         ),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(ENV_STEPS),  # one validation per env step
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -13,7 +13,7 @@ from esper.env.config import EnvConfig
 from esper.env.mask_batch import MODES, MaskBatcher
 from esper.env.seed_slot import NUM_SLOTS
 from esper.env.vectorized import VectorizedMorphoEnv
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, Recording, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.inference_mode import germinate
 from esper_review.findings.trainer_size import DEFAULT_SIZE, nearest_trainer_size, per_iteration
@@ -70,14 +70,11 @@ register(Finding(
     variants=MODES,
     baseline="stack",
     proposed="preallocated",
-    per_iteration=per_iteration(DEFAULT_SIZE["max_steps"]),  # one batch of masks a step
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=masks_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=copies_metric(_make_call),
     about=About(
         ticket="vectorized-training-review.md",
         reviewed="src/esper/simic/training/vectorized.py:1553-1571 and "
@@ -111,5 +108,12 @@ register(Finding(
             "need no transfer), 1 for packed on CUDA; 0 everywhere on the CPU.",
             "Check: the batches must be equal entry for entry.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=copies_metric(_make_call),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(DEFAULT_SIZE["max_steps"]),  # one batch of masks a step
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from esper.env.stream_guard import GUARDS
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, register
 from esper_review.findings.trainer_size import (
     ENV_STEPS, TRAIN_BATCHES, nearest_trainer_size, per_iteration,
 )
@@ -41,8 +41,6 @@ register(Finding(
     variants=VARIANTS,
     baseline="is_cuda",
     proposed="stream",
-    per_iteration=per_iteration(TRAIN_BATCHES + ENV_STEPS),  # per training batch and validation
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
@@ -64,5 +62,9 @@ register(Finding(
             "CUDA, where both record the batch. No equality check here for that reason; "
             "tests/esper_review/test_review_findings.py checks both decide alike for CUDA-typed inputs.",
         ),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(TRAIN_BATCHES + ENV_STEPS),  # per training batch and validation
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from esper.gae import RESETS, compute_gae
-from harness.findings import About, Case, Finding, max_relative_error, register, rounding_tolerance
+from harness.findings import (
+    About, Case, Finding, Reading, Recording, max_relative_error, register, rounding_tolerance
+)
 from esper_review.findings.fragmentation import fragmentation
 from esper_review.findings.gae_methods import GAMMA, LAMBDA, build_gae_inputs, gae_args
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
@@ -60,8 +62,6 @@ register(Finding(
     variants=RESETS,
     baseline="clone",
     proposed="mask",
-    per_iteration=per_iteration(1),  # one GAE per update
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     skip=_skip,
@@ -69,7 +69,6 @@ register(Finding(
     check=max_relative_error,
     # the resets change what is stored, not the arithmetic: the bound of one float32 chain
     tolerance=lambda case, device: rounding_tolerance(case["max_steps"], torch.float32, device),
-    extra_metrics=_terminals,
     ours=("assign", "restructured"),
     about=About(
         ticket="B4-DRL-03-zero-tensor-clone.md",
@@ -112,5 +111,12 @@ register(Finding(
             "On the CPU the allocations column counts what the clones add.",
             "Allocations per call come from the profiling pass (profile_memory).",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_terminals,
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # one GAE per update
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -19,7 +19,7 @@ from esper.training.checkpoint import (
     save_checkpoint,
 )
 from esper.training.trainer import TrainConfig, VectorizedTrainer
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from esper_review.findings.trainer_size import nearest_trainer_size
 
 #: fresh_hidden: resumed with a fresh LSTM state, as the reviewed code (its checkpoint has
@@ -154,15 +154,12 @@ register(Finding(
     variants=VARIANTS,
     baseline="fresh_hidden",
     proposed="restored_hidden",
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=max_abs_difference,
     reference=_uninterrupted,
     tolerance=0.0,
-    extra_metrics=_answers,
-    answer=("continues_exactly", "hidden_read", "cpu_state_exact"),
     # long: a correctness check (its answer is exact equality, its time a file's write and
     # read) that trains twice per call: 7 s of a quick run, 10 s of a default one;
     # the full test run checks it through harness.run (tests/esper_review/test_resume_state.py)
@@ -205,5 +202,12 @@ register(Finding(
             "reseeded (esper.training.checkpoint), so only the state, not the continuation, "
             "is compared across devices.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_answers,
+    ),
+    reading=Reading(
+        headline_case=nearest_trainer_size,
+        answer=("continues_exactly", "hidden_read", "cpu_state_exact"),
     ),
 ))

@@ -18,7 +18,7 @@ from esper.env.config import EnvConfig
 from esper.env.environment import MAX_LOSS_FEATURE, MorphoEnv
 from esper.env.seed_slot import STYLE_LR_SCALES
 from esper.variants import Variants
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, Recording, register
 from harness.measure.stats import t_mean_ci, wilson_interval
 from harness.measure.timing import pinned_threads
 from esper_review.findings.random_play import play_episode
@@ -143,8 +143,6 @@ register(Finding(
     cases=_cases,
     build=_build,
     make_call=_make_call,
-    extra_metrics=_stability,
-    answer=("exploded_episodes_rate", "diverged_episodes_rate", "final_val_acc_diff"),
     long=True,
     about=About(
         ticket="vectorized-training-review.md",
@@ -185,5 +183,11 @@ register(Finding(
             f"seed_lr={STRESS_SEED_LR} (full runs) is 30x the original's seed learning rate: "
             "there seeds do explode, which shows what clipping does when they do.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_stability,
+    ),
+    reading=Reading(
+        answer=("exploded_episodes_rate", "diverged_episodes_rate", "final_val_acc_diff"),
     ),
 ))

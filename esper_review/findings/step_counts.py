@@ -10,7 +10,7 @@ from esper.agent.heads import HEAD_NAMES, HEAD_SIZES
 from esper.env.mask_batch import masks_to_device
 from esper.rollout.buffer import RolloutBuffer
 from esper.variants import AXES, Variants
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from esper_review.findings.copies import copies_metric
 from esper_review.findings.trainer_size import nearest_trainer_size, per_iteration
 
@@ -106,14 +106,11 @@ register(Finding(
     baseline="list",
     proposed="tensor",
     ours=("numpy_view",),
-    per_iteration=per_iteration(1),  # one rollout and one update
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=_max_difference,
     tolerance=lambda case: 0.0,
-    extra_metrics=copies_metric(_make_call),
     about=About(
         ticket="B4-PT-05-step-counts-list.md",
         reviewed="src/esper/simic/agent/rollout_buffer.py:255-345 (add: `step_idx = "
@@ -152,5 +149,12 @@ register(Finding(
             "memory), tensor and numpy_view copy their CPU tensor non-blocking.",
             "Every variant must produce identical batches (the list variant is the reference).",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=copies_metric(_make_call),
+    ),
+    reading=Reading(
+        per_iteration=per_iteration(1),  # one rollout and one update
+        headline_case=nearest_trainer_size,
     ),
 ))

@@ -9,7 +9,7 @@ import torch
 
 from esper.training.trainer import TrainConfig, VectorizedTrainer
 from esper.variants import Variants
-from harness.findings import About, Case, Finding, max_abs_difference, register
+from harness.findings import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from harness.measure.counters import profiling
 from esper_review.findings.e2e import stream_fields
 from esper_review.findings.trainer_size import nearest_trainer_size
@@ -161,14 +161,12 @@ register(Finding(
     variants=("stream", "event"),
     baseline="stream",
     proposed="event",
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=max_abs_difference,
     tolerance=lambda case: 1e-5,
     skip=_skip,
-    extra_metrics=_epoch_boundary,
     gated=False,  # needs CUDA, and the gate counts on the CPU: it would have no cell
     about=About(
         ticket="vectorized-training-review.md",
@@ -205,5 +203,11 @@ register(Finding(
             "variants is checked race-free on the CPU (tests/esper/training/"
             "test_stream_races.py).",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_epoch_boundary,
+    ),
+    reading=Reading(
+        headline_case=nearest_trainer_size,
     ),
 ))

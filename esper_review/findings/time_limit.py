@@ -13,7 +13,7 @@ import torch
 
 from esper.training.evaluate import evaluate_always_wait, evaluate_random, train_and_evaluate
 from esper.training.trainer import TIME_LIMITS, TrainConfig, VectorizedTrainer
-from harness.findings import About, Case, Finding, register
+from harness.findings import About, Case, Finding, Reading, Recording, register
 from harness.measure.stats import t_mean_ci
 from harness.measure.timing import pinned_threads
 from esper_review.findings.trainer_size import nearest_trainer_size
@@ -161,15 +161,11 @@ register(Finding(
     ours=("terminal",),
     variants=TIME_LIMITS,
     baseline="truncated",
-    headline_case=nearest_trainer_size,
     cases=_cases,
     build=_build,
     make_call=_make_call,
     check=_check,
     tolerance=lambda case: 0.0,
-    extra_metrics=_learning,
-    answer=("return_vs_wait", "heldout_return_diff"),
-    paired=True,
     long=True,
     # not gated: like E2E-iteration, its work depends on the trainer's state
     gated=False,
@@ -215,5 +211,13 @@ register(Finding(
             "quick case (2 envs x 5 steps, 1 iteration, about 15 s) is a smoke test of the "
             "answer's computation: its policies have barely trained and it cannot decide.",
         ),
+    ),
+    recording=Recording(
+        extra_metrics=_learning,
+        paired=True,
+    ),
+    reading=Reading(
+        headline_case=nearest_trainer_size,
+        answer=("return_vs_wait", "heldout_return_diff"),
     ),
 ))

@@ -181,6 +181,78 @@ class About:
 
 
 @dataclass(frozen=True)
+class Recording:
+    """How a finding's calls are sampled and what each records beside its time: paired
+    rounds, the budget's weight, the profiling limit, extra numbers per variant and per
+    sample, the phases of a call, the bytes it must move. `Finding.recording`."""
+
+    paired: bool = False
+    """Round k of every variant does the same work (e.g. iteration k of trainers built from
+    one seed, which follow one trajectory): one call per sample, no calibration, and each
+    ratio's interval is taken over the per-round ratios, so that what changes from one
+    round to the next cancels out instead of widening the interval. The placebo of a
+    paired finding runs on a second build of its own; every other finding's placebo calls
+    the baseline's code on the variants' inputs, so where calls advance state (an env that
+    trains, a batch iterator) their cost must not drift as calls accumulate, or the
+    finding is paired."""
+    budget_factor: float = 1.0
+    """The weight of this finding's cells when the run shares its sampling seconds out
+    (`--budget`; times the variants a cell times): more for a call so slow that one share
+    holds only the minimum rounds (a training iteration of half a second, say), so that
+    adaptive sampling can reach its precision. Sampling still stops as soon as it does."""
+    profile_max_s: float | None = None
+    """Calls slower than this (median seconds) get no profiling pass, so no counters: the
+    profiler slows a call by the number of ops it records (about 20x for a Python loop of
+    small ops), and such a call's counts scale with its size. None: profile every call."""
+    extra_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
+    """(variant, inputs) -> extra per-variant numbers (phase seconds, host-blocked time)."""
+    sample_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
+    """(variant, inputs) -> numbers about the call just sampled, read outside the timed
+    region (e.g. that iteration's seconds per phase). Each sample row keeps them; each
+    timed row gets their median, and in a paired finding each variant's row gets the
+    per-round difference to the baseline, `<name>_diff` with `<name>_diff_low` /
+    `<name>_diff_high` (95% bootstrap interval)."""
+    phases: tuple[str, ...] = ()
+    """Names of the phases one call is split into, in order, each timed per sample by
+    `sample_metrics` as `phase_<name>_s`: the report then draws each variant's phase
+    breakdown with Amdahl's prediction beside the measured change (a list is accepted)."""
+    min_bytes: Callable[[Case], int] | None = None
+    """case -> bytes one call must read and write at least; with the run's copy bandwidth,
+    rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the report reads a finding's measurement against its claim: the fields that
+    answer it where a time ratio does not, the headline case, the share of a training
+    iteration, the speed-up the claim states and its tolerance. `Finding.reading`."""
+
+    answer: tuple[str, ...] = ()
+    """Row fields that answer the claim where a time ratio does not (a stability or
+    learning claim), each an estimate with its 95% interval in `<field>_low` and
+    `<field>_high` (from `extra_metrics`): the report's summary and verdicts lead with them,
+    the time ratio (the cost) after. A row may also say the answer in words in a str field
+    `decision` (e.g. "cannot decide: ..."), which the report puts first. Empty: the time
+    ratio is the answer."""
+    headline_case: Callable[[list[Case]], Case] | None = None
+    """The run's cases -> the one whose answer heads the report (and whose cell also times
+    the baseline against itself, the run's placebo); None: the first case."""
+    per_iteration: tuple[float, str] | None = None
+    """`(calls, iteration)`: how many calls of this finding one training iteration makes
+    (a number > 0), and the id of the finding whose baseline call is one iteration (itself
+    for an iteration's finding). The report then puts the headline's time difference per
+    iteration, and its share of that finding's baseline time in the same run, beside the
+    difference per call. None: not part of an iteration, or not said."""
+    claim_factor: float | None = None
+    """The speed-up the claim states (4.0 for "~4x"), which gets its own word: met,
+    exceeded, not met or inconclusive; None: read from `claim` ("~4x", "up to 25x") where
+    it states one."""
+    claim_tolerance: float = 0.25
+    """How far below `claim_factor` the measured speed-up may lie and the claim still be
+    met (0.25: down to factor / 1.25); printed with the claim's word."""
+
+
+@dataclass(frozen=True)
 class Finding:
     """A claim turned into a measurement: declare one and pass it to `register`.
 
@@ -236,84 +308,32 @@ class Finding:
     skip: Callable[[str, Case, torch.device], str | None] = _never
     """(variant, case, device) -> why this cell is not run, or None; `"needs CUDA"` is
     reported as such."""
-    extra_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
-    """(variant, inputs) -> extra per-variant numbers (phase seconds, host-blocked time)."""
     peers: tuple[str, ...] = ()
     """Variants that are other libraries' code, timed as comparators: reported like the
     others, but neither gated (`harness.gate`) nor counted as our best method."""
-    paired: bool = False
-    """Round k of every variant does the same work (e.g. iteration k of trainers built from
-    one seed, which follow one trajectory): one call per sample, no calibration, and each
-    ratio's interval is taken over the per-round ratios, so that what changes from one
-    round to the next cancels out instead of widening the interval. The placebo of a
-    paired finding runs on a second build of its own; every other finding's placebo calls
-    the baseline's code on the variants' inputs, so where calls advance state (an env that
-    trains, a batch iterator) their cost must not drift as calls accumulate, or the
-    finding is paired."""
-    sample_metrics: Callable[[str, Inputs], dict[str, float]] | None = None
-    """(variant, inputs) -> numbers about the call just sampled, read outside the timed
-    region (e.g. that iteration's seconds per phase). Each sample row keeps them; each
-    timed row gets their median, and in a paired finding each variant's row gets the
-    per-round difference to the baseline, `<name>_diff` with `<name>_diff_low` /
-    `<name>_diff_high` (95% bootstrap interval)."""
-    min_bytes: Callable[[Case], int] | None = None
-    """case -> bytes one call must read and write at least; with the run's copy bandwidth,
-    rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
-    answer: tuple[str, ...] = ()
-    """Row fields that answer the claim where a time ratio does not (a stability or
-    learning claim), each an estimate with its 95% interval in `<field>_low` and
-    `<field>_high` (from `extra_metrics`): the report's summary and verdicts lead with them,
-    the time ratio (the cost) after. A row may also say the answer in words in a str field
-    `decision` (e.g. "cannot decide: ..."), which the report puts first. Empty: the time
-    ratio is the answer."""
-    profile_max_s: float | None = None
-    """Calls slower than this (median seconds) get no profiling pass, so no counters: the
-    profiler slows a call by the number of ops it records (about 20x for a Python loop of
-    small ops), and such a call's counts scale with its size. None: profile every call."""
-    budget_factor: float = 1.0
-    """The weight of this finding's cells when the run shares its sampling seconds out
-    (`--budget`; times the variants a cell times): more for a call so slow that one share
-    holds only the minimum rounds (a training iteration of half a second, say), so that
-    adaptive sampling can reach its precision. Sampling still stops as soon as it does."""
     margin: float | None = None
     """The practical margin of this finding's words (a fraction in (0, 1), e.g. 0.1: a
     change within 10% either way is *same*); None: the run's `--margin` (default 5%)."""
-    claim_factor: float | None = None
-    """The speed-up the claim states (4.0 for "~4x"), which gets its own word: met,
-    exceeded, not met or inconclusive; None: read from `claim` ("~4x", "up to 25x") where
-    it states one."""
-    claim_tolerance: float = 0.25
-    """How far below `claim_factor` the measured speed-up may lie and the claim still be
-    met (0.25: down to factor / 1.25); printed with the claim's word."""
     proposed: str | None = None
     """The variant the claim proposes (the fix under review): the report's headline
     variant. None: the finding's only other variant, or else its fastest at the headline
     case."""
-    phases: tuple[str, ...] = ()
-    """Names of the phases one call is split into, in order, each timed per sample by
-    `sample_metrics` as `phase_<name>_s`: the report then draws each variant's phase
-    breakdown with Amdahl's prediction beside the measured change (a list is accepted)."""
-    headline_case: Callable[[list[Case]], Case] | None = None
-    """The run's cases -> the one whose answer heads the report (and whose cell also times
-    the baseline against itself, the run's placebo); None: the first case."""
     long: bool = False
     """A long finding (learning runs, many episodes): it runs only when named with
     `--findings` or with `--all`, never in the default run; its quick cases stay CI-sized."""
     ours: tuple[str, ...] = ()
     """Variants of this project's own design, beyond the review's fix: reported as ours,
     never as the review's (a list is accepted)."""
+    recording: Recording = field(default_factory=Recording)
+    """How its calls are sampled and what each records beside its time (`Recording`)."""
+    reading: Reading = field(default_factory=Reading)
+    """How the report reads the measurement against the claim (`Reading`)."""
     about: About = field(default_factory=About)
     """Where the claim comes from and what a reader should know (`About`): text for the
     report and `--list`, none of it changing what is measured."""
     gated: bool = True
     """Whether `harness.gate` checks it (its counters, and its A/B timing): True unless its
     counts are not deterministic (they depend on state that varies from run to run)."""
-    per_iteration: tuple[float, str] | None = None
-    """`(calls, iteration)`: how many calls of this finding one training iteration makes
-    (a number > 0), and the id of the finding whose baseline call is one iteration (itself
-    for an iteration's finding). The report then puts the headline's time difference per
-    iteration, and its share of that finding's baseline time in the same run, beside the
-    difference per call. None: not part of an iteration, or not said."""
 
     def __post_init__(self) -> None:
         self._check_text()
@@ -343,41 +363,62 @@ class Finding:
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 self._bad(name, "a non-empty str", value)
-        if not isinstance(self.about, About):
-            self._bad("about", "an About(ticket=..., reviewed=..., fix=..., premise=..., "
-                      "notes=..., duration_s=...)", self.about)
+        for name, kind in (("recording", Recording), ("reading", Reading), ("about", About)):
+            if not isinstance(getattr(self, name), kind):
+                self._bad(name, f"{kind.__name__}(...), from harness", getattr(self, name))
         self.about.check(self._bad)
-        self._set("answer", self._names("answer", self.answer, allow_empty=True))
-        self._set("phases", self._names("phases", self.phases, allow_empty=True))
-        for name in ("paired", "gated", "long"):
+        for name in ("gated", "long"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "True or False", getattr(self, name))
-        limit = self.profile_max_s
-        if limit is not None and not (is_real(limit) and limit > 0):
-            self._bad("profile_max_s", "None or seconds > 0", limit)
         if self.margin is not None:
             self._set("margin", self._fraction("margin", self.margin, "None or "))
-        if self.claim_factor is None:
-            self._set("claim_factor", claim_factor_of(self.claim))
-        elif not (is_real(self.claim_factor) and self.claim_factor > 0):
-            self._bad("claim_factor", "None or a finite speed-up > 0, e.g. 4.0 for '~4x'",
-                      self.claim_factor)
-        tolerance = self.claim_tolerance
-        if not (is_real(tolerance) and 0 < tolerance <= 1):
-            self._bad("claim_tolerance", "a fraction in (0, 1], e.g. 0.25", tolerance)
-        if self.headline_case is not None and not callable(self.headline_case):
-            self._bad("headline_case", "None or a callable cases -> Case", self.headline_case)
-        factor = self.budget_factor
-        if not (is_real(factor) and factor > 0):
-            self._bad("budget_factor", "a finite number > 0", factor)
-        per_iteration = self.per_iteration
+        self._set("recording", self._checked_recording(self.recording))
+        self._set("reading", self._checked_reading(self.reading))
+
+    def _checked_recording(self, r: Recording) -> Recording:
+        """`r` checked field by field (errors name `recording.<field>`), normalised."""
+        if not isinstance(r.paired, bool):
+            self._bad("recording.paired", "True or False", r.paired)
+        if r.profile_max_s is not None and not (is_real(r.profile_max_s) and r.profile_max_s > 0):
+            self._bad("recording.profile_max_s", "None or seconds > 0", r.profile_max_s)
+        if not (is_real(r.budget_factor) and r.budget_factor > 0):
+            self._bad("recording.budget_factor", "a finite number > 0", r.budget_factor)
+        for name, signature in (("extra_metrics", "(variant, inputs) -> dict"),
+                                ("sample_metrics", "(variant, inputs) -> dict"),
+                                ("min_bytes", "case -> bytes")):
+            value = getattr(r, name)
+            if value is not None and not callable(value):
+                self._bad(f"recording.{name}", f"None or a callable {signature}", value)
+        phases = self._names("recording.phases", r.phases, allow_empty=True)
+        return dataclasses.replace(r, phases=phases)
+
+    def _checked_reading(self, r: Reading) -> Reading:
+        """`r` checked field by field (errors name `reading.<field>`), normalised; its
+        claim factor read from `claim` where it gives none."""
+        factor = r.claim_factor
+        if factor is None:
+            factor = claim_factor_of(self.claim)
+        elif not (is_real(factor) and factor > 0):
+            self._bad("reading.claim_factor", "None or a finite speed-up > 0, e.g. 4.0 for "
+                      "'~4x'", factor)
+        if not (is_real(r.claim_tolerance) and 0 < r.claim_tolerance <= 1):
+            self._bad("reading.claim_tolerance", "a fraction in (0, 1], e.g. 0.25",
+                      r.claim_tolerance)
+        if r.headline_case is not None and not callable(r.headline_case):
+            self._bad("reading.headline_case", "None or a callable cases -> Case",
+                      r.headline_case)
+        per_iteration = r.per_iteration
         if per_iteration is not None:
             if not (isinstance(per_iteration, (tuple, list)) and len(per_iteration) == 2
                     and is_real(per_iteration[0]) and per_iteration[0] > 0
                     and isinstance(per_iteration[1], str) and per_iteration[1].strip()):
-                self._bad("per_iteration", "None or (calls per training iteration > 0, id "
-                          "of the finding whose baseline call is one iteration)", per_iteration)
-            self._set("per_iteration", (float(per_iteration[0]), per_iteration[1]))
+                self._bad("reading.per_iteration", "None or (calls per training iteration "
+                          "> 0, id of the finding whose baseline call is one iteration)",
+                          per_iteration)
+            per_iteration = (float(per_iteration[0]), per_iteration[1])
+        answer = self._names("reading.answer", r.answer, allow_empty=True)
+        return dataclasses.replace(r, answer=answer, claim_factor=factor,
+                                   per_iteration=per_iteration)
 
     def _fraction(self, name: str, value: Any, prefix: str = "") -> float:
         """`value` as a float in (0, 1); else the field's ValueError."""
@@ -447,9 +488,7 @@ class Finding:
                     "tolerance": "(case[, device]) -> max error allowed", "skip":
                     "(variant, case, device) -> reason or None"}
         optional = {"check": "(output, reference) -> max error",
-                    "reference": "inputs -> reference output",
-                    "extra_metrics": "(variant, inputs) -> dict", "sample_metrics":
-                    "(variant, inputs) -> dict", "min_bytes": "case -> bytes"}
+                    "reference": "inputs -> reference output"}
         for name, signature in required.items():
             if not callable(getattr(self, name)):
                 self._bad(name, f"a callable {signature}", getattr(self, name))

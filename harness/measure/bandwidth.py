@@ -1,6 +1,6 @@
 """A memory-bandwidth floor: how fast could a call be if it only moved its bytes?
 
-A finding declares the bytes a call must read and write at least (`Finding.min_bytes`);
+A finding declares the bytes a call must read and write at least (`Recording.min_bytes`);
 a floor is those bytes over the speed of memory that holds them. A few megabytes sit in a cache,
 whose speed is several times that of DRAM, so a floor taken at DRAM speed is no floor for
 them (a call can beat it). `working_set_bandwidth` therefore measures streaming copies

@@ -242,7 +242,7 @@ def sentences(rows: pd.DataFrame, text: FindingText,
 def finding_headline(finding_id: str, rows: pd.DataFrame, metadata: dict,
                      summary: pd.DataFrame | None = None) -> Headline:
     """The headline of `finding_id` in a run (its rows and the run's metadata); with the
-    run's whole `summary`, a finding that names its iteration (`Finding.per_iteration`)
+    run's whole `summary`, a finding that names its iteration (`Reading.per_iteration`)
     gets its share of that iteration's baseline time."""
     text = finding_text(finding_id, rows, metadata)
     info = recorded_info(metadata, finding_id) or {}
@@ -388,14 +388,14 @@ def _saving(row: dict, name: str) -> tuple[float, float, float] | None:
 
 
 def finding_phases(metadata: dict | None, finding_id: str) -> tuple[str, ...]:
-    """The phases a finding declared (`Finding.phases`), as the run recorded them."""
+    """The phases a finding declared (`Recording.phases`), as the run recorded them."""
     return tuple((recorded_info(metadata, finding_id) or {}).get("phases") or ())
 
 
 def phase_breakdowns(rows: pd.DataFrame, baseline: str,
                      phases: tuple[str, ...]) -> list[PhaseBreakdown]:
     """One PhaseBreakdown per case x non-baseline variant that has every phase's seconds
-    (`phase_<name>_s`, `Finding.phases`) and a ratio."""
+    (`phase_<name>_s`, `Recording.phases`) and a ratio."""
     if not phases:
         return []
     columns = [f"phase_{p}_s" for p in phases]

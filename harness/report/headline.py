@@ -4,7 +4,7 @@ The summary table at the top of a report, the first lines of a finding's section
 markdown summary (`--markdown`) and the history page all read the same `Headline`, so
 that they cannot disagree.
 
-- The headline case is the one the run marked (`Finding.headline_case`, recorded on the
+- The headline case is the one the run marked (`Reading.headline_case`, recorded on the
   rows as `headline`); for runs made before that, the case nearest 4 envs x 25 steps (the
   size the built-in findings headlined then) where the baseline was timed.
 - The headline variant is the one the claim proposes (`Finding.proposed`, recorded in the
@@ -12,7 +12,7 @@ that they cannot disagree.
   headline case.
 - Its ratio comes with its size: the time difference per call (the ratio less 1, times
   the baseline's median) and, for a finding that says how many calls one training
-  iteration makes (`Finding.per_iteration`), per iteration and as a share of the
+  iteration makes (`Reading.per_iteration`), per iteration and as a share of the
   iteration's own baseline time in the same run.
 - The headline cell's placebo (the baseline timed against itself) is the run's noise
   floor there: when it reads faster or slower, or inconclusive, the verdict says so
@@ -68,7 +68,7 @@ class CounterChange:
 
 @dataclass(frozen=True)
 class Estimate:
-    """An answer field of one variant (`Finding.answer`): a value and its 95% interval."""
+    """An answer field of one variant (`Reading.answer`): a value and its 95% interval."""
 
     name: str
     """The row field, e.g. `heldout_return_diff`."""
@@ -135,7 +135,7 @@ class Headline:
     cases_expected: int | None
     """How many cases the finding has in a run of this kind (quick or not), if known."""
     answers: tuple[Estimate, ...] = ()
-    """The finding's answer fields (`Finding.answer`) at the headline case: the headline
+    """The finding's answer fields (`Reading.answer`) at the headline case: the headline
     variant's and, where it has the field, the baseline's."""
     lean: str | None = None
     """Which word an inconclusive ratio leans to."""
@@ -159,7 +159,7 @@ class Headline:
     baseline_s: float | None = None
     """The baseline's median seconds per call at the headline case."""
     per_iteration: tuple[float, str] | None = None
-    """`Finding.per_iteration`: (calls one training iteration makes, the id of the finding
+    """`Reading.per_iteration`: (calls one training iteration makes, the id of the finding
     whose baseline call is one iteration)."""
     iteration_s: float | None = None
     """That finding's baseline median seconds at its headline case, in the same run."""
@@ -346,7 +346,7 @@ def _value(row: dict, key: str):
 
 def headline_case(rows: pd.DataFrame, baseline: str) -> str | None:
     """The case (label) the run marked as the finding's headline (`headline` rows, from
-    `Finding.headline_case`); for runs made before that, the case nearest OLDER_RUNS_SIZE
+    `Reading.headline_case`); for runs made before that, the case nearest OLDER_RUNS_SIZE
     where `baseline` was timed, else nearest of all.
 
     Distance: the sum over the size params a case has of |log(value / default)|; ties
@@ -434,9 +434,9 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
              per_iteration: tuple[float, str] | None = None,
              iteration_s: float | None = None) -> Headline:
     """The headline of one finding from its summary rows (one row per case x variant);
-    `answer`: the finding's answer fields (`Finding.answer`); `proposed`: the variant the
+    `answer`: the finding's answer fields (`Reading.answer`); `proposed`: the variant the
     claim proposes (`Finding.proposed`); `ours`: `Finding.ours`; `per_iteration`:
-    `Finding.per_iteration`, with `iteration_s` the iteration's baseline seconds."""
+    `Reading.per_iteration`, with `iteration_s` the iteration's baseline seconds."""
     empty = dict(finding=finding, claim=claim, baseline=baseline, claim_factor=claim_factor,
                  cases_expected=cases_expected, counters=(), counted=False, fastest=None,
                  ratio=None, ci_low=None, ci_high=None, reason="", variant=None, verdict=None,

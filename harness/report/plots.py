@@ -405,7 +405,7 @@ def counters_figure(finding: str, rows: pd.DataFrame, variants: list[str],
 
 def phases_figure(finding: str, breakdown: PhaseBreakdown, folder: Path,
                   index: int) -> Figure:
-    """Stacked horizontal bars of one call's phases (`Finding.phases`), baseline vs variant."""
+    """Stacked horizontal bars of one call's phases (`Recording.phases`), baseline vs variant."""
     fig = _new_figure(9.0, 3.2)
     ax = fig.subplots()
     names = [breakdown.baseline, breakdown.variant]

@@ -194,6 +194,6 @@ def test_the_transcribed_setup_advances_the_germinated_seed_once():
 
 def test_m6_is_long_answers_with_graph_breaks_and_states_its_premise():
     f = finding("M6-graph-breaks")
-    assert f.long and f.answer == ("graph_breaks",) and f.ours == ("env_step", "policy_act")
+    assert f.long and f.reading.answer == ("graph_breaks",) and f.ours == ("env_step", "policy_act")
     assert "not hold" in f.about.premise and "ppo.py:300" in f.about.premise
     assert f.skip("setup_inline", f.cases(True)[0], CPU) is None

@@ -35,7 +35,7 @@ def answers() -> dict[str, dict]:
     """Each variant's answer fields at CASE on the CPU."""
     f = finding("C2-resume-state")
     inputs = f.build(CASE, CPU, 0)
-    return {v: f.extra_metrics(v, inputs) for v in f.variants}
+    return {v: f.recording.extra_metrics(v, inputs) for v in f.variants}
 
 
 def test_esper_resumes_exactly_and_never_reads_the_saved_lstm_state():
@@ -97,7 +97,7 @@ def test_fresh_hidden_is_the_state_the_original_starts_a_batch_from():
 def test_the_finding_states_its_provenance():
     f = finding("C2-resume-state")
     assert "@2df957ed" in f.about.reviewed and "vectorized.py:1113" in f.about.premise
-    assert f.answer == ("continues_exactly", "hidden_read", "cpu_state_exact")
+    assert f.reading.answer == ("continues_exactly", "hidden_read", "cpu_state_exact")
     assert not f.gated
 
 

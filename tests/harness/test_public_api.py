@@ -14,19 +14,23 @@ import torch
 
 import harness
 from tests.review import review_findings
-from harness import About, Case, Finding, max_abs_difference, register
+from harness import About, Case, Finding, Reading, Recording, max_abs_difference, register
 from harness import findings as registry
 
 #: what a user may import from `harness`; changing it breaks their finding modules
-PUBLIC_NAMES = ["About", "Case", "Defaults", "Finding", "PlantTarget", "max_abs_difference",
+PUBLIC_NAMES = ["About", "Case", "Defaults", "Finding", "PlantTarget", "Reading", "Recording",
+                "max_abs_difference",
                 "max_relative_error", "register", "rounding_tolerance", "set_defaults",
                 "unit_roundoff"]
 #: Finding's fields, in order: a user's keyword arguments
 FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "build", "make_call",
-                  "check", "reference", "tolerance", "skip", "extra_metrics", "peers", "paired",
-                  "sample_metrics", "min_bytes", "answer", "profile_max_s", "budget_factor", "margin",
-                  "claim_factor", "claim_tolerance", "proposed", "phases", "headline_case",
-                  "long", "ours", "about", "gated", "per_iteration")
+                  "check", "reference", "tolerance", "skip", "peers", "margin", "proposed",
+                  "long", "ours", "recording", "reading", "about", "gated")
+#: Recording's fields: how calls are sampled and what each records beside its time
+RECORDING_FIELDS = ("paired", "budget_factor", "profile_max_s", "extra_metrics",
+                    "sample_metrics", "phases", "min_bytes")
+#: Reading's fields: how the report reads the measurement against the claim
+READING_FIELDS = ("answer", "headline_case", "per_iteration", "claim_factor", "claim_tolerance")
 #: About's fields: the text a report shows of a finding
 ABOUT_FIELDS = ("ticket", "reviewed", "fix", "premise", "notes", "duration_s")
 
@@ -42,7 +46,9 @@ def test_the_public_names_are_frozen_and_are_the_registry_s_own():
         harness.Findings  # noqa: B018
 
 
-@pytest.mark.parametrize("kind, names", [(Finding, FINDING_FIELDS), (About, ABOUT_FIELDS)])
+@pytest.mark.parametrize("kind, names", [(Finding, FINDING_FIELDS), (About, ABOUT_FIELDS),
+                                         (Recording, RECORDING_FIELDS),
+                                         (Reading, READING_FIELDS)])
 def test_finding_s_fields_are_frozen_and_each_has_a_docstring(kind, names):
     assert tuple(f.name for f in dataclasses.fields(kind)) == names
     assert registry.FIELDS == FINDING_FIELDS
@@ -86,20 +92,23 @@ def _declare(**changes) -> Finding:
     ({"peers": ("a",)}, "peers: expected variants other than the baseline"),
     ({"title": ""}, "title: expected a non-empty str; got ''"),
     ({"claim": None}, "claim: expected a non-empty str; got None"),
-    ({"paired": "yes"}, "paired: expected True or False; got 'yes'"),
+    ({"recording": Recording(paired="yes")}, "recording.paired: expected True or False; got 'yes'"),
     ({"gated": 1}, "gated: expected True or False; got 1"),
     ({"long": "no"}, "long: expected True or False; got 'no'"),
-    ({"answer": "rate"}, "answer: expected a tuple of str; got 'rate'"),
-    ({"profile_max_s": 0}, "profile_max_s: expected None or seconds > 0; got 0"),
-    ({"budget_factor": 0}, "budget_factor: expected a finite number > 0; got 0"),
-    ({"budget_factor": float("inf")}, "budget_factor: expected a finite number > 0; got inf"),
+    ({"reading": Reading(answer="rate")}, "reading.answer: expected a tuple of str; got 'rate'"),
+    ({"reading": Reading(claim_tolerance=0)}, "reading.claim_tolerance: expected a fraction in (0, 1], e.g. 0.25; got 0"),
+    ({"reading": Reading(per_iteration=(0, "E2E"))}, "reading.per_iteration: expected None or (calls per training iteration > 0"),
+    ({"recording": Recording(profile_max_s=0)}, "recording.profile_max_s: expected None or seconds > 0; got 0"),
+    ({"recording": Recording(budget_factor=0)}, "recording.budget_factor: expected a finite number > 0; got 0"),
+    ({"recording": Recording(budget_factor=float("inf"))}, "recording.budget_factor: expected a finite number > 0; got inf"),
+    ({"recording": {"paired": True}}, "recording: expected Recording(...), from harness; got {'paired': True}"),
     ({"about": About(duration_s=30)}, "about.duration_s: expected None or (quick seconds, default seconds), each >= 0; got 30"),
     ({"about": About(notes="one note")}, "about.notes: expected a tuple of non-empty str; got 'one note'"),
-    ({"about": "a ticket"}, "about: expected an About(ticket=..., reviewed=..., fix=..., premise=..., notes=..., duration_s=...); got 'a ticket'"),
+    ({"about": "a ticket"}, "about: expected About(...), from harness; got 'a ticket'"),
     ({"about": About(reviewed=599)}, "about.reviewed: expected a str; got 599"),
     ({"ours": ("a",)}, "ours: expected variants other than the baseline and the peers"),
     ({"ours": ("z",)}, "ours: expected variants other than the baseline and the peers (a design of this project's own); got ['z']"),
-    ({"min_bytes": 64}, "min_bytes: expected None or a callable case -> bytes; got 64"),
+    ({"recording": Recording(min_bytes=64)}, "recording.min_bytes: expected None or a callable case -> bytes; got 64"),
     ({"id": "my claim"}, "Finding: id: expected a str of letters, digits, '.', '_' or '-' starting "
                          "with a letter or digit, e.g. 'MY-claim-1'; got 'my claim'"),
     ({"id": ""}, "Finding: id: expected a str"),

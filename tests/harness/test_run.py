@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from harness import findings as registry
-from harness.findings import Case, Finding
+from harness.findings import Case, Finding, Recording
 from harness.results import SCHEMA_VERSION, load_run
 from harness.run import main
 
@@ -193,9 +193,8 @@ def test_paired_finding_interval_over_rounds_whose_work_varies():
         id="TEST-paired", title="paired", claim="double takes twice as long",
         variants=("single", "double"), baseline="single",
         cases=lambda quick: [Case.of(n=1)], build=build, make_call=make_call,
-        paired=True,
-        sample_metrics=lambda variant, inputs: {
-            "work_ms": float((2 if variant == "double" else 1) * (1 + (inputs["calls"][variant] - 1) % 4))},
+        recording=Recording(paired=True, sample_metrics=lambda variant, inputs: {
+            "work_ms": float((2 if variant == "double" else 1) * (1 + (inputs["calls"][variant] - 1) % 4))}),
     )
     options = RunOptions(device=torch.device("cpu"), min_samples=16,
                          max_samples=16, precision=0.0, profile=False)
@@ -258,7 +257,7 @@ def test_calls_over_the_findings_profile_limit_get_no_counters_and_say_why():
     from harness.runner import CaseRun, RunOptions
 
     finding = dataclasses.replace(
-        _tiny_finding(), variants=("good", "twice"), profile_max_s=0.02,
+        _tiny_finding(), variants=("good", "twice"), recording=Recording(profile_max_s=0.02),
         make_call=lambda variant, x: ((lambda: (x * 2).sum()) if variant == "good"
                                       else (lambda: (time_module.sleep(0.03), (x * 2).sum())[1])),
     )
@@ -310,8 +309,9 @@ def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path)
         id="TEST-paired", title="paired", claim="a paired claim",
         variants=("a", "b"), baseline="a", cases=lambda quick: [Case.of(n=1)],
         build=build, make_call=make_call, check=lambda out, ref: abs(float(out) - float(ref)),
-        tolerance=lambda case: 0.0, paired=True,
-        sample_metrics=lambda variant, states: {"calls_so_far": float(states[variant]["calls"])},
+        tolerance=lambda case: 0.0, recording=Recording(
+            paired=True,
+            sample_metrics=lambda variant, states: {"calls_so_far": float(states[variant]["calls"])}),
     )
     registry.FINDINGS[finding.id] = finding
     try:
@@ -349,7 +349,7 @@ def test_the_placebo_shares_the_variants_inputs_unless_its_finding_is_paired(pai
         id="TEST-placebo-inputs", title="placebo inputs", claim="a claim",
         variants=("a", "b"), baseline="a", cases=lambda quick: [Case.of(n=1)],
         build=build, make_call=make_call, check=lambda out, ref: abs(float(out) - float(ref)),
-        tolerance=lambda case: 0.0, paired=paired)
+        tolerance=lambda case: 0.0, recording=Recording(paired=paired))
     options = RunOptions(device=torch.device("cpu"), min_samples=3, profile=False)
     cell = CaseRun(finding, Case.of(n=1), options, headline=True, sampling_s=0.02).run()
     assert cell.cells[PLACEBO].get("status", "ok") == "ok", cell.cells[PLACEBO]

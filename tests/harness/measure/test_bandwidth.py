@@ -11,7 +11,7 @@ from harness.measure.bandwidth import (
     BANDWIDTH_BOUND, LAUNCH_BOUND, bound_label, cpu_caches,
     measure_copy_bandwidth, memory_level, working_set_bandwidth,
 )
-from harness.findings import Case, Finding
+from harness.findings import Case, Finding, Recording
 from harness.runner import CaseRun, RunOptions
 
 
@@ -37,7 +37,7 @@ def _sleepy_finding() -> Finding:
         id="TEST-bandwidth", title="t", claim="c", variants=("ours", "peer"), baseline="ours",
         peers=("peer",), cases=lambda quick: [Case.of(n=1)],
         build=lambda case, device, seed: None, make_call=lambda variant, inputs: calls[variant],
-        min_bytes=lambda case: 1000,
+        recording=Recording(min_bytes=lambda case: 1000),
     )
 
 

@@ -337,7 +337,7 @@ def test_scaling_plot_marks_crossovers_and_needs_two_sizes(tmp_path):
     assert scaling_figure("X", one_case, "p_num_envs", ["loop", "scan"], tmp_path) is None
 
 
-#: the phases the E2E finding declares (`Finding.phases`), as its runs record them
+#: the phases the E2E finding declares (`Recording.phases`), as its runs record them
 PHASES = ("env_step", "policy_forward", "buffer_add", "gae", "update")
 E2E_INFO = {"E2E-iteration": {"title": "A full PPO iteration", "claim": "runs once per rollout",
                               "baseline": "original", "phases": list(PHASES)}}
