@@ -100,13 +100,22 @@ class Combined:
     calibration: Calibration
     rows: dict[tuple[str, str, str], RowProcesses]
 
-    def undecided(self) -> list[tuple[str, str, str]]:
-        """The rows whose processes disagree with their band and whose word is still
-        inconclusive: the cells to measure in more processes."""
-        words = {(r["finding"], r["case"], r["variant"]): r.get("verdict") for r in self.summary}
-        return [key for key, row in self.rows.items() if row.processes > 1
-                and disagreement(row, self.spread) < DISAGREE_LEVEL
-                and words.get(key) == Verdict.INCONCLUSIVE.value]
+    def undecided(self, max_processes: int) -> list[tuple[str, str, str]]:
+        """The rows whose word is still inconclusive and whose processes disagree with
+        their band, or that at most `max_processes` processes would decide (a lone row,
+        say, whose process level has one degree of freedom): the cells to measure in more
+        processes."""
+        worded = {(r["finding"], r["case"], r["variant"]): r for r in self.summary}
+        wanted = []
+        for key, row in self.rows.items():
+            word = worded.get(key, {})
+            if row.processes < 2 or word.get("verdict") != Verdict.INCONCLUSIVE.value:
+                continue
+            more = word.get("processes_to_decide")
+            if (disagreement(row, self.spread) < DISAGREE_LEVEL
+                    or (more is not None and more <= max_processes)):
+                wanted.append(key)
+        return wanted
 
     def noise(self) -> dict:
         """What run.json keeps of the process level: per band, the offset's standard

@@ -729,8 +729,8 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, measured: l
 
 def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _Workers,
                     measured: list[dict], progress: Progress) -> None:
-    """The cells with a row whose processes disagree with the run's spread and whose word
-    is still inconclusive, timed again in a fresh process (one more each round, up to
+    """The cells with a row whose word is still inconclusive and whose processes disagree
+    with the run's spread or that more processes would decide (`Combined.undecided`), timed again in a fresh process (one more each round, up to
     `MAX_PROCESSES`) while the budget lasts (it keeps the last half of its reserve for the
     report): each one's rows join the cell's journal entry."""
     by_id = {f.id: f for f in selected}
@@ -741,7 +741,7 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
                            [r for c in cells for r in c["samples"]],
                            writer.metadata.get("finding_info", {}), options.margin,
                            writer.metadata.get("threads"))
-        wanted = list(dict.fromkeys((f, c) for f, c, _ in combined.undecided()))
+        wanted = list(dict.fromkeys((f, c) for f, c, _ in combined.undecided(MAX_PROCESSES)))
         left = deadline - (time.perf_counter() - STARTED)
         if not wanted or left <= 0:
             return
@@ -749,7 +749,8 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
         if isinstance(worker, str):
             progress.note(f"more processes: {worker}")
             return
-        progress.note(f"process {process}: {len(wanted)} cells whose processes disagree")
+        progress.note(f"process {process}: {len(wanted)} undecided cells that more processes "
+                      "may decide")
         share = max(FLOOR_S, left / 2 / len(wanted))
         for finding_id, label in wanted:
             if time.perf_counter() - STARTED > deadline:

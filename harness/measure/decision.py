@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from statsmodels.stats.multitest import multipletests
 
 from harness.measure.estimate import PairedEstimate
 from harness.measure.numbers import is_real
@@ -135,6 +134,10 @@ def benjamini_hochberg(p_values: Sequence[float], q: float = 0.05) -> list[bool]
         return []
     if not ((p >= 0) & (p <= 1)).all():
         raise ValueError(f"p_values: expected values in [0, 1]; got {float(p[(p < 0) | (p > 1)][0])!r}")
+    # imported here: statsmodels loads scipy.stats (1.7 s), which the measuring path and
+    # every worker process would otherwise pay before their first cell
+    from statsmodels.stats.multitest import multipletests
+
     return [bool(r) for r in multipletests(p, q, method="fdr_bh")[0]]
 
 

@@ -100,7 +100,34 @@ def test_an_undecided_row_whose_processes_disagree_is_wanted_again():
     combined = combine(summary + split_rows, samples + split, INFO, 0.05, threads=2)
     (row,) = [r for r in combined.summary if (r["case"], r["variant"]) == ("n=split", "variant")]
     assert row["verdict"] == "inconclusive" and row["processes_to_decide"] > 2
-    assert combined.undecided() == [("F", "n=split", "variant")]
+    assert combined.undecided(max_processes=6) == [("F", "n=split", "variant")]
+
+
+def test_a_lone_row_that_more_processes_would_decide_is_wanted_again():
+    """A user's one claim: one row, its two processes 0.055 and 0.085 (a process moved it
+    by 40%), sampled with many looks (its interval at 99.3%). With one degree of
+    freedom for the process level no interval can decide it, however clear the 14x; more
+    processes can, so it is wanted again even though two cannot show that they disagree."""
+    rng = np.random.default_rng(5)
+    summary, samples = _cell("n=1", 0.07, {1: math.log(0.055 / 0.07),
+                                           2: math.log(0.085 / 0.07)}, rng)
+    summary[1]["ci_level"] = 0.993  # its sampling looked often: the level its checks used
+    combined = combine(summary, samples, INFO, 0.05, threads=2)
+    (row,) = [r for r in combined.summary if r["variant"] == "variant"]
+    assert row["verdict"] == "inconclusive" and row["process_df"] <= 1
+    assert 2 < row["processes_to_decide"] <= 6
+    assert combined.undecided(max_processes=6) == [("F", "n=1", "variant")]
+    assert combined.undecided(max_processes=3) == []  # more than it may take
+
+
+def test_a_row_more_processes_would_not_decide_is_not_wanted_again():
+    rng = np.random.default_rng(6)
+    summary, samples = _cell("n=1", 1.05, {1: -0.02, 2: 0.02}, rng)  # at the margin's edge
+    combined = combine(summary, samples, INFO, 0.05, threads=2)
+    (row,) = [r for r in combined.summary if r["variant"] == "variant"]
+    assert row["verdict"] == "inconclusive"
+    assert not 2 < (row.get("processes_to_decide") or 0) <= 6
+    assert combined.undecided(max_processes=6) == []
 
 
 def test_a_run_made_before_it_measured_processes_keeps_its_recorded_words():

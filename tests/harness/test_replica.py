@@ -196,3 +196,15 @@ def test_a_worker_spec_carries_the_runs_sampling_options():
                  "placebo"):
         assert getattr(carried, name) == getattr(options, name), name
     assert carried.profile is False
+
+
+@pytest.mark.parametrize("module", ["harness.run", "harness.replica"])
+def test_the_measuring_path_loads_no_statistics_library_before_its_first_cell(module):
+    """The run's process and each worker import what timing a cell needs, not scipy.stats
+    or statsmodels (seconds each on a 2-core machine): the words that need them are made
+    after the cells are measured."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, {module}; print(*sorted(m for m in sys.modules "
+                               "if m.startswith(('scipy.stats', 'statsmodels'))))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
