@@ -312,8 +312,17 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
                              f"got one still running (pid {resumed.metadata.get('pid')})")
     # a resumed run keeps the count it ran with, even where it was torch's default then
     recorded_threads = resumed.metadata.get("threads") if resumed is not None else None
-    threads = args.threads or recorded_threads or (
-        launch.default_threads() if launch.distributed else torch.get_num_threads())
+    threads = args.threads or recorded_threads
+    if threads is None:
+        threads = ranks.timing_threads(launch)
+        if not launch.distributed:
+            free = ranks.free_threads(threads)
+            if free < threads:
+                print(f"threads: {free}, not {threads}: other processes keep "
+                      f"{threads - free} of the cores busy, and a torch thread more than the "
+                      "free cores slows every parallel region (--threads N to choose)",
+                      flush=True)
+            threads = free
     group = ranks.start(launch, device)
     opened: list[RunWriter] = []  # the run once it exists, even if a signal comes right after
     try:

@@ -1,0 +1,36 @@
+"""The run's default thread count on a machine where other processes keep cores busy
+(`harness.ranks.free_threads`): real processes, counted from /proc/stat."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.gate.quality import busy_processes
+from harness.ranks import busy_cores, free_threads
+
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
+
+
+@linux_only
+def test_a_process_spinning_a_core_is_seen_and_leaves_the_run_one_thread_fewer():
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs two cores")
+    idle = busy_cores()
+    if idle is None or idle > 0.5:
+        pytest.skip(f"the machine is already busy ({idle} cores)")
+    assert free_threads(cores) == cores
+    with busy_processes(1):
+        busy = busy_cores()
+        assert busy is not None and 0.7 <= busy <= cores
+        assert free_threads(cores) == cores - 1
+    # never more than asked, never fewer than one
+    assert free_threads(1) == 1
+
+
+def test_without_proc_stat_the_count_is_kept(monkeypatch, tmp_path):
+    monkeypatch.setattr("harness.ranks.PROC_STAT", str(tmp_path / "absent"))
+    assert busy_cores() is None
+    assert free_threads(3) == 3
