@@ -100,7 +100,7 @@ def timing_threads(launch: Launch | None = None) -> int:
 #: where Linux counts each core's busy and idle time
 PROC_STAT = "/proc/stat"
 #: seconds over which `busy_cores` watches the machine
-BUSY_WINDOW_S = 0.3
+BUSY_WINDOW_S = 0.2
 #: cores another process keeps busy before the run leaves one to it
 BUSY_CORE = 0.7
 
