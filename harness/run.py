@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "lines behind a counter that changed")
     p.add_argument("--seed", type=options.seed, default=0, help="input seed (default 0)")
     p.add_argument("--threads", type=options.positive_int, default=None,
-                   help="torch CPU threads, fixed for the run (default: torch's current count)")
+                   help="torch CPU threads, fixed for the run (default: torch's current count, "
+                        "one fewer for each core other processes keep busy at the start)")
     p.add_argument("--pyspy", action="store_true",
                    help="also record a py-spy flamegraph of the findings modules' short "
                         "program (harness.Defaults.flamegraph)")

@@ -17,8 +17,7 @@ above F / (1 + t), *not met* when it lies below F / (1 + t), else *inconclusive*
 Sampling that stops as soon as a word is decided looks at the data more than once; each
 look uses the level 1 - alpha / K for the K looks its schedule allows (Bonferroni), so
 looking often does not inflate the errors (`Looks`). Over a whole run, `benjamini_hochberg`
-says which decisive words hold at a false discovery rate q, and `noise_words` how many
-decisive words noise alone could give.
+says which decisive words hold at a false discovery rate q.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from harness.measure.numbers import is_real
 
 __all__ = [
     "DEFAULT_MARGIN", "DEFAULT_TOLERANCE", "ClaimWord", "Looks", "Word", "benjamini_hochberg",
-    "check_fraction", "claim_word", "decide", "lean", "noise_words", "rounds_to_decide",
+    "check_fraction", "claim_word", "decide", "lean", "rounds_to_decide",
     "word_p_value",
 ]
 
@@ -139,12 +138,6 @@ def benjamini_hochberg(p_values: Sequence[float], q: float = 0.05) -> list[bool]
     from statsmodels.stats.multitest import multipletests
 
     return [bool(r) for r in multipletests(p, q, method="fdr_bh")[0]]
-
-
-def noise_words(words: int, alpha: float = ALPHA) -> float:
-    """How many of `words` decisive-or-not words noise alone could make decisive: each
-    word's error rate is at most `alpha` (true ratios sitting exactly on a margin edge)."""
-    return words * alpha
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ itself: the placebo. Its true ratio is 1, so its word should be *same*; a placeb
 reads *faster* or *slower* says the machine moved more than the intervals allowed, and
 the run is called noisy. A run also says many words at once: each decisive word is
 checked against the others with the Benjamini-Hochberg procedure (false discovery rate
-q = 5%), and the run says how many decisive words noise alone could have given.
+q = 5%), and what noise made of the run is measured: the placebos, and how many rows' processes
+disagreed (`harness.combine`).
 
 Pure functions of a run's summary rows (`placebo` and `pvalue` columns, written by
 runs since the paired estimates); older runs give None.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness.measure.decision import ALPHA, benjamini_hochberg, noise_words
+from harness.measure.decision import benjamini_hochberg
 
 #: the false discovery rate the run's decisive words are held to
 FDR_Q = 0.05
@@ -81,11 +82,6 @@ class Reliability:
         """A placebo read faster or slower: the machine moved more than the intervals allow."""
         return bool(self.placebo_decisive)
 
-    @property
-    def noise_alone(self) -> float:
-        """How many of the words noise alone could have made decisive (at most ALPHA each)."""
-        return noise_words(self.words, ALPHA)
-
     def placebo_line(self) -> str | None:
         """'noise floor: 12 placebos (baseline vs itself), 12 same, median interval +-1.9%',
         with NOISY and the placebos that took a side; None without placebos."""
@@ -103,14 +99,14 @@ class Reliability:
 
     def words_line(self) -> str | None:
         """'words: 180 decisive of 223, 43 inconclusive; 178 hold at a 5% false discovery
-        rate (Benjamini-Hochberg); noise alone could make about 11 decisive'; None without
-        words."""
+        rate (Benjamini-Hochberg over the run)'; None without words. What noise makes of
+        a run is measured, not assumed: the placebo line, and how many rows' processes
+        disagreed (`harness.combine`)."""
         if not self.words:
             return None
         return (f"words: {self.decisive} decisive of {self.words}, {self.inconclusive} "
                 f"inconclusive; {self.kept} hold at a {100 * FDR_Q:.0f}% false discovery rate "
-                f"(Benjamini-Hochberg over the run); noise alone could make about "
-                f"{self.noise_alone:.0f} of {self.words} decisive")
+                f"(Benjamini-Hochberg over the run)")
 
 
 def reliability(summary: pd.DataFrame) -> Reliability:
