@@ -208,13 +208,22 @@ def _printed_se(row: dict) -> float:
     return half / _normal_quantile(row.get("ci_level") or 0.95)
 
 
+def _se(row: dict) -> float:
+    """The row's standard error of its log ratio as the run recorded it (`log_se`), else as
+    read from its printed interval and level. The printed interval is the wider where
+    sampling looked more than once (its level raised for the looks, its quantile a t's), so
+    read back as a normal interval it would overstate the error and shrink every z."""
+    recorded = row.get("log_se")
+    return float(recorded) if recorded else _printed_se(row)
+
+
 def pair_z(first: dict, second: dict) -> list[float]:
     """For each row worded in both runs: the difference of the two log ratios over their
-    combined standard error, read from each printed interval and its level."""
+    combined standard error (`_se`)."""
     a, b = _worded(first["rows"]), _worded(second["rows"])
     out = []
     for key in sorted(a.keys() & b.keys()):
-        se = math.hypot(_printed_se(a[key]), _printed_se(b[key]))
+        se = math.hypot(_se(a[key]), _se(b[key]))
         if se > 0:
             out.append((math.log(a[key]["ratio"]) - math.log(b[key]["ratio"])) / se)
     return out
@@ -504,22 +513,39 @@ def _z_rows(pairs: str, summary: dict) -> list[str]:
             f"({_pct(summary['beyond_4'], rows, 2)}) |"]
 
 
+def _measured_series(folder: Path, condition: str) -> tuple[str, dict | None, bool]:
+    """The series a table reads for `condition`: its default runs where measured, else its
+    `--quick` runs: (name, document or None, quick)."""
+    for quick in (False, True):
+        name = _series_name(condition, quick)
+        document = _load(folder, name)
+        if document and document.get("runs"):
+            return name, document, quick
+    return _series_name(condition, False), None, False
+
+
+def _reference(folder: Path, name: str) -> dict | None:
+    """The reference measured for the series `name`, if any."""
+    return _load(folder, "reference-" + name.removeprefix("series-"))
+
+
 def _condition_table(folder: Path, condition: str) -> list[str]:
     """One simulated machine's table: run-to-run z (the first pair apart), the reference
     held, run times, and what the runs' own processes said."""
-    document = _load(folder, _series_name(condition, False))
-    if not document or not document.get("runs"):
+    name, document, quick = _measured_series(folder, condition)
+    if document is None:
         return [f"(not measured: run `series --condition {condition}`)"]
     runs = document["runs"]
     s = stability(runs)
-    lines = [f"{CONDITIONS[condition].description}: {len(runs)} default runs of "
+    kind, bar = ("`--quick` runs", "at most 40 s") if quick else ("default runs", "at most 150 s")
+    lines = [f"{CONDITIONS[condition].description}: {len(runs)} {kind} of "
              f"{document['commit'][:10]}, the first from a fresh clone with empty compile "
              "caches.", "",
              "| claim | bar | measured |", "|---|---|---|",
              *_z_rows(f"consecutive runs after the first ({max(s['pairs'] - 1, 0)} pairs)",
                       s["later"]),
              *_z_rows("the first run against the second", s["first"])]
-    ref = _load(folder, f"reference-{condition}")
+    ref = _reference(folder, name)
     if ref and ref.get("processes"):
         held = words_held(runs, reference_ratios(ref))
         lines += [f"| intervals holding a {len(ref['processes'])}-process "
@@ -533,12 +559,12 @@ def _condition_table(folder: Path, condition: str) -> list[str]:
         lines.append(f"| intervals holding the reference | at least 93% | (not measured: run "
                      f"`reference --condition {condition}`) |")
     seconds = [r["seconds"] for r in runs]
-    lines.append(f"| run time, report included | at most 150 s | first {seconds[0]:.0f} s, "
+    lines.append(f"| run time, report included | {bar} | first {seconds[0]:.0f} s, "
                  f"then median {statistics.median(seconds[1:] or seconds):.0f} s, most "
                  f"{max(seconds):.0f} s |")
-    quick = (_load(folder, _series_name(condition, True)) or {}).get("runs")
-    if quick:
-        q = [r["seconds"] for r in quick]
+    quick_runs = None if quick else (_load(folder, _series_name(condition, True)) or {}).get("runs")
+    if quick_runs:
+        q = [r["seconds"] for r in quick_runs]
         lines.append(f"| `--quick` run time ({len(q)} runs) | at most 40 s | first "
                      f"{q[0]:.0f} s, then median {statistics.median(q[1:] or q):.0f} s, "
                      f"most {max(q):.0f} s |")
@@ -571,19 +597,21 @@ def _conditions_table(folder: Path) -> list[str]:
     """One row per simulated machine: the condition tables in brief (the front page's)."""
     lines = ["| condition | runs | \\|z\\| beyond 95% (bar 10%) | robust sd of z (0.8-1.25) | "
              "\\|z\\| > 4 (0.5%) | first pair beyond 95% | reference held (93%) | "
-             "contradicted (2.5%) | run time (150 s) |", "|---|---|---|---|---|---|---|---|---|"]
+             "contradicted (2.5%) | run time (150 s; `--quick` 40 s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for condition in CONDITIONS:
-        runs = (_load(folder, _series_name(condition, False)) or {}).get("runs")
+        name, document, quick = _measured_series(folder, condition)
+        runs = (document or {}).get("runs")
         if not runs:
             lines.append(f"| {condition} | 0 | (not measured: run `series --condition "
                          f"{condition}`) | | | | | | |")
             continue
         s = stability(runs)
         later, first = s["later"], s["first"]
-        ref = _load(folder, f"reference-{condition}")
+        ref = _reference(folder, name)
         held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
         seconds = [r["seconds"] for r in runs]
-        cells = [condition, str(len(runs)),
+        cells = [condition, f"{len(runs)}{' `--quick`' * quick}",
                  _pct(later["beyond_level"], later["rows"]) if later.get("rows") else "-",
                  f"{later['robust_sd']:.2f}" if later.get("rows") else "-",
                  _pct(later["beyond_4"], later["rows"], 2) if later.get("rows") else "-",

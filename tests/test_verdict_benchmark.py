@@ -61,6 +61,25 @@ def test_z_reads_each_interval_at_its_own_level():
     assert z == pytest.approx(expected, rel=1e-4)
 
 
+def test_z_takes_the_recorded_standard_error_over_a_wider_printed_interval():
+    """Runs that scatter as their standard errors say, printed at 99.3% with a t quantile
+    of 5 degrees of freedom (sampling that looked often): z from the recorded log_se is
+    calibrated; read back from the printed intervals as normal ones it would shrink."""
+    rng = np.random.default_rng(1)
+    se, t_quantile = 0.01, 4.0  # t(5) at 99.3%
+    runs = [{"rows": [{**_row("F", f"v{k}", "same", math.exp(x), halfwidth=t_quantile * se),
+                       "ci_level": 0.993, "log_se": se}
+                      for k, x in enumerate(run)]}
+            for run in rng.normal(0, se, (6, 300)).tolist()]
+    s = vs.stability(runs)
+    assert 0.85 < s["later"]["robust_sd"] < 1.15
+    assert 0.03 < s["later"]["beyond_level"] / s["later"]["rows"] < 0.08
+    for run in runs:
+        for row in run["rows"]:
+            del row["log_se"]
+    assert vs.stability(runs)["later"]["robust_sd"] < 0.8  # what the printed intervals say
+
+
 def test_words_held_counts_intervals_holding_the_reference_and_contradicted_words():
     runs = [{"rows": [_row("F", "a", "faster", 0.8), _row("F", "b", "slower", 1.2),
                       _row("F", "c", "same", 1.0), _row("F", "d", "inconclusive", 1.01)]}]
