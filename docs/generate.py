@@ -123,11 +123,11 @@ def _finding_fields(kind: str = "Finding") -> str:
 
 #: every enum of words a user reads, with where it is read: one question each
 WORD_ENUMS = (
-    ("harness.measure.decision", "Word", "every ratio's interval: a run's row; compare and the gate map it to their own words"),
+    ("harness.measure.decision", "Word", "every ratio's interval: a run's row, and a compare row (new against old); the gate turns it into pass or regression"),
     ("harness.measure.decision", "ClaimWord", "a claim that states a factor (`~4x`)"),
     ("harness.results", "Status", "a run's row: was it timed"),
     ("harness.measure.stats", "Verdict", "a run's summary row: its Word, or its Status where it was not timed"),
-    ("harness.report.compare", "Change", "`report --compare`: one row between two runs"),
+    ("harness.report.compare", "Change", "`report --compare`: one row between two runs, in Word's words where both runs timed it"),
     ("harness.gate.table", "Outcome", "`harness.gate`: one row of a check"),
     ("harness.bisect.search", "Decision", "`harness.bisect`: one measured commit"),
 )

@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN,
                    metavar="FRACTION",
                    help=f"compare: the margin of the words, as a fraction: new / old within "
-                        f"1 + margin either way is 'same', wholly beyond it 'regressed' or "
-                        f"'improved' (default {DEFAULT_MARGIN}, as harness.run's --margin)")
+                        f"1 + margin either way is 'same', wholly beyond it 'slower' or "
+                        f"'faster' (default {DEFAULT_MARGIN}, as harness.run's --margin)")
     return p
 
 

@@ -7,7 +7,7 @@ difference of the two carries a between-run term, the standard deviation of a ro
 time from one run of a commit to the next on one machine. That term is measured from
 the results folder's repeated runs of one commit where there are some, else the figure
 measured on the 2-core CPU this project is developed on (`BETWEEN_RUN_SD`). The word is
-the runs' margin word (`--margin` 0.05: 5%): improved, regressed, same or
+the run's own words (`harness.measure.decision.Word`, `--margin` 0.05: 5%): faster, slower, same or
 inconclusive. Runs measured on machines whose fingerprints differ are refused unless
 forced: their times say more about the machines than the code; so are runs whose CPU
 kernel paths differ (`harness.measure.machine.kernel_path`), which may be one machine.
@@ -50,9 +50,9 @@ _BROKEN = {Verdict.FAILED.value, Verdict.MISMATCH.value}
 class Change(str, enum.Enum):
     """What happened to one finding x case x variant between the old and the new run."""
 
-    IMPROVED = "improved"
+    FASTER = "faster"
     """The whole interval of new / old lies below 1 / (1 + margin): the new run takes less time."""
-    REGRESSED = "regressed"
+    SLOWER = "slower"
     """The whole interval lies above 1 + margin: the new run takes more time."""
     SAME = "same"
     """The whole interval lies within the margin either way."""
@@ -66,7 +66,7 @@ class Change(str, enum.Enum):
     """Missing from one run, or not timed in one of them."""
 
 
-_FROM_WORD = {Word.FASTER: Change.IMPROVED, Word.SLOWER: Change.REGRESSED,
+_FROM_WORD = {Word.FASTER: Change.FASTER, Word.SLOWER: Change.SLOWER,
               Word.SAME: Change.SAME, Word.INCONCLUSIVE: Change.INCONCLUSIVE}
 
 
@@ -215,7 +215,7 @@ def compare_runs(new: Run, old: Run, *, margin: float = DEFAULT_MARGIN,
 
 
 #: changes a compare summary counts per finding, worst first
-NOTABLE = (Change.NEW_FAILURE, Change.REGRESSED, Change.FIXED, Change.IMPROVED)
+NOTABLE = (Change.NEW_FAILURE, Change.SLOWER, Change.FIXED, Change.FASTER)
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ class CompareHeadline:
                 f"{self.ci_high:.3g}], {words}")
 
     def changes_text(self) -> str:
-        """'2 regressed, 1 improved of 36 rows', or 'no change of 36 rows'."""
+        """'2 slower, 1 faster of 36 rows', or 'no change of 36 rows'."""
         found = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in self.changes)
         return f"{found or 'no change'} of {self.rows} rows"
 

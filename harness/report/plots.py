@@ -34,7 +34,7 @@ from harness.report.verdicts import case_phrase, format_param, level_label, pres
 AXIS_LABELS = {"num_envs": "environments (num_envs)",
                "max_steps": "steps per environment, T (max_steps)"}
 #: the colour of a run-vs-run change; any other change is NEUTRAL
-CHANGE_COLOURS = {"improved": "#2a9d3f", "regressed": "#c0392b"}
+CHANGE_COLOURS = {"faster": "#2a9d3f", "slower": "#c0392b"}
 NEUTRAL = "#7f8c8d"
 DPI = 110
 #: the most series (variants, lines) one panel may hold and still be told apart
@@ -460,7 +460,7 @@ def compare_figure(rows: pd.DataFrame, margin: float, folder: Path) -> Figure | 
                  f"(dotted: the {margin:.0%} margin)")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     return _save(fig, folder, "compare.png", "New vs old",
-                  "Green: improved; red: regressed; grey: no measurable change or within the "
+                  "Green: faster; red: slower; grey: no measurable change or within the "
                   "margin.")
 
 

@@ -536,7 +536,7 @@ def test_a_run_compared_with_itself_never_reads_as_a_change(runs):
 
 
 def test_runs_are_compared_through_their_own_estimates_with_the_between_run_noise():
-    """A 10% slower copy of a run reads regressed once the run-to-run noise allows it."""
+    """A 10% slower copy of a run reads slower once the run-to-run noise allows it."""
     from harness.report.compare import run_difference
 
     rng = np.random.default_rng(0)
