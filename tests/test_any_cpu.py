@@ -5,8 +5,10 @@ kernel paths and thread counts, as on another machine.
 `ONEDNN_MAX_CPU_ISA` caps oneDNN's (SSE41, AVX2): together with the thread count they
 decide the rounding of every reduction and matrix product, as another CPU would. Each
 condition is one quick run of every finding with sampling cut to the minimum (the checks
-are the point, not the timings); it must end in exit 0 with no mismatch row. Conditions
-and thread counts are crossed so that each condition and each count occurs.
+are the point, not the timings); it must end in exit 0 with no mismatch row. CI runs
+ATen's default path and oneDNN capped at AVX2, at one thread (the other tests run the
+machine's own path at its thread count); `-m long` adds ATen's avx2 (two threads) and
+avx512 and oneDNN's SSE4.1 (two threads).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ def _has_avx512() -> bool:
         return False
 
 
+#: CI runs the first two (ATen's slowest path, oneDNN capped); `-m long` every one
 CONDITIONS = [
     ({"ATEN_CPU_CAPABILITY": "default"}, 1),
-    ({"ATEN_CPU_CAPABILITY": "avx2"}, 2),
-    pytest.param({"ATEN_CPU_CAPABILITY": "avx512"}, 1, marks=pytest.mark.skipif(
-        not _has_avx512(), reason="this CPU has no AVX-512")),
-    ({"ONEDNN_MAX_CPU_ISA": "SSE41"}, 2),
     ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, 1),
+    pytest.param({"ATEN_CPU_CAPABILITY": "avx2"}, 2, marks=pytest.mark.long),
+    pytest.param({"ATEN_CPU_CAPABILITY": "avx512"}, 1, marks=[pytest.mark.long, pytest.mark.skipif(
+        not _has_avx512(), reason="this CPU has no AVX-512")]),
+    pytest.param({"ONEDNN_MAX_CPU_ISA": "SSE41"}, 2, marks=pytest.mark.long),
 ]
 
 
@@ -78,6 +81,9 @@ def test_a_kernel_path_set_by_the_environment_gets_its_own_compile_cache():
     folder = isolate_compile_cache(environ)
     assert folder.endswith("kernel-path-aten_cpu_capability-default-onednn_max_cpu_isa-SSE41")
     assert environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+    # nor in inductor's one folder of precompiled headers for every path
+    assert environ["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
     assert isolate_compile_cache({}) is None  # the machine's own path: the usual cache
     mine = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
     assert isolate_compile_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere"
+    assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in mine  # the user's cache: theirs

