@@ -87,3 +87,18 @@ def test_a_kernel_path_set_by_the_environment_gets_its_own_compile_cache():
     mine = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
     assert isolate_compile_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere"
     assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in mine  # the user's cache: theirs
+
+
+def test_the_cache_folder_inductor_writes_into_the_environment_is_not_taken_for_a_choice():
+    """inductor sets TORCHINDUCTOR_CACHE_DIR to its default folder in the environment of
+    any process that compiled, so every child inherits it: a test (or a user's script)
+    that compiled before starting a run on another kernel path handed that run the shared
+    folder, whose C++ built for the machine's own path failed to compile there (CI:
+    `at::vec has not been declared`, B4-CR-03 compiled under ATEN_CPU_CAPABILITY=default)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from harness.measure.machine import isolate_compile_cache
+
+    inherited = {"ATEN_CPU_CAPABILITY": "default", "TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}
+    folder = isolate_compile_cache(inherited)
+    assert folder is not None and inherited["TORCHINDUCTOR_CACHE_DIR"] == folder != default_cache_dir()

@@ -133,7 +133,8 @@ KERNEL_PATH_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 def isolate_compile_cache(environ=os.environ) -> str | None:
     """On a kernel path set by `KERNEL_PATH_VARIABLES`, torch.compile's cache of its own
-    (unless TORCHINDUCTOR_CACHE_DIR names one): inductor keys its cached C++ by neither,
+    (unless TORCHINDUCTOR_CACHE_DIR names one other than inductor's default, which inductor
+    itself writes into the environment of every process that compiled): inductor keys its cached C++ by neither,
     and code built for one capability then fails to compile under another (seen: AVX-512
     code against a header built for ATen's default path). Inductor's precompiled headers
     stay in one folder for every path whatever TORCHINDUCTOR_CACHE_DIR says (130-150 MB
@@ -141,10 +142,15 @@ def isolate_compile_cache(environ=os.environ) -> str | None:
     unless set): a cold compile of the GAE took 14.4 s without one here, 18.4 s making it.
     Returns the folder set, or None."""
     path = [f"{name.lower()}-{environ[name]}" for name in KERNEL_PATH_VARIABLES if environ.get(name)]
-    if not path or environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    if not path:
         return None
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    # inductor writes its default folder into the environment of any process that
+    # compiled, so a child inherits it without anyone having chosen it
+    chosen = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return None
     folder = os.path.join(default_cache_dir(), "kernel-path-" + "-".join(path))
     environ["TORCHINDUCTOR_CACHE_DIR"] = folder  # the run's processes inherit it
     environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
