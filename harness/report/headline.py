@@ -236,15 +236,16 @@ class Headline:
         return ", ".join(parts)
 
     def floor_text(self) -> str:
-        """'noise floor failed: the baseline against itself read slower, 1.15 [1.12-1.18]'
-        where the headline cell's placebo is not *same*; '' where it is (or has none)."""
+        """'noise floor failed: placebo slower, 1.15 [1.12-1.18]' where the headline cell's
+        placebo (its baseline against itself) is not *same*; '' where it is (or has none).
+        Short: it comes first in the first screen's verdict cell."""
         if self.floor is None:
             return ""
         word, ratio, low, high = self.floor
         if word in (Verdict.FASTER.value, Verdict.SLOWER.value):
-            head = f"noise floor failed: the baseline against itself read {word}"
+            head = f"noise floor failed: placebo {word}"
         elif word == Verdict.INCONCLUSIVE.value:
-            head = "noise floor not shown: the baseline against itself read inconclusive"
+            head = "noise floor not shown: placebo inconclusive"
         else:
             return ""
         return head + (f", {ratio:.3g} [{low:.3g}-{high:.3g}]" if ratio is not None else "")

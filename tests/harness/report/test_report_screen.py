@@ -248,11 +248,11 @@ PLACEBO = {"verdict": "same", "ratio": 1.01, "ci_low": 0.98, "ci_high": 1.04, "m
 @pytest.mark.parametrize(("floor", "said"), [
     ({}, ""),
     ({"verdict": "slower", "ratio": 1.15, "ci_low": 1.12, "ci_high": 1.18},
-     "noise floor failed: the baseline against itself read slower, 1.15 [1.12-1.18]; "),
+     "noise floor failed: placebo slower, 1.15 [1.12-1.18]; "),
     ({"verdict": "faster", "ratio": 0.9, "ci_low": 0.85, "ci_high": 0.95},
-     "noise floor failed: the baseline against itself read faster, 0.9 [0.85-0.95]; "),
+     "noise floor failed: placebo faster, 0.9 [0.85-0.95]; "),
     ({"verdict": "inconclusive", "ratio": 1.02, "ci_low": 0.99, "ci_high": 1.06},
-     "noise floor not shown: the baseline against itself read inconclusive, 1.02 "
+     "noise floor not shown: placebo inconclusive, 1.02 "
      "[0.99-1.06]; "),
 ])
 def test_a_failed_noise_floor_is_said_first(floor, said):
