@@ -152,16 +152,15 @@ def combine(summary: Sequence[dict], samples: Sequence[dict], finding_info: dict
         processes = rows[key]
         estimate = row_estimate(processes, spread)
         band = spread.band(processes.seconds)
-        fields = word_fields(estimate, row.get("ci_level") or DEFAULT_LEVEL,
-                             info.get("margin") or margin, row["variant"], info,
-                             placebo=bool(row.get("placebo")))
+        # the margin the run recorded for the finding (Finding.margin_under); else the run's
+        wording = dict(level=row.get("ci_level") or DEFAULT_LEVEL,
+                       margin=info.get("margin") or margin, variant=row["variant"], info=info,
+                       placebo=bool(row.get("placebo")))
+        fields = word_fields(estimate, **wording)
         fields.update(process_sd=math.sqrt(band.tau2 * spread.inflation),
                       process_df=band.df, process_p=disagreement(processes, spread))
         if key in one_thread:
-            alone = word_fields(row_estimate(one_thread[key], spread),
-                                row.get("ci_level") or DEFAULT_LEVEL,
-                                info.get("margin") or margin, row["variant"], info,
-                                placebo=bool(row.get("placebo")))
+            alone = word_fields(row_estimate(one_thread[key], spread), **wording)
             fields.update(one_thread_ratio=alone["ratio"], one_thread_ci_low=alone["ci_low"],
                           one_thread_ci_high=alone["ci_high"],
                           one_thread_verdict=alone["verdict"])

@@ -18,6 +18,7 @@ import datetime as dt
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -119,8 +120,6 @@ def _cpu_times() -> tuple[int, int] | None:
 def busy_cores(window_s: float = BUSY_WINDOW_S) -> float | None:
     """How many cores the machine's processes kept busy over the next `window_s` seconds
     (this one sleeps through it), in cores; None where /proc/stat cannot be read."""
-    import time
-
     before = _cpu_times()
     time.sleep(window_s)
     after = _cpu_times()
