@@ -580,7 +580,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                 options.processes,
                 {k: v[0] for k, v in earlier_costs(writer.results_dir).items()},
                 started=STARTED)
-    workers = _Workers(options, writer.metadata.get("options", {}).get("findings_module"))
+    workers = _Workers(options, _worker_modules(writer, selected))
     try:
         with Progress(len(mine), "cell") as progress:
             progress.note(plan.describe())
@@ -616,6 +616,13 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
 
 #: when this process started (the plan counts the run's wall seconds from here)
 STARTED = time.perf_counter()
+
+
+def _worker_modules(writer: RunWriter, selected) -> tuple[str, ...]:
+    """The run's findings modules that registered its findings `selected`: all a worker
+    imports."""
+    return registry.owners([f.id for f in selected],
+                           writer.metadata.get("options", {}).get("findings_module") or ())
 
 
 class _Workers:
@@ -708,8 +715,7 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, measured: l
         return
     progress.note(f"at one thread: {len(headlines)} headline cells in 2 fresh processes")
     share = max(FLOOR_S, left / 3 / len(headlines) / 2)
-    alone = _Workers(options, writer.metadata.get("options", {}).get("findings_module"),
-                     threads=1)
+    alone = _Workers(options, _worker_modules(writer, selected), threads=1)
     try:
         for finding, label in headlines:
             if time.perf_counter() - STARTED > deadline:

@@ -726,6 +726,14 @@ def from_modules(modules: Sequence[str]) -> list[str]:
         origin in modules or (i in _DIRECT and within(origin, modules)))]
 
 
+def owners(ids: Sequence[str], modules: Sequence[str]) -> tuple[str, ...]:
+    """Those of the findings modules `modules` that registered one of the findings `ids`,
+    in their order: what a worker process imports to measure them (the others can take
+    seconds to import, torch's compiler for one)."""
+    return tuple(m for m in modules
+                 if any(i in ORIGINS and within(ORIGINS[i], [m]) for i in ids))
+
+
 def within(module: str, modules: Sequence[str]) -> bool:
     """Whether `module` is one of `modules` or a submodule of one."""
     return any(module == m or module.startswith(f"{m}.") for m in modules)

@@ -67,6 +67,7 @@ def test_the_lock_file_names_its_holder_and_holds_nest_within_a_process(tmp_path
     assert not (tmp_path / lock.LOCK_FILE).exists()  # released: nothing left behind
 
 
+@pytest.mark.integration
 def test_a_second_writer_of_a_run_folder_exits_2_naming_the_holder_and_changes_nothing(
         tmp_path, monkeypatch, holder, capsys):
     folder = _stop_after_the_first_cell(tmp_path, monkeypatch)
@@ -80,6 +81,7 @@ def test_a_second_writer_of_a_run_folder_exits_2_naming_the_holder_and_changes_n
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.integration
 def test_readers_never_wait_for_a_writer(tmp_path, monkeypatch, holder):
     folder = _stop_after_the_first_cell(tmp_path, monkeypatch)
     holder(folder)
@@ -87,6 +89,7 @@ def test_readers_never_wait_for_a_writer(tmp_path, monkeypatch, holder):
     assert report_cli.main([str(folder), "--out", str(tmp_path / "reports" / "r")]) == 0
 
 
+@pytest.mark.integration
 def test_a_second_report_into_one_reports_folder_exits_2_and_writes_nothing(
         tmp_path, monkeypatch, holder, capsys):
     folder = _stop_after_the_first_cell(tmp_path, monkeypatch)
@@ -172,6 +175,7 @@ def test_a_writer_killed_by_sigkill_leaves_a_stale_lock_the_next_writer_names(tm
     assert not (folder / lock.LOCK_FILE).exists()
 
 
+@pytest.mark.integration
 def test_a_run_whose_reports_folder_is_being_written_keeps_its_run_and_says_how_to_render(
         tmp_path, holder, capsys):
     reports = tmp_path / "reports"

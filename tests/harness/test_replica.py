@@ -35,6 +35,7 @@ def _spec(**changes) -> WorkerSpec:
     return dataclasses.replace(WorkerSpec.of(options, 1, [MODULE], 2), **changes)
 
 
+@pytest.mark.integration
 def test_a_worker_times_a_cell_as_the_run_does_and_its_findings_prints_stay_out():
     worker = Worker(_spec())
     try:
@@ -54,6 +55,7 @@ def test_a_worker_times_a_cell_as_the_run_does_and_its_findings_prints_stay_out(
     assert worker.process.returncode is not None  # ended with its input
 
 
+@pytest.mark.integration
 def test_a_worker_times_only_the_variants_the_runs_process_found_correct():
     worker = Worker(_spec())
     try:
@@ -63,12 +65,14 @@ def test_a_worker_times_only_the_variants_the_runs_process_found_correct():
     assert {r["variant"] for r in done["samples"]} == {"sum"}
 
 
+@pytest.mark.integration
 def test_a_worker_that_cannot_load_its_findings_says_why():
     with pytest.raises(WorkerError, match=r"worker 2 could not start: .*tests\.findings_modules"
                                           r"\.no_such_module"):
         Worker(_spec(findings_modules=("tests.findings_modules.no_such_module",)))
 
 
+@pytest.mark.integration
 def test_a_cell_the_worker_cannot_run_is_that_cells_error():
     worker = Worker(_spec())
     try:
@@ -80,6 +84,7 @@ def test_a_cell_the_worker_cannot_run_is_that_cells_error():
     assert still["samples"]
 
 
+@pytest.mark.integration
 def test_a_run_times_every_cell_in_two_processes_and_words_each_row_from_both(tmp_path, capsys):
     assert main(["--findings-module", MODULE, "--budget", "6", "--device", "cpu",
                  "--no-report", "--threads", "1", "--out", str(tmp_path)]) == 0
@@ -103,6 +108,7 @@ def test_a_run_times_every_cell_in_two_processes_and_words_each_row_from_both(tm
     assert run.metadata["budget_s"] == 6.0 and run.metadata["seconds"] > 0
 
 
+@pytest.mark.integration
 def test_processes_three_times_every_cell_in_three(tmp_path):
     assert main(["--findings-module", MODULE, "--budget", "6", "--device", "cpu",
                  "--no-report", "--processes", "3", "--out", str(tmp_path)]) == 0
@@ -198,6 +204,7 @@ def test_a_worker_spec_carries_the_runs_sampling_options():
     assert carried.profile is False
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("module", ["harness.run", "harness.replica"])
 def test_the_measuring_path_loads_no_statistics_library_before_its_first_cell(module):
     """The run's process and each worker import what timing a cell needs, not scipy.stats

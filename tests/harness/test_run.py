@@ -64,6 +64,7 @@ def tiny(request):
 ARGS = ["--findings", TEST_ID, "--budget", "1", "--device", "cpu"]
 
 
+@pytest.mark.integration
 def test_gate_failure_isolation_and_schema(tiny, tmp_path):
     code = main(ARGS + ["--out", str(tmp_path)])
     assert code == 1  # a mismatch and a crash: not every variant agreed
@@ -109,6 +110,7 @@ def test_ctrl_c_keeps_what_was_measured(tiny, tmp_path):
     assert document["status"] == "interrupted"
 
 
+@pytest.mark.integration
 def test_real_findings_quick_run_agree(tmp_path, capsys):
     code = main(["--quick", "--findings", "B4-DRL-03", "B4-PT-05", "H3-stream-sync",
                  "--budget", "1", "--out", str(tmp_path), "--device", "cpu"])
@@ -146,6 +148,7 @@ def test_list_and_cli_subprocess():
         assert finding_id in out
 
 
+@pytest.mark.integration
 def test_ratio_falls_back_to_first_timed_variant_when_baseline_is_skipped(tmp_path):
     import dataclasses
 
@@ -232,6 +235,7 @@ def test_rows_that_carry_a_warning_are_named_for_the_run_metadata():
                                               "a stream serialise"}]
 
 
+@pytest.mark.integration
 def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys,
                                                       outside_the_repository):
     module = ["--findings-module", "tests.findings_modules.long_and_short"]
@@ -290,6 +294,7 @@ def test_a_cell_samples_its_share_of_seconds_and_stops_there():
     assert rounds[0.4] >= 3 * rounds[0.05], rounds
 
 
+@pytest.mark.integration
 def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path):
     """A paired finding's calls advance state (E2E-iteration: one training iteration a
     call), and round k pairs the k-th timed call of each side. The placebo, on its own

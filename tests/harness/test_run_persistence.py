@@ -277,6 +277,7 @@ def test_sigint_at_any_moment_of_a_whole_run_ends_in_130_and_loses_nothing(tmp_p
     assert {"before the run", "in the cells", "in the report"} <= set(phases), phases
 
 
+@pytest.mark.integration
 def test_interrupt_inside_a_variant_keeps_finished_cells_then_resume(tmp_path, reference, monkeypatch):
     """Ctrl-C raised inside the 4th cell: cells 1-3 are kept, the run says interrupted, and
     --resume measures exactly the 7 that are missing."""
@@ -418,6 +419,7 @@ def stopped_run(tmp_path, monkeypatch) -> Path:
     (["--budget", "2"], "--budget: the run was measured with 1.0; got 2.0"),
     (["--quick"], "--quick: the run was measured with False; got True"),
 ])
+@pytest.mark.integration
 def test_resume_refuses_other_options(stopped_run, extra, message, capsys):
     before = sorted(p.name for p in (stopped_run / "cells").iterdir())
     assert main(["--resume", str(stopped_run), "--no-report", *extra]) == 2
@@ -425,6 +427,7 @@ def test_resume_refuses_other_options(stopped_run, extra, message, capsys):
     assert sorted(p.name for p in (stopped_run / "cells").iterdir()) == before
 
 
+@pytest.mark.integration
 def test_resume_refuses_another_machine_or_commit(stopped_run, capsys):
     path = stopped_run / "run.json"
     document = json.loads(path.read_text())
@@ -438,6 +441,7 @@ def test_resume_refuses_another_machine_or_commit(stopped_run, capsys):
     assert main(["--resume", str(stopped_run), "--no-report"]) == 0
 
 
+@pytest.mark.integration
 def test_resume_keeps_the_runs_thread_count(stopped_run):
     """A run started without --threads ran with torch's count then; its resume pins that
     count, not the resuming process's (which other code may have changed), so the machine
@@ -453,6 +457,7 @@ def test_resume_keeps_the_runs_thread_count(stopped_run):
     assert load_run(stopped_run).metadata["threads"] == recorded
 
 
+@pytest.mark.integration
 def test_the_resume_hint_pastes_as_it_is_printed_with_spaces_in_the_path(tmp_path, monkeypatch,
                                                                         capsys):
     """The hint printed on Ctrl-C quotes its paths: split as a shell would, it resumes the run."""
@@ -466,6 +471,7 @@ def test_the_resume_hint_pastes_as_it_is_printed_with_spaces_in_the_path(tmp_pat
     assert load_run(None, out).metadata["status"] == "complete"
 
 
+@pytest.mark.integration
 def test_resume_refuses_a_running_run(stopped_run, capsys):
     path = stopped_run / "run.json"
     document = json.loads(path.read_text())

@@ -60,6 +60,7 @@ def _pyproject(folder: Path, table: str) -> Path:
 # --- harness.run -------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_users_findings_are_measured_with_their_failures_as_rows_and_reported(
         tmp_path, user_modules, capsys):
     code = run_main(["--findings-module", CLAIMS, "--findings-module", FAILURES, *QUICK,
@@ -132,6 +133,7 @@ def test_a_module_that_registers_nothing_is_a_usage_error(tmp_path, capsys):
 # --- pyproject.toml -----------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_pyproject_names_the_modules_for_run_list_and_records_them(tmp_path, monkeypatch, capsys,
                                                                    user_modules):
     _pyproject(tmp_path, f"""

@@ -59,6 +59,26 @@ ALL_VARIANTS = [
 ]
 
 
+def covering_pairs(combinations: list[Variants]) -> set[int]:
+    """Indices of a few of `combinations` that hold every pair of axis values the whole
+    list holds (greedy: each pick the one that adds the most pairs not held yet)."""
+    def pairs(v: Variants) -> set:
+        values = [(axis, getattr(v, axis)) for axis in AXES]
+        return set(itertools.combinations(values, 2))
+
+    held = [pairs(v) for v in combinations]
+    missing, chosen = set().union(*held), set()
+    while missing:
+        best = max(range(len(combinations)), key=lambda i: len(held[i] & missing))
+        chosen.add(best)
+        missing -= held[best]
+    return chosen
+
+
+#: The inner loop trains these; the rest of the product is marked `exhaustive`
+PAIRWISE = covering_pairs(ALL_VARIANTS)
+
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -112,7 +132,9 @@ def original_outcomes() -> list[dict[str, float]]:
 # ----- variants -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("variants", [
-    pytest.param(v, marks=pytest.mark.slow) if v.gae == COMPILED else v for v in ALL_VARIANTS
+    pytest.param(v, marks=([pytest.mark.slow] if v.gae == COMPILED else [])
+                 + ([] if i in PAIRWISE else [pytest.mark.exhaustive]))
+    for i, v in enumerate(ALL_VARIANTS)
 ], ids=Variants.spec)
 def test_every_variant_combination_trains_end_to_end(variants, original_outcomes):
     if "cpu" not in esper.gae.DEVICE_TYPES.get(variants.gae, ()):

@@ -267,6 +267,7 @@ def test_a_corrupt_invariants_config_exits_2_naming_the_file(tmp_path, capsys, c
 
 # --- --update-baseline merges ---------------------------------------------------------------
 
+@pytest.mark.integration
 def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys):
     committed = json.loads(COMMITTED_BASELINE.read_text())
     document = json.loads(json.dumps(committed))

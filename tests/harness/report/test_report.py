@@ -100,6 +100,7 @@ def runs(tmp_path_factory) -> dict:
 # --- the report of one run ----------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_run_renders_its_report_and_the_index(runs):
     run_id = runs["a"].name
     page = runs["base"] / "reports" / run_id / "index.html"
@@ -118,6 +119,7 @@ def test_run_renders_its_report_and_the_index(runs):
     assert not (runs["base"] / "b" / "reports").exists()  # --no-report wrote nothing
 
 
+@pytest.mark.integration
 def test_report_cli_renders_a_run_by_id(runs, tmp_path, capsys):
     code = report_main([runs["b"].name, "--results", str(runs["b"].parent),
                         "--out", str(tmp_path / "r" / "b")])
@@ -133,6 +135,7 @@ def test_report_cli_renders_a_run_by_id(runs, tmp_path, capsys):
     assert page.read_text().count("(baseline)</td>") == int(summary["baseline"].sum())
 
 
+@pytest.mark.integration
 def test_rendering_again_replaces_the_report_but_not_other_files(runs, tmp_path):
     out = tmp_path / "again"
     assert report_main([str(runs["a"]), "--out", str(out)]) == 0
@@ -151,6 +154,7 @@ def test_rendering_again_replaces_the_report_but_not_other_files(runs, tmp_path)
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.integration
 def test_report_out_empty_never_empties_the_current_folder(runs, tmp_path, monkeypatch, capsys):
     """The example that deleted a user's file: `--out ''` from a folder holding a
     report.json and a file of the user's."""
@@ -166,6 +170,7 @@ def test_report_out_empty_never_empties_the_current_folder(runs, tmp_path, monke
     assert (here / "thesis.tex").read_text() == "keep"
 
 
+@pytest.mark.integration
 def test_a_corrupt_sibling_report_is_named_and_the_index_still_written(runs, tmp_path, capsys):
     reports = tmp_path / "reports"
     (reports / "broken").mkdir(parents=True)
@@ -215,6 +220,7 @@ def tiny_run(tmp_path):
     return next((tmp_path / "results").glob("*-cpu"))
 
 
+@pytest.mark.integration
 def test_failed_and_mismatched_rows_are_reported_with_their_reasons(tiny_run, tmp_path):
     out = tmp_path / "report"
     assert report_main([str(tiny_run), "--out", str(out)]) == 0
@@ -488,6 +494,7 @@ def test_paired_e2e_shows_each_phase_saving_with_its_interval_and_device_time(tm
 # --- compare mode -------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_compare_refuses_a_cell_measured_on_another_device(runs):
     """Sharded runs mark each row with the device that measured it; a cell measured on
     another device in the other run is not compared (unless forced), the others are."""
@@ -508,6 +515,7 @@ def test_compare_refuses_a_cell_measured_on_another_device(runs):
     assert forced["note"] == "" and forced["ratio"] == plain.iloc[first]["ratio"]
 
 
+@pytest.mark.integration
 def test_compare_two_runs(runs, tmp_path):
     assert report_main([str(runs["b"]), "--compare", str(runs["a"]),
                         "--out", str(tmp_path / "cmp")]) == 0
@@ -523,6 +531,7 @@ def test_compare_two_runs(runs, tmp_path):
     assert "cmp/index.html" in index.hrefs
 
 
+@pytest.mark.integration
 def test_a_run_compared_with_itself_never_reads_as_a_change(runs):
     """Each run's own estimate, never their samples pooled: a run against itself is a
     ratio of exactly 1; with the run-to-run noise of one commit (3% here) its words cannot
@@ -551,6 +560,7 @@ def test_runs_are_compared_through_their_own_estimates_with_the_between_run_nois
     assert loose.se ** 2 == pytest.approx(tight.se ** 2 + 2 * (0.05 ** 2 - 0.005 ** 2))
 
 
+@pytest.mark.integration
 def test_compare_refuses_runs_from_different_machines(runs, tmp_path, capsys):
     other = tmp_path / "other" / runs["a"].name
     shutil.copytree(runs["a"], other)
@@ -587,6 +597,7 @@ def _copy_with(run: Path, where: Path, **changes) -> Path:
     ({"env_onednn_max_cpu_isa": "AVX2"}, "env_onednn_max_cpu_isa: old 'AVX2', new None"),
     ({"threads": 7}, "threads: old 7"),
 ])
+@pytest.mark.integration
 def test_compare_refuses_runs_whose_kernel_paths_differ_saying_it_may_be_one_machine(
         runs, tmp_path, capsys, changes, field):
     """An AVX-512 run against one on the default kernels, or on another thread count, read
@@ -605,6 +616,7 @@ def test_compare_refuses_runs_whose_kernel_paths_differ_saying_it_may_be_one_mac
         assert "Compared with --force across different CPU kernels" in text and field in text
 
 
+@pytest.mark.integration
 def test_a_run_recorded_before_the_kernel_path_still_compares_and_says_so(runs, tmp_path, capsys):
     older = _copy_with(runs["a"], tmp_path / "older", aten_cpu_capability=None, cpu_flags=None,
                        env_aten_cpu_capability=None, env_onednn_max_cpu_isa=None)
@@ -635,6 +647,7 @@ def test_large_files_are_linked_where_they_are_not_copied(tmp_path):
     assert not (out / "traces" / "big.json.gz").exists()
 
 
+@pytest.mark.integration
 def test_missing_pyspy_is_reported_plainly(runs, tmp_path):
     outcome = record_flamegraph(tmp_path, ("-c", "pass"), executable="no-such-py-spy")
     assert outcome["status"] == "missing" and "not installed" in outcome["detail"]
@@ -664,6 +677,7 @@ def test_index_lists_reports_newest_first(tmp_path):
         ["new/index.html", "mid/index.html", "old/index.html"]
 
 
+@pytest.mark.integration
 def test_no_missing_number_leaks_into_the_page(runs):
     body = (runs["base"] / "reports" / runs["a"].name / "index.html").read_text()
     body = body.split("</style>")[1]

@@ -143,6 +143,7 @@ def copy_run(source: Path, results: Path, name: str, metadata: dict, row=None) -
 # --- the summary first --------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_page_opens_with_one_summary_row_per_finding(quick):
     page = parse(quick["page"])
     assert page.tables[0] == ("summary", None, False)  # the first table on the page
@@ -162,6 +163,7 @@ def test_the_page_opens_with_one_summary_row_per_finding(quick):
     assert f"#{FINDINGS[0]}" in page.links
 
 
+@pytest.mark.integration
 def test_each_section_opens_with_its_answer_chart_and_keeps_the_detail_folded(quick):
     page = parse(quick["page"])
     first = {}
@@ -374,6 +376,7 @@ def test_charts_read_at_the_default_runs_size(tmp_path):
 # --- runs that did not finish -------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_an_interrupted_run_is_rendered_with_a_banner_and_its_partial_findings(quick, tmp_path,
                                                                                capsys):
     kept_cases = ["num_envs=16,max_steps=25,dones=episode",
@@ -439,6 +442,7 @@ ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
     ("history-with-run", "--history: expected on its own (with --results and --out); got it "
                          "with RUN"),
 ])
+@pytest.mark.integration
 def test_bad_paths_exit_2_before_rendering(quick, tmp_path, capsys, option, message):
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "ro").mkdir(mode=0o500)
@@ -473,6 +477,7 @@ def test_a_corrupt_run_json_exits_2_naming_the_file(tmp_path, capsys, content, m
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.integration
 def test_an_index_the_report_did_not_write_is_never_overwritten(quick, tmp_path, capsys):
     mine = "<html><body>my own index</body></html>"
     (tmp_path / "index.html").write_text(mine)
@@ -508,6 +513,7 @@ def test_report_has_version_and_lists_its_exit_codes(capsys):
 # --- markdown for CI ----------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_markdown_summary_has_the_summary_tables_cells(quick, tmp_path, capsys):
     out = tmp_path / "reports" / "r"
     assert report_main([str(quick["run"]), "--out", str(out), "--markdown"]) == 0
@@ -530,6 +536,7 @@ def test_markdown_summary_has_the_summary_tables_cells(quick, tmp_path, capsys):
         "HTML report: [reports/r/index.html](reports/r/index.html)"
 
 
+@pytest.mark.integration
 def test_markdown_of_a_comparison(quick, tmp_path, capsys):
     out = tmp_path / "cmp"
     assert report_main([str(quick["run"]), "--compare", str(quick["run"]), "--out", str(out),
@@ -612,6 +619,7 @@ def history(quick) -> dict:
             "commits": (older, newer)}
 
 
+@pytest.mark.integration
 def test_history_orders_runs_by_commit_separates_machines_and_finds_the_change_point(history):
     table = build_history(history["results"], repo=REPO)
     assert [r.run_id for r in table.runs] == ["run-older", "run-older-2", "run-newer",
@@ -643,6 +651,7 @@ def test_history_orders_runs_by_commit_separates_machines_and_finds_the_change_p
     assert speed.command in text and speed.point.text() in text
 
 
+@pytest.mark.integration
 def test_history_page_is_linked_from_the_index(history):
     page = parse(history["page"])
     assert [src for src, _, _ in page.images] == [f"{f}-history.png" for f in FINDINGS]
@@ -675,6 +684,7 @@ def test_history_without_runs_exits_2(tmp_path, capsys):
 # --- in a real browser --------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_pages_in_a_real_browser(quick, history):
     """Headless Chromium opens the quick run's report, the history page and the committed
     example report of a default run from disk at 1400 x 900: every image loads (also those in closed <details>), the summary table ends
