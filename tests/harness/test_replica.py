@@ -215,3 +215,15 @@ def test_the_measuring_path_loads_no_statistics_library_before_its_first_cell(mo
                                "if m.startswith(('scipy.stats', 'statsmodels'))))"],
         capture_output=True, text=True, check=True).stdout.split()
     assert loaded == []
+
+
+def test_a_worker_imports_only_the_modules_that_registered_the_runs_findings():
+    """A run of one user's finding does not make its workers import every module the
+    project names (the review's imports torch's compiler: seconds per worker)."""
+    from harness import findings as registry
+    for module in ("esper_review", "tests.findings_modules.tiny"):
+        registry.load_findings_module(module)
+    both = ["esper_review", "tests.findings_modules.tiny"]
+    assert registry.owners(["TINY-sums"], both) == ("tests.findings_modules.tiny",)
+    assert registry.owners(["TINY-sums", "B4-CR-03"], both) == tuple(both)
+    assert registry.owners(["NOPE"], both) == ()
