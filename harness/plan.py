@@ -23,6 +23,9 @@ GUESS_FIXED_S = 1.5
 RESERVE_SHARE = 0.12
 #: the least sampling a process gets for a cell (its minimum rounds come on top)
 FLOOR_S = 0.02
+#: how the row of a variant begins whose profile the run's budget could not pay
+#: (`Plan.spare_s`)
+BUDGET_UNPROFILED = "not profiled to keep the run's budget"
 
 
 @dataclass
@@ -64,6 +67,17 @@ class Plan:
             return FLOOR_S
         return max(FLOOR_S, self.sampling_s() * self.weights[key] / weight_left
                    / self.processes)
+
+    def spare_s(self, key: tuple[str, str]) -> float:
+        """Seconds the cell `key`, being measured, may still spend (on its profile) without
+        the run ending past its budget: what is left of it less the reserve, the fixed
+        costs of the cells still to come and their least sampling; 0 when nothing is."""
+        coming = [k for k in self.weights if k not in self.done and k != key]
+        elapsed = time.perf_counter() - self.started
+        left = (self.budget_s * (1.0 - RESERVE_SHARE) - elapsed
+                - self._scale * sum(self._fixed(k) for k in coming)
+                - FLOOR_S * self.processes * len(coming))
+        return max(left, 0.0)
 
     def measured(self, key: tuple[str, str], fixed_s: float, sampling_s: float) -> None:
         """Record what the cell `key` cost (all processes), and learn the run's pace."""

@@ -95,7 +95,10 @@ def measure_cell(spec: WorkerSpec, command: dict) -> dict:
             raise ValueError(f"{command['finding']} has no case {command['case']!r} here")
         cell = CaseRun(finding, case, spec.options(), headline=command["headline"],
                        sampling_s=command["sampling_s"], process=spec.process,
-                       timed=command["timed"], check=False).run()
+                       timed=command["timed"], check=False)
+        if command.get("min_rounds") is not None:  # the run's process chose fewer
+            cell.min_rounds = int(command["min_rounds"])
+        cell.run()
     except Exception as err:  # one cell that cannot run is that cell's, said
         return {**entry, "error": f"{type(err).__name__}: {err}"}
     failed = {v: row.get("error") or row.get("reason") or row["status"]
@@ -167,10 +170,11 @@ class Worker:
         return json.loads(line)
 
     def measure(self, finding: str, case: str, headline: bool, sampling_s: float,
-                timed: Sequence[str]) -> dict:
-        """The worker's entry for one cell; `{"error": why}` where the worker failed."""
+                timed: Sequence[str], min_rounds: int | None = None) -> dict:
+        """The worker's entry for one cell; `{"error": why}` where the worker failed.
+        `min_rounds`: the rounds it takes at least (None: the spec's `min_samples`)."""
         command = {"finding": finding, "case": case, "headline": headline,
-                   "sampling_s": sampling_s, "timed": list(timed)}
+                   "sampling_s": sampling_s, "timed": list(timed), "min_rounds": min_rounds}
         try:
             self.process.stdin.write(json.dumps(command) + "\n")
             self.process.stdin.flush()

@@ -59,6 +59,9 @@ from harness.plan import FLOOR_S, RESERVE_SHARE, Plan
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
 
 #: the run's wall seconds by default, and with --quick (report included)
+#: the fewest rounds a process takes of a cell whose share cannot pay the run's minimum
+#: (the quick run's minimum)
+FEWEST_ROUNDS = 5
 DEFAULT_BUDGET_S = 140.0
 QUICK_BUDGET_S = 35.0
 #: the most processes that time one cell
@@ -99,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the run's wall seconds, report included (default {DEFAULT_BUDGET_S:g}, "
                         f"quick {QUICK_BUDGET_S:g}): the plan shares its sampling out over the "
                         "cells (a finding of slow calls weighs its budget_factor) and their "
-                        "processes as the run goes; each process still takes its minimum "
-                        "rounds")
+                        "processes as the run goes; a cell whose share cannot pay the "
+                        f"minimum rounds takes fewer (at least {FEWEST_ROUNDS}), and a profile "
+                        "the budget cannot pay is left out, said in its rows")
     p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="the practical margin of the words: a ratio whose interval lies "
                         "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "
@@ -233,7 +237,7 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
     return RunOptions(
         device=device, quick=args.quick, seed=args.seed,
         budget_s=args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S),
-        min_samples=5 if args.quick else 8, precision=args.precision, margin=args.margin,
+        min_samples=FEWEST_ROUNDS if args.quick else 8, precision=args.precision, margin=args.margin,
         placebo=args.placebo, profile=not args.no_profile,
         sources=bool(getattr(args, "sources", False)),
         processes=getattr(args, "processes", None) or 2,
@@ -665,6 +669,7 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
              if options.profile and case == finding.cases(options.quick)[0] else None)
     started = time.perf_counter()
     cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
+    cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()
     samples, notes, worker_seconds = [], [], {"worker_time": 0.0, "worker_other": 0.0}
 
@@ -674,7 +679,8 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
             if isinstance(worker, str):
                 notes.append(f"process {process}: {worker}")
                 continue
-            done = worker.measure(finding.id, case.label, headline, share, timed)
+            done = worker.measure(finding.id, case.label, headline, share, timed,
+                                  cell.min_rounds)
             if "error" in done:
                 notes.append(f"process {process}: {done['error']}")
                 continue
@@ -690,11 +696,21 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
         else:
             cell.time()
             in_workers()
-    cell.finish(trace)
+    cell.finish(trace, profile_s=plan.spare_s(key))
     seconds = {**cell.seconds, **worker_seconds}
     sampling = seconds.get("time", 0.0) + worker_seconds["worker_time"]
     plan.measured(key, time.perf_counter() - started - sampling, sampling)
     return cell, {"samples": samples, "notes": notes, "seconds": seconds}
+
+
+def min_rounds(share_s: float, round_s: float, wanted: int) -> int:
+    """Rounds a process takes at least of a cell whose round takes `round_s` seconds, given
+    `share_s` seconds of it: `wanted` (the run's minimum), or as many as the share pays
+    where it cannot pay those, never fewer than FEWEST_ROUNDS (a slow cell that would
+    otherwise spend the run's budget on its minimum)."""
+    if round_s <= 0:
+        return wanted
+    return max(min(wanted, FEWEST_ROUNDS), min(wanted, int(share_s // round_s)))
 
 
 def _at_one_thread(writer: RunWriter, selected, options: RunOptions, measured: list[dict],

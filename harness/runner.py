@@ -47,6 +47,7 @@ from harness.measure.timing import (
     Measurement, Sampling, VariantError, make_clock, measure_interleaved,
 )
 from harness.measure.trace import merge_traces
+from harness.plan import BUDGET_UNPROFILED
 from harness.results import Status, raise_if_disk_full
 
 #: what `RunOptions.placebo` may be: the placebo in each finding's headline cell, in
@@ -126,6 +127,13 @@ def describe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
+#: how much slower the profiler makes a call, to foresee a profile's cost: about 20x for
+#: a Python loop of small ops (the most it records per second), less for calls of few ops
+PROFILER_SLOWDOWN = 20.0
+#: a profile foreseen to take at most this many seconds is always taken
+PROFILE_ALWAYS_S = 1.0
+
+
 class CaseRun:
     """Everything measured for one finding x case; `summary` and `samples` are the rows."""
 
@@ -156,6 +164,9 @@ class CaseRun:
         the variants never touch, it reads slower as that copy goes cold in the caches);
         for a paired finding a second build from the same seed, whose state its calls
         advance in lockstep with the baseline's."""
+        self.min_rounds = options.min_samples
+        """Rounds this process takes at least (`RunOptions.min_samples`, or fewer where the
+        run's plan cannot pay them: `round_s`)."""
         self.seconds: dict[str, float] = {}
         """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
         self.sample_metrics: dict[str, list[dict[str, float]]] = {}
@@ -202,6 +213,15 @@ class CaseRun:
                 self._fail(PLACEBO, err, "building the placebo's inputs or its first call")
         return self
 
+    def round_s(self) -> float:
+        """Seconds of one round of the prepared cell, foreseen from the first calls (one
+        call of each variant it will time; compiling ones make it an upper bound)."""
+        timed = self._active()
+        first = {v: self.cells[v].get("first_output_s", 0.0) for v in timed}
+        if PLACEBO in timed:  # the baseline's code
+            first[PLACEBO] = first.get(self.finding.baseline, 0.0)
+        return float(sum(first.values()))
+
     def timed_variants(self) -> list[str]:
         """The variants the prepared cell will time (those that agreed, or were not
         checked)."""
@@ -214,11 +234,16 @@ class CaseRun:
                 self._time()
         return self
 
-    def finish(self, trace_path: Path | None = None) -> "CaseRun":
-        """Profile, extra metrics, this process's ratios and the bandwidth floor."""
+    def finish(self, trace_path: Path | None = None,
+               profile_s: float | None = None) -> "CaseRun":
+        """Profile, extra metrics, this process's ratios and the bandwidth floor. The
+        profile is left out (said in each row) where it would take more than `profile_s`
+        seconds (the run's `Plan.spare_s`; None: no limit) and more than
+        `PROFILE_ALWAYS_S`."""
         if self.options.profile and self.measurements:
             with self._stage("profile"):
-                self._profile(trace_path)
+                if self._profile_fits(profile_s):
+                    self._profile(trace_path)
         with self._stage("extra"):
             self._extra_metrics()
             self._compare()
@@ -336,7 +361,8 @@ class CaseRun:
         f = self.finding
         while self._active():
             calls = {v: self._call(v) for v in self._active()}
-            sampling = self.options.sampling(f, self.sampling_s)
+            sampling = dataclasses.replace(self.options.sampling(f, self.sampling_s),
+                                           min_rounds=self.min_rounds)
             if PLACEBO in calls and len(calls) > 1:  # the placebo brings its own share
                 own = len(calls) - 1
                 sampling = dataclasses.replace(
@@ -357,6 +383,24 @@ class CaseRun:
         self.sample_metrics[variant].append(
             dict(self.finding.recording.sample_metrics(self._code(variant), self._inputs_of(variant))))
 
+    def _profile_fits(self, profile_s: float | None) -> bool:
+        """Whether the cell's profile fits in `profile_s` seconds; where it does not, each
+        timed variant's row says so, with what the profile would have taken."""
+        limit = self.finding.recording.profile_max_s
+        medians = [m.median for v, m in self.measurements.items()
+                   if v != PLACEBO and (limit is None or m.median <= limit)]
+        cost = PROFILER_SLOWDOWN * sum(medians)
+        if profile_s is None or cost <= max(profile_s, PROFILE_ALWAYS_S):
+            return True
+        for variant in self.measurements:
+            if variant != PLACEBO:
+                self.cells[variant]["profile_note"] = (
+                    f"{BUDGET_UNPROFILED}: it had {profile_s:.0f} s left for this "
+                    f"cell's profile, which takes about {cost:.2g} s (one call of each "
+                    f"variant, ~{PROFILER_SLOWDOWN:g}x slower under the profiler); a larger "
+                    "--budget profiles it")
+        return False
+
     def _profile(self, trace_path: Path | None) -> None:
         """Counters of each variant from one profiled call; with `trace_path`, the same
         profiles merged into the cell's Chrome trace (`harness.measure.trace`)."""
@@ -370,7 +414,8 @@ class CaseRun:
                 if limit is not None and median > limit:
                     self.cells[variant]["profile_note"] = (
                         f"not profiled: one call takes {median:.3g} s and this finding profiles "
-                        f"calls up to {limit:g} s (the profiler slows op-heavy calls ~20x)")
+                        f"calls up to {limit:g} s (the profiler slows op-heavy calls "
+                        f"~{PROFILER_SLOWDOWN:g}x)")
                     continue
                 part = Path(scratch) / f"{index}.json" if trace_path is not None else None
                 try:

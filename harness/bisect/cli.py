@@ -119,6 +119,9 @@ def _check(args: argparse.Namespace) -> Setup:
             if value is not None:
                 raise UsageError(f"{name}: expected with --time (it sets the timing check); "
                                  f"got {name} {value} without --time")
+    # the repository is left as it was found: its findings are imported from the working
+    # tree, and Python would leave __pycache__ folders in it
+    sys.dont_write_bytecode = True
     _, modules = load_findings(args.findings_module)
     ids = tuple(dict.fromkeys(args.findings))
     try:

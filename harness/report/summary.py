@@ -7,6 +7,8 @@ import math
 
 import pandas as pd
 
+from harness.plan import BUDGET_UNPROFILED
+
 
 def format_seconds(seconds: float | None) -> str:
     """1.5e-05 -> '15.0 us'; None/NaN -> '-'."""
@@ -191,4 +193,10 @@ def time_line(cells: list[dict]) -> str | None:
     parts = [f"{totals[key]:.0f} s {words}" for key, words in _STAGES if totals.get(key, 0) >= 0.5]
     if totals.get("worker_other", 0.0) >= 0.5:
         parts.append(f"{totals['worker_other']:.0f} s of the workers' inputs and first calls")
-    return "time: " + (", ".join(parts) or "under a second")
+    line = "time: " + (", ".join(parts) or "under a second")
+    unprofiled = sum(any(str(row.get("profile_note", "")).startswith(BUDGET_UNPROFILED)
+                         for row in cell.get("summary") or []) for cell in cells)
+    if unprofiled:
+        line += (f"; {unprofiled} cell{'s' if unprofiled > 1 else ''} not profiled to keep "
+                 "the budget (a larger --budget profiles it)")
+    return line

@@ -166,6 +166,22 @@ def test_the_plan_shares_sampling_by_weight_and_learns_the_runs_pace():
     assert plan.share(("B", "1")) == pytest.approx((left + 8.0 - 16.0 - 16.0) / 2, rel=0.01)
 
 
+def test_the_plan_says_what_a_cell_may_spend_beyond_its_sampling():
+    """What the cell being measured may still spend (its profile, say) without the run
+    ending past its budget: the budget less the reserve, what has passed, and the fixed
+    costs and least sampling of the cells still to come."""
+    plan = Plan(100.0, {("A", "1"): 1.0, ("B", "1"): 1.0}, processes=2,
+                known_fixed_s={("A", "1"): 10.0, ("B", "1"): 20.0})
+    expected = 100.0 * (1 - RESERVE_SHARE) - 20.0 - FLOOR_S * 2
+    assert plan.spare_s(("A", "1")) == pytest.approx(expected, abs=0.5)
+    plan.started -= 60.0  # a minute has passed
+    assert plan.spare_s(("A", "1")) == pytest.approx(expected - 60.0, abs=0.5)
+    plan.measured(("A", "1"), fixed_s=10.0, sampling_s=50.0)
+    assert plan.spare_s(("B", "1")) == pytest.approx(100.0 * (1 - RESERVE_SHARE) - 60.0, abs=0.5)
+    plan.started -= 100.0  # past the budget: nothing spare, never a negative figure
+    assert plan.spare_s(("B", "1")) == 0.0
+
+
 def test_the_plan_never_shares_out_nothing_and_guesses_unknown_cells():
     plan = Plan(1.0, {("A", "1"): 1.0}, processes=2)
     assert plan.share(("A", "1")) == FLOOR_S

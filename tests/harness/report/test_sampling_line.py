@@ -90,3 +90,9 @@ def test_a_rows_sampling_cell_names_its_processes_and_the_time_line_its_workers(
                             "worker_other": 3.0}}]
     assert time_line(workers) == ("time: 19 s sampling, 2 s first calls and checks, 3 s of "
                                   "the workers' inputs and first calls")
+    from harness.plan import BUDGET_UNPROFILED
+    unprofiled = [{"seconds": {"time": 10.0}, "summary": [
+        {"variant": v, "profile_note": f"{BUDGET_UNPROFILED}: it had 0 s left"}
+        for v in ("a", "b")]}, {"seconds": {"time": 1.0}, "summary": [{"variant": "a"}]}]
+    assert time_line(unprofiled) == ("time: 11 s sampling; 1 cell not profiled to keep the "
+                                     "budget (a larger --budget profiles it)")
