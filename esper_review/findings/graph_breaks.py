@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import functools
 import logging
 import uuid
 import warnings
@@ -17,7 +18,6 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
-from torch._dynamo.utils import counters as dynamo_counters
 
 from esper.agent.heads import HEAD_NAMES, HEAD_SIZES, OP_INDEX
 from esper.agent.policy import FactoredRecurrentActorCritic
@@ -308,8 +308,12 @@ def train_batch_inline(model: HostModel, inputs: torch.Tensor, targets: torch.Te
     return nn.functional.cross_entropy(outputs, targets)  # 994, the loss of loss_and_correct
 
 
-#: the review's fix: "marking this setup section with torch.compiler.disable"
-auto_advance_disabled = torch.compiler.disable(auto_advance)
+@functools.cache
+def auto_advance_disabled() -> Callable:
+    """The review's fix: "marking this setup section with torch.compiler.disable" (made on
+    first use: torch.compiler.disable imports torch's compiler, 2 s that every process
+    loading the review would pay)."""
+    return torch.compiler.disable(auto_advance)
 
 
 def train_batch_disabled(model: HostModel, inputs: torch.Tensor, targets: torch.Tensor,
@@ -318,7 +322,7 @@ def train_batch_disabled(model: HostModel, inputs: torch.Tensor, targets: torch.
     inputs = inputs.to(inputs.device, non_blocking=True)
     targets = targets.to(targets.device, non_blocking=True)
     model.train()
-    auto_advance_disabled(model, slots)
+    auto_advance_disabled()(model, slots)
     outputs = model(inputs)
     return nn.functional.cross_entropy(outputs, targets)
 
@@ -398,6 +402,8 @@ def graph_breaks(call: Callable[[], object]) -> dict[str, object]:
     first lines of the break reasons, from explain's list and from dynamo's own
     `graph_break` counter (which also holds those explain leaves out, such as a
     `backward()` call)."""
+    from torch._dynamo.utils import counters as dynamo_counters  # torch's compiler: 2 s
+
     before = set(dynamo_counters["graph_break"])
     with _quiet_dynamo():
         explained = torch._dynamo.explain(call)()

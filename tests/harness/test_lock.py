@@ -117,8 +117,8 @@ def test_a_gate_that_would_write_a_locked_folder_exits_2_and_writes_nothing(
 
 @pytest.mark.integration
 def test_the_gate_writes_json_only_into_a_folder_no_one_else_writes(tmp_path, holder, capsys):
-    args = ["--findings-module", "tests.findings_modules.tiny", "--baseline",
-            str(tmp_path / "counters.json")]
+    args = ["--findings-module", "tests.findings_modules.tiny", "--findings", "TINY-sums",
+            "--baseline", str(tmp_path / "counters.json")]
     assert gate_cli.main(["--update-baseline", *args]) == 0
     shared = tmp_path / "shared"
     process = holder(shared)
