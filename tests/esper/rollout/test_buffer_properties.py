@@ -123,7 +123,8 @@ def assert_holds(buffer, want: dict) -> None:
 
 @pytest.mark.parametrize("counts_kind", AXES["step_counts"])
 def test_add_stores_exactly_the_step_or_rejects_it_changing_nothing(counts_kind):
-    @settings(max_examples=60, deadline=None, database=None,
+    # 30 sequences of up to 8 calls for each way of keeping the counts: 120 in all
+    @settings(max_examples=30, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(shape=st.tuples(st.integers(1, 3), st.integers(1, 3)), data=st.data())
     def check(shape, data):
