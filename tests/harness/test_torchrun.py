@@ -61,8 +61,11 @@ def test_sharded_run_has_the_cells_results_and_counters_of_one_process(sharded, 
     assert list(a.index) == list(b.index)
     assert (a["status"] == b["status"]).all()
     assert (a["max_error"].fillna(-1) == b["max_error"].fillna(-1)).all()
-    # equal counts (the placebo is not profiled: none on either side)
-    assert (a[COUNTERS].fillna(-1) == b[COUNTERS].fillna(-1)).all().all()
+    # equal counts where both runs profiled the cell (the placebo is not profiled, and a
+    # profile the 1 s budget could not pay is left out, depending on the run's pace)
+    both = a["op_calls"].notna() & b["op_calls"].notna()
+    assert set(a[both].index.get_level_values(0)) >= {"B4-DRL-03"}
+    assert (a.loc[both, COUNTERS].fillna(-1) == b.loc[both, COUNTERS].fillna(-1)).all().all()
     assert run.metadata["status"] == "complete" and run.metadata["world_size"] == 2
 
 
