@@ -58,10 +58,10 @@ from harness.combine import combine
 from harness.plan import FLOOR_S, RESERVE_SHARE, Plan
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
 
-#: the run's wall seconds by default, and with --quick (report included)
 #: the fewest rounds a process takes of a cell whose share cannot pay the run's minimum
 #: (the quick run's minimum)
 FEWEST_ROUNDS = 5
+#: the run's wall seconds by default, and with --quick (report included)
 DEFAULT_BUDGET_S = 140.0
 QUICK_BUDGET_S = 35.0
 #: the most processes that time one cell

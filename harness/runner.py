@@ -86,10 +86,14 @@ class RunOptions:
     """The device's large-copy bandwidth (`harness.measure.bandwidth`), measured once per run;
     None: no bandwidth floor in the rows."""
 
-    def sampling(self, finding: Finding, seconds: float) -> Sampling:
-        """The sampling of one of `finding`'s cells in one process: `seconds` of rounds."""
+    def sampling(self, finding: Finding, seconds: float,
+                 min_rounds: int | None = None) -> Sampling:
+        """The sampling of one of `finding`'s cells in one process: `seconds` of rounds,
+        at least `min_rounds` of them (None: `min_samples`)."""
         return Sampling(
-            time_budget_s=seconds, min_rounds=self.min_samples, max_rounds=self.max_samples,
+            time_budget_s=seconds,
+            min_rounds=self.min_samples if min_rounds is None else min_rounds,
+            max_rounds=self.max_samples,
             # paired: every variant makes the same calls, one per sample
             min_sample_time=None if finding.recording.paired else 1e-3,
             warmup_budget_s=math.inf if finding.recording.paired else 0.1,
@@ -361,8 +365,7 @@ class CaseRun:
         f = self.finding
         while self._active():
             calls = {v: self._call(v) for v in self._active()}
-            sampling = dataclasses.replace(self.options.sampling(f, self.sampling_s),
-                                           min_rounds=self.min_rounds)
+            sampling = self.options.sampling(f, self.sampling_s, self.min_rounds)
             if PLACEBO in calls and len(calls) > 1:  # the placebo brings its own share
                 own = len(calls) - 1
                 sampling = dataclasses.replace(
