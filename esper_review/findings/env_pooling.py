@@ -150,8 +150,10 @@ register(Finding(
             "'boundary' rows: one timed call = one batch boundary of num_envs envs; allocations "
             "and bytes per boundary come from the profiling pass.",
             "'fragmentation' rows (CUDA only; 'needs CUDA' here): one call = a boundary and one "
-            f"epoch per env; reserved_minus_allocated_bytes is read after {FRAGMENTATION_BATCHES} "
-            "such batches from an emptied cache.",
+            f"epoch per env; after {FRAGMENTATION_BATCHES} such batches from an emptied cache, "
+            "reserved_growth_bytes and live_growth_bytes are what the batches made the "
+            "allocator reserve and left in use, reserved_minus_allocated_bytes the process's "
+            "cached but unused memory (fragmentation and slack, whoever caused it).",
             f"Check: both batches' envs run the same {CHECK_STEPS}-step script (germinate a seed, "
             "then wait) and must give identical observations, rewards and metrics.",
         ),

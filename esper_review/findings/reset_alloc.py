@@ -106,8 +106,9 @@ register(Finding(
             "allocations column shows the clones, the host_syncs column the reads.",
             "The ticket's 'in a tight loop, this causes memory fragmentation' is about the "
             "device's caching allocator: the 'fragmentation' row (CUDA only; 'needs CUDA' "
-            f"here) reads reserved_minus_allocated_bytes after {FRAGMENTATION_CALLS} calls of "
-            "each reset from an emptied cache, on inputs with true terminals (a clone each). "
+            f"here) reads reserved_growth_bytes and reserved_minus_allocated_bytes after "
+            f"{FRAGMENTATION_CALLS} calls of each reset from an emptied cache, on inputs with "
+            "true terminals (a clone each). "
             "On the CPU the allocations column counts what the clones add.",
             "Allocations per call come from the profiling pass (profile_memory).",
         ),
