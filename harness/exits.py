@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import functools
 import importlib
 import json
@@ -471,6 +472,18 @@ def _probe(folder: Path, path: Path, option: str, expected: str) -> None:
 
 
 # -------------------------------------------------------------------------- child processes
+
+def die_with_parent(parent: int | None, started_by: str) -> None:
+    """No child process outlives the command that started it (`started_by`, "the run",
+    "the gate", ...), even one killed outright: on Linux the kernel kills this process
+    when its parent dies (PR_SET_PDEATHSIG); a parent that died before that was set shows
+    as a parent pid other than `parent`, and this process exits at once."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        sys.exit(f"{started_by} that started this process (pid {parent}) is gone")
+
 
 def kill_group(process: subprocess.Popen) -> None:
     """Kill the process group `process` leads (it and anything it started), then reap it."""

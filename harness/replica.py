@@ -24,11 +24,9 @@ outright (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from harness import findings as registry
-from harness.exits import UsageError, command, kill_group
+from harness.exits import UsageError, command, die_with_parent, kill_group
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.timing import pinned_threads
 from harness.ranks import solo_environment
@@ -106,15 +104,6 @@ def measure_cell(spec: WorkerSpec, command: dict) -> dict:
               if v in command["timed"] and v not in cell.measurements and row.get("status")}
     return {**entry, "samples": cell.samples, "failed": failed,
             "seconds": time.perf_counter() - started, "stages": cell.seconds}
-
-
-def _die_with_parent(parent: int | None) -> None:
-    """No worker outlives the run that started it, even one killed outright: on Linux the
-    kernel kills this process when its parent dies (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:
-        sys.exit(f"the run that started this worker (pid {parent}) is gone")
 
 
 def serve(spec: WorkerSpec, commands, protocol) -> None:
@@ -211,7 +200,7 @@ def _spec(argv: list[str]) -> WorkerSpec:
 @command
 def main(argv: list[str] | None = None) -> int:
     spec = _spec(sys.argv[1:] if argv is None else argv)
-    _die_with_parent(spec.parent)
+    die_with_parent(spec.parent, "the run")
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the findings print goes to stderr, never into the protocol
     sys.stdout = sys.stderr

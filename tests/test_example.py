@@ -4,6 +4,7 @@ the baseline and the invariants), then gated. Quick cases; about 40 s on a 2-cor
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,13 +15,15 @@ import pytest
 
 from harness.results import load_run
 
-#: real launches of the harness (torchrun, fresh processes): `pytest -m integration`
-pytestmark = pytest.mark.integration
+#: real launches of the harness (torchrun, fresh processes): `pytest -m integration`; the
+#: example needs TorchRL (found, not imported: importing it loads torch._dynamo, 3 s, in
+#: every process that merely collects this file)
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(importlib.util.find_spec("torchrl") is None,
+                                 reason="the example needs TorchRL (the peers extra)")]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrl_gae"
 VARIANTS = {"ours", "torchrl_module", "torchrl_functional", "torchrl_vec"}
-
-pytest.importorskip("torchrl", reason="the example needs TorchRL (the peers extra)")
 
 
 def _run(*args: str, cwd: Path = EXAMPLE) -> subprocess.CompletedProcess:

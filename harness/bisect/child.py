@@ -24,24 +24,12 @@ the bisect that started it, even one killed outright.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
 #: the counters compared, as the gate's baseline holds them
 COUNTERS = ("op_calls", "host_syncs", "allocations", "allocated_bytes", "peak_bytes")
-
-
-def _die_with_parent(parent: int | None) -> None:
-    """Killed by the kernel when the bisect that started it dies (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if parent is not None and os.getppid() != parent:
-        sys.exit(f"the bisect that started this probe (pid {parent}) is gone")
 
 
 def _error(err: BaseException) -> str:
@@ -133,7 +121,9 @@ def main(argv: list[str]) -> int:
         print("usage: child.py CONFIG_JSON", file=sys.stderr)
         return 2
     config = json.loads(argv[0])
-    _die_with_parent(config.get("parent"))
+    from harness.exits import die_with_parent  # the installed harness
+
+    die_with_parent(config.get("parent"), "the bisect")
     # nothing may come from the working directory: the tree is put on sys.path
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     print(json.dumps(measure(config)))

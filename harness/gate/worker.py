@@ -17,7 +17,7 @@ From each tree only the long-stable parts of the findings API are used (`select`
 A finding whose `cases` raises on a tree is an error of each of its variants there.
 
 Input: one JSON argument (see `WorkerConfig`). The worker dies with the gate that
-started it, even one killed outright (`_die_with_parent`). Output: one JSON object on stdout,
+started it, even one killed outright (`harness.exits.die_with_parent`). Output: one JSON object on stdout,
 `{"modules": [...], "cells": [...]}` (`modules`: per tree, its findings module files, or
 the error importing one raised), a cell per finding x case x variant with `samples`, one
 list per tree (seconds per call; entry i of each list
@@ -28,13 +28,10 @@ comes from round i), or `errors`, one entry per tree (null where that tree ran),
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import importlib.util
 import json
-import os
 import pkgutil
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -284,25 +281,14 @@ def _first_call_error(modules: TreeModules, fn: Callable[[], object]) -> str | N
     return None
 
 
-def _die_with_parent(parent: int | None) -> None:
-    """No worker outlives the gate that started it, even one killed outright (SIGKILL).
-
-    On Linux the kernel kills this process when its parent dies (PR_SET_PDEATHSIG); a
-    parent that died before that was set shows as a parent pid other than `parent`.
-    """
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if parent is not None and os.getppid() != parent:
-        sys.exit(f"the gate that started this worker (pid {parent}) is gone")
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: worker.py CONFIG_JSON", file=sys.stderr)
         return 2
     raw = json.loads(argv[0])
-    _die_with_parent(raw.get("parent"))
+    from harness.exits import die_with_parent  # the installed harness, as every tree shares it
+
+    die_with_parent(raw.get("parent"), "the gate")
     for name in ("trees", "findings", "findings_modules", "paths"):
         if name in raw:
             raw[name] = tuple(raw[name])

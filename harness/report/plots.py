@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from PIL import Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
@@ -102,9 +103,14 @@ def _new_figure(width: float, height: float) -> MplFigure:
 
 
 def _save(fig: MplFigure, folder: Path, name: str, title: str, caption: str) -> Figure:
-    """Write `fig` as `folder/name` and describe it, with its layout problems."""
-    fig.savefig(folder / name, dpi=DPI)
-    return Figure(name, title, caption, tuple(layout_problems(fig)))
+    """Write `fig` as `folder/name` (PNG) and describe it, with its layout problems.
+
+    The figure is drawn once: the layout check reads that drawing and the PNG is its
+    pixels (savefig would run the constrained layout and draw everything again, half of
+    a large chart's seconds)."""
+    problems = tuple(layout_problems(fig))
+    Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(folder / name, format="png")
+    return Figure(name, title, caption, problems)
 
 
 def _overlapping(boxes: list) -> bool:

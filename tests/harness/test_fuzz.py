@@ -112,21 +112,30 @@ def test_any_option_value_ends_in_exit_0_or_2_naming_the_option(command, data, t
     assert _snapshot(tmp) == before  # nothing outside a command's own output changed
 
 
-def _mutations(document: dict) -> list[tuple[str, object]]:
-    """(what, mutated document or raw bytes) for a run.json: every field of the document
-    and of its first summary row given a value of each other JSON type, and a future
-    schema version."""
-    out = []
+def _covering(cases: list[tuple[str, object]], first: set[str]) -> list:
+    """pytest params of `cases`; those whose `what` is not in `first` are marked
+    `exhaustive` (the inner loop runs `first`, CI and `-m exhaustive` all of them)."""
+    return [pytest.param(what, case, id=what,
+                         marks=() if what in first else pytest.mark.exhaustive)
+            for what, case in cases]
+
+
+def _mutations(document: dict) -> tuple[list[tuple[str, object]], set[str]]:
+    """(what, mutated document) for a run.json: every field of the document given a value
+    of each other JSON type, and a future schema version; and the names of a covering
+    part: each field once and each type in turn (the field's i-th other type, i its
+    position), the future version too."""
+    out, first = [], {"schema_version=99"}
     kinds = [None, True, 7, 2.5, "text", [], {}, [1, "x"], {"a": 1}]
-    for field in list(document):
-        for value in kinds:
-            if type(value) is type(document[field]):
-                continue
+    for position, field in enumerate(document):
+        others = [value for value in kinds if type(value) is not type(document[field])]
+        for value in others:
             changed = copy.deepcopy(document)
             changed[field] = value
             out.append((f"{field}={value!r}", changed))
+        first.add(f"{field}={others[position % len(others)]!r}")
     out.append(("schema_version=99", {**document, "schema_version": 99}))
-    return out
+    return out, first
 
 
 def _run_document() -> dict:
@@ -148,8 +157,7 @@ def _report_of(document: dict, tmp_path: Path, capsys) -> tuple[int, str, Path]:
     return code, capsys.readouterr().err, folder
 
 
-@pytest.mark.parametrize(("what", "document"), _mutations(_run_document()),
-                         ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize(("what", "document"), _covering(*_mutations(_run_document())))
 def test_a_run_json_with_any_field_of_the_wrong_type_renders_or_is_named(what, document,
                                                                          tmp_path, capsys):
     code, err, folder = _report_of(document, tmp_path, capsys)
@@ -172,16 +180,18 @@ def _same_kind(a: object, b: object) -> bool:
     return (isinstance(a, numbers) and isinstance(b, numbers)) or type(a) is type(b)
 
 
-def _row_mutations(document: dict) -> list[tuple[str, dict]]:
+def _row_mutations(document: dict) -> tuple[list[tuple[str, dict]], set[str]]:
     """(what, mutated document): each field of a summary row (a compared row: it has every
     field a baseline row has, and its ratio) given a value of each other JSON kind, or
-    removed."""
-    out = []
+    removed; and the names of a covering part: each field removed, and given its i-th
+    other kind (i its position)."""
+    out, first = [], set()
     index = next(i for i, row in enumerate(document["summary"]) if "ratio" in row)
-    for field, was in document["summary"][index].items():
-        for value in [*_KINDS, _ABSENT]:
-            if value is not _ABSENT and _same_kind(value, was):
-                continue
+    for position, (field, was) in enumerate(document["summary"][index].items()):
+        others = [value for value in _KINDS if not _same_kind(value, was)]
+        first |= {f"row{index}.{field}=absent",
+                  f"row{index}.{field}={others[position % len(others)]!r}"}
+        for value in [*others, _ABSENT]:
             changed = copy.deepcopy(document)
             if value is _ABSENT:
                 del changed["summary"][index][field]
@@ -189,11 +199,10 @@ def _row_mutations(document: dict) -> list[tuple[str, dict]]:
                 changed["summary"][index][field] = value
             out.append((f"row{index}.{field}={'absent' if value is _ABSENT else repr(value)}",
                         changed))
-    return out
+    return out, first
 
 
-@pytest.mark.parametrize(("what", "document"), _row_mutations(_run_document()),
-                         ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize(("what", "document"), _covering(*_row_mutations(_run_document())))
 def test_a_summary_row_with_any_field_of_the_wrong_kind_or_missing_renders_or_is_named(
         what, document, tmp_path, capsys):
     """Every field of a summary row, wrong or missing: the report renders, or exits 2

@@ -8,6 +8,7 @@ the per-env loop, ~10x apart, held to 2x) or as thresholds no machine can meet.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -480,12 +481,18 @@ def test_holm_rejects_in_order_until_the_first_p_that_fails():
 def test_holm_answers_as_statsmodels_does():
     multipletests = pytest.importorskip("statsmodels.stats.multitest").multipletests
     rng = np.random.default_rng(3)
-    # each statsmodels call collects garbage (0.2 s to 0.5 s in a process holding torch):
-    # a few sizes, one of them a single test, each with a spread of small p-values
-    for m in (1, 2, 7, 19, 38):
-        p = rng.uniform(0, 1, m) ** rng.uniform(1, 6)  # many small p-values, ties unlikely
-        alpha = float(rng.choice([0.01, 0.05, 0.1]))
-        assert gate_ab.holm(p.tolist(), alpha) == multipletests(p, alpha, method="holm")[0].tolist()
+    # each statsmodels Holm call collects garbage (0.2 s to 0.5 s in a process holding
+    # torch; next to nothing with the objects there frozen): a few sizes, one of them a
+    # single test, each with a spread of small p-values
+    gc.freeze()
+    try:
+        for m in (1, 2, 7, 19, 38):
+            p = rng.uniform(0, 1, m) ** rng.uniform(1, 6)  # many small p-values, ties unlikely
+            alpha = float(rng.choice([0.01, 0.05, 0.1]))
+            assert gate_ab.holm(p.tolist(), alpha) == \
+                multipletests(p, alpha, method="holm")[0].tolist()
+    finally:
+        gc.unfreeze()
 
 
 def _synthetic_sessions(rng, cells: int, sessions: int, slowdowns: dict[int, float],
@@ -508,6 +515,7 @@ def _synthetic_sessions(rng, cells: int, sessions: int, slowdowns: dict[int, flo
     return out
 
 
+@pytest.mark.slow  # 200 simulated gate runs: 5 s
 def test_ab_false_alarms_over_a_whole_gate_run_stay_at_alpha_and_a_15_percent_slowdown_is_caught():
     """Simulated with a synthetic clock: 36 cells a run (B4-CR-03's quick cells), 6
     sessions, per-process offsets of 1%. Unchanged code: at most 5% of gate runs flag

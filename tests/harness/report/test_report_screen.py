@@ -358,6 +358,7 @@ def default_size_rows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # four charts of 27 cases drawn: 4 s
 def test_charts_read_at_the_default_runs_size(tmp_path):
     rows = default_size_rows()
     variants = list(dict.fromkeys(rows["variant"]))
