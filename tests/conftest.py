@@ -37,4 +37,3 @@ def outside_the_repository(tmp_path_factory):
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = path
-
