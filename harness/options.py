@@ -80,10 +80,12 @@ def factor(text: str) -> float:
 
 
 def _integer(text: str, expected: str) -> int:
-    """A decimal integer in ASCII digits (`int` would also read '١' or '1_000')."""
-    if not _INTEGER.fullmatch(text.strip()):
+    """A decimal integer in ASCII digits between ASCII blanks (`int` would also read '١'
+    or '1_000'; `str.strip` would also drop '\\x1f', which `int` refuses)."""
+    digits = text.strip(" \t\n\r\f\v")
+    if not _INTEGER.fullmatch(digits):
         raise _bad(expected, text)
-    return int(text)
+    return int(digits)
 
 
 def _integers(low: int, high: int | None, expected: str, name: str) -> Callable[[str], int]:

@@ -19,7 +19,7 @@ from harness.exits import UsageError
     (options.factor, {"1.05": 1.05, "4": 4.0}, ["1", "0.9", "inf", "nan", "-2"]),
     (options.positive_int, {"1": 1, "16": 16, " 3 ": 3},
      ["0", "-3", "1.5", "", "1e3", "\u0661", "1_000"]),
-    (options.count, {"0": 0, "7": 7}, ["-1", "x"]),
+    (options.count, {"0": 0, "7": 7, " 7\n": 7}, ["-1", "x", "0\x1f", "\x1c1"]),
     (options.integer_from(1, 8), {"1": 1, "8": 8}, ["0", "9", "-1", "2.0", "\u0661"]),
     (options.seed, {"0": 0, str(2**32 - 1): 2**32 - 1}, ["-1", str(2**32), "1e23", "0x10"]),
 ])
