@@ -129,14 +129,20 @@ def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
     chunk = [{"check": "c", "condition": "unchanged", "expect_flag": False,
               "exit_codes": [1, 0], "seconds": [80.0, 100.0], "ranks": [0, 0], "rows": [[], []]},
              {"check": "c", "condition": "scan 1.15x slower", "expect_flag": True,
-              "exit_codes": [1], "seconds": [70.0], "ranks": [0], "rows": [[]]}]
+              "exit_codes": [1], "seconds": [70.0], "ranks": [0], "commits": ["abcdef0123456"],
+              "rows": [[{"variant": "scan", "ci": {"ratio": 1.12, "low": 1.08, "high": 1.16}},
+                        {"variant": "scan", "ci": {"ratio": 1.10, "low": 1.06, "high": 1.14}},
+                        {"variant": "loop", "ci": {"ratio": 1.0, "low": 0.9, "high": 1.1}}]]}]
     merged = vs._merge_gate(first, chunk)
     assert [s["exit_codes"] for s in merged] == [[0, 1, 0], [1]]
     assert all(len(s["rows"]) == len(s["exit_codes"]) for s in merged)
     (tmp_path / "gate-runs.json").write_text(json.dumps(merged))
     table = vs.markdown("gate-power", tmp_path)
-    assert "| unchanged | at most 5% | 3 | 1 (33%) | 6-79% | - | 90 |" in table
-    assert "| scan 1.15x slower | - | 1 | 1 (100%) | 21-100% | - | 70 |" in table
+    # the runs saved without their commit are said to be of an earlier one
+    assert "Gate runs of abcdef0123 (3 of them of an earlier commit)." in table
+    assert "| unchanged | at most 5% | 3 | 1 (33%) | 6-79% | - | - | 90 |" in table
+    # the planted variant's cells measured 1.10 and 1.12: their median, not the plant's 1.15
+    assert "| scan 1.15x slower | - | 1 | 1 (100%) | 21-100% | 1.110 | - | 70 |" in table
     # by slowdown, unchanged first, whatever order the chunks saved them in
     merged.append({**merged[1], "condition": "scan 1.05x slower"})
     order = [r["condition"] for r in vs.gate_table(merged)]
