@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
-from PIL import Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+from PIL import Image
 
 from harness.report.data import COUNTERS, PhaseBreakdown, param_columns
 from harness.report.summary import format_seconds

@@ -496,6 +496,16 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
+def _survivors(pids: list[int], grace_s: float = 5.0) -> list[str]:
+    """The command lines of `pids` still running after up to `grace_s` seconds: a kill the
+    kernel delivers when a parent dies (PR_SET_PDEATHSIG) lands moments later, not at once,
+    which a loaded machine stretches."""
+    deadline = time.monotonic() + grace_s
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [_cmdline(p) for p in pids if _running(p)]
+
+
 def _wait_for(condition, timeout: float, what: str, process: subprocess.Popen):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -566,10 +576,7 @@ def test_a_killed_ab_gate_takes_its_worker_along_and_the_next_gate_removes_its_w
     gate_process, worker, temp = _start_ab(clone, tmp_path)
     gate_process.kill()  # SIGKILL: no cleanup can run in the gate
     gate_process.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while _running(worker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(worker)  # the kernel killed it with its parent (PR_SET_PDEATHSIG)
+    assert _survivors([worker], 10) == []  # the kernel killed it with its parent (PR_SET_PDEATHSIG)
     [left] = [Path(t) for t in _worktrees(clone) if t != str(clone)]
     assert left.parent.parent == temp and left.is_dir()
 
@@ -612,16 +619,6 @@ def test_a_terminated_quality_run_leaves_no_busy_process(tmp_path):
     assert _survivors(children) == []
 
 
-def _survivors(pids: list[int], grace_s: float = 5.0) -> list[str]:
-    """The command lines of `pids` still running after up to `grace_s` seconds: a kill the
-    kernel delivers when a parent dies (PR_SET_PDEATHSIG) lands moments later, not at once,
-    which a loaded machine stretches."""
-    deadline = time.monotonic() + grace_s
-    while any(_running(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [_cmdline(p) for p in pids if _running(p)]
-
-
 @pytest.mark.integration
 @linux_only
 def test_a_busy_process_stops_when_its_parent_is_killed_outright():
@@ -635,10 +632,7 @@ def test_a_busy_process_stops_when_its_parent_is_killed_outright():
     assert _running(spinner)
     parent.kill()
     parent.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while _running(spinner) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(spinner)
+    assert _survivors([spinner], 10) == []
 
 
 def test_read_json_says_what_is_wrong_with_the_file(tmp_path):
