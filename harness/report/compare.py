@@ -89,7 +89,10 @@ def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
             f"({'; '.join(kernels)}); this may be the same machine (ATEN_CPU_CAPABILITY, "
             "ONEDNN_MAX_CPU_ISA and the thread count choose the kernels), and a difference "
             "of kernels would read as a change of the code: their times are not comparable. "
-            "Pass --force to compare them anyway.")
+            + ("A run not given --threads times at fewer threads beside busy processes: "
+               "rerun one with the other's --threads N. "
+               if any(k == "threads" for k, _, _ in changes) else "")
+            + "Pass --force to compare them anyway.")
     notes = []
     if machine:
         notes.append(f"Compared with --force across different machines: {'; '.join(machine)}. "

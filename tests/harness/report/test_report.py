@@ -22,7 +22,7 @@ from harness.measure.flamegraph import record_flamegraph
 from harness.report.plots import crossings, scaling_figure
 from harness.report.cli import main as report_main
 from harness.report.compare import Change, compare_runs
-from harness.report.data import ReportError, phase_breakdowns
+from harness.report.data import phase_breakdowns
 from harness.report.site import COPY_LIMIT_BYTES, attach, render_run, update_index
 from harness.results import Run, load_run
 from harness.run import main as run_main
@@ -609,6 +609,8 @@ def test_compare_refuses_runs_whose_kernel_paths_differ_saying_it_may_be_one_mac
     err = capsys.readouterr().err
     assert field in err and "ran different CPU kernels" in err, err
     assert "may be the same machine" in err and "different machines" not in err, err
+    # a thread count chosen by the run (fewer beside a busy process) names its remedy
+    assert ("--threads N" in err) == ("threads" in changes), err
     assert not (tmp_path / "cmp").exists()
     assert report_main([*args, "--force", "--markdown", str(tmp_path / "cmp.md")]) == 0
     for text in (html.unescape((tmp_path / "cmp" / "index.html").read_text()),

@@ -28,10 +28,12 @@ FIXTURE_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "schem
 
 
 def _run(project: Path, *args: str) -> Path:
+    """One quick run at one thread: unpinned, a run beside a busy process (another test)
+    times at fewer threads than one beside none, and the two would not compare."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     before = set((project / "results").glob("*-cpu*"))
     done = subprocess.run([sys.executable, "-m", "harness.run", "--quick", "--no-report",
-                           "--budget", "1", "--out", "results", *args], cwd=project,
+                           "--budget", "1", "--threads", "1", "--out", "results", *args], cwd=project,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (folder,) = set((project / "results").glob("*-cpu*")) - before
