@@ -635,6 +635,17 @@ def _conditions_table(folder: Path) -> list[str]:
 GATE_BARS = {1.0: "at most 5%", 1.075: "at least 80%", 1.10: "at least 95%"}
 
 
+def _bar_slowdown(row: dict) -> float | None:
+    """The bar a scenario is held to: unchanged code's, else the planted slowdown's nearest
+    to what the planted cells measured (the plant wraps one function of the timed call,
+    and its own few instructions add to it: 1.06x planted measured about 1.075x here)."""
+    if _slowdown(row["condition"]) == 1.0:
+        return 1.0
+    if row["measured"] is None:
+        return None
+    return min((s for s in GATE_BARS if s > 1.0), key=lambda s: abs(s - row["measured"]))
+
+
 def _gate_table(folder: Path) -> list[str]:
     document = _load(folder, "gate-runs")
     if not document:
@@ -649,7 +660,7 @@ def _gate_table(folder: Path) -> list[str]:
              "| unchanged cells whose interval excludes 1 (nominal 5%) | seconds per run |",
              "|---|---|---|---|---|---|---|---|"]
     for r in gate_table(document):
-        bar = GATE_BARS.get(round(_slowdown(r["condition"]), 3), "-")
+        bar = GATE_BARS.get(_bar_slowdown(r), "-")
         seconds = f"{r['seconds']:.0f}" if r["seconds"] is not None else "-"
         low, high = r["rate_interval"] or (math.nan, math.nan)
         excluding = (f"{r['excluding']} of {r['cells']} ({_pct(r['excluding'], r['cells'])})"

@@ -3,8 +3,8 @@
 Nothing in the code under test or in the gate imports this module. A plant wraps one
 function of the code under test, a `PlantTarget` that the findings module names
 (`harness.Defaults.plant`, e.g. `mylib.ops.KERNELS['fast']`):
-`slowed` repeats whole calls so the function does `factor` times its work on average
-(1.25: every fourth call runs twice), `allocating` adds one small allocation per call.
+`slowed` makes every call last `factor` times as long as the function took for it,
+`allocating` adds one small allocation per call.
 `planted` installs a wrapper in this process and restores the original after;
 `plant_lines` gives lines that append the same wrapper to the target's module file in a
 throw-away copy of a tree, for the A/B check, whose worker processes import that copy.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -23,18 +24,26 @@ from harness.findings import PlantTarget
 
 
 def slowed(fn: Callable, factor: float) -> Callable:
-    """`fn` doing `factor` (>= 1) times its work on average: some calls run it again."""
+    """`fn` with every call lasting `factor` (>= 1) times as long as `fn` took for it: it
+    runs once, then the wrapper spins on the clock for the rest. Every call alike, as a
+    real regression of the code would be (repeating one call in four, as this did once,
+    made a sample of a few calls two-mode, and a trimmed mean read such a plant short).
+    Where CUDA is in use the device is synchronized around the call, so that the time
+    slowed is the device's too (the spin itself is host time)."""
     if not (math.isfinite(factor) and factor >= 1.0):
         raise ValueError(f"slowed: factor: expected a finite number >= 1; got {factor!r}")
-    credit = 0.0
 
     def planted_slow(*args, **kwargs):
-        nonlocal credit
+        synchronize = torch.cuda.is_initialized()
+        if synchronize:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
         result = fn(*args, **kwargs)
-        credit += factor - 1.0
-        while credit >= 1.0 - 1e-9:  # the tolerance keeps 4 x 0.25 from falling short of 1
-            fn(*args, **kwargs)
-            credit -= 1.0
+        if synchronize:
+            torch.cuda.synchronize()
+        until = started + factor * (time.perf_counter() - started)
+        while time.perf_counter() < until:
+            pass
         return result
 
     return planted_slow

@@ -12,6 +12,7 @@ import gc
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -645,12 +646,28 @@ def test_sessions_time_both_trees_in_one_process_and_keep_their_modules_apart(tr
 # --- plants and the table -----------------------------------------------------------------
 
 
-def test_slowed_repeats_a_quarter_of_the_calls_for_1_25():
-    calls = []
-    fn = slowed(lambda: calls.append(1), 1.25)
-    for _ in range(8):
-        fn()
-    assert len(calls) == 10
+def test_slowed_makes_every_call_last_factor_times_its_own_time():
+    """Each call once, each one 1.25x as long as it took: a plant that repeated every fourth
+    call made samples of few calls two-mode, and the trimmed mean read 1.1 as about 1.09."""
+    inner = []
+
+    def work():
+        started = time.perf_counter()
+        time.sleep(0.004)
+        inner.append(time.perf_counter() - started)
+        return len(inner)
+
+    fn = slowed(work, 1.25)
+    outer = []
+    for call in range(1, 7):
+        started = time.perf_counter()
+        assert fn() == call
+        outer.append(time.perf_counter() - started)
+    assert len(inner) == 6
+    for took, own in zip(outer, inner):
+        assert 1.25 * own <= took <= 1.25 * own + 0.003, (took, own)
+    with pytest.raises(ValueError, match="factor: expected a finite number >= 1; got 0.9"):
+        slowed(work, 0.9)
 
 
 def test_allocating_adds_one_allocation_per_call():
