@@ -131,9 +131,12 @@ class WorkerError(RuntimeError):
 
 
 class Worker:
-    """The run's side of one worker process: `measure` one cell at a time, `close` last."""
+    """The run's side of one worker process: started, then `ready` (it has loaded the
+    findings modules), `measure` one cell at a time, `close` last."""
 
     def __init__(self, spec: WorkerSpec) -> None:
+        """Start the worker; it loads the findings modules while the caller goes on (the
+        run prepares its first cell meanwhile), and `ready` waits for it."""
         self.spec = spec
         self.errors = tempfile.TemporaryFile(mode="w+")
         # a session of its own: a Ctrl-C at the terminal is the run's to handle, and the
@@ -142,10 +145,18 @@ class Worker:
             [sys.executable, "-m", "harness.replica", json.dumps(dataclasses.asdict(spec))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
             env=solo_environment(), start_new_session=True)
+        self.startup_s: float | None = None
+        """Seconds the worker took to load the findings modules (None until `ready`)."""
+
+    def ready(self) -> None:
+        """Wait until the worker has loaded the findings modules; WorkerError (the worker
+        closed) where it could not."""
+        if self.startup_s is not None:
+            return
         first = self._answer()
         if "error" in first:
             self.close()
-            raise WorkerError(f"worker {spec.process} could not start: {first['error']}")
+            raise WorkerError(f"worker {self.spec.process} could not start: {first['error']}")
         self.startup_s = float(first.get("ready", 0.0))
 
     def _answer(self) -> dict:
@@ -165,6 +176,7 @@ class Worker:
         command = {"finding": finding, "case": case, "headline": headline,
                    "sampling_s": sampling_s, "timed": list(timed), "min_rounds": min_rounds}
         try:
+            self.ready()
             self.process.stdin.write(json.dumps(command) + "\n")
             self.process.stdin.flush()
             return self._answer()

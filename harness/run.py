@@ -586,6 +586,9 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                 started=STARTED)
     workers = _Workers(options, _worker_modules(writer, selected))
     try:
+        if cells:  # the workers load while this process prepares its first cell
+            for process in range(2, options.processes + 1):
+                workers.start(process)
         with Progress(len(mine), "cell") as progress:
             progress.note(plan.describe())
             for position, (finding, case, order) in enumerate(cells):
@@ -630,7 +633,8 @@ def _worker_modules(writer: RunWriter, selected) -> tuple[str, ...]:
 
 
 class _Workers:
-    """The run's worker processes (`harness.replica`), each started when first needed."""
+    """The run's worker processes (`harness.replica`), each started when first needed or
+    ahead of it (`start`), and ready before it is used."""
 
     def __init__(self, options: RunOptions, modules, threads: int | None = None) -> None:
         self.options, self.modules = options, modules
@@ -639,12 +643,20 @@ class _Workers:
         self.started: dict[int, replica.Worker | str] = {}
         """process index (2, 3, ...) -> its worker, or why it could not start."""
 
-    def get(self, process: int) -> replica.Worker | str:
+    def start(self, process: int) -> None:
+        """Start worker `process` without waiting for it to load the findings modules."""
         if process not in self.started:
             threads = self.threads or torch.get_num_threads()
+            self.started[process] = replica.Worker(replica.WorkerSpec.of(
+                self.options, threads, self.modules, process))
+
+    def get(self, process: int) -> replica.Worker | str:
+        """Worker `process`, started if need be and ready, or why it could not start."""
+        self.start(process)
+        worker = self.started[process]
+        if isinstance(worker, replica.Worker):
             try:
-                self.started[process] = replica.Worker(replica.WorkerSpec.of(
-                    self.options, threads, self.modules, process))
+                worker.ready()
             except replica.WorkerError as err:
                 self.started[process] = str(err)
         return self.started[process]
@@ -671,6 +683,9 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
     cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
     cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()
+    if timed:  # a worker still loading would share the CPU with this process's timing
+        for process in range(2, options.processes + 1):
+            workers.get(process)
     samples, notes, worker_seconds = [], [], {"worker_time": 0.0, "worker_other": 0.0}
 
     def in_workers() -> None:

@@ -66,10 +66,26 @@ def test_a_worker_times_only_the_variants_the_runs_process_found_correct():
 
 
 @pytest.mark.integration
+def test_a_worker_loads_while_the_run_goes_on_and_is_ready_when_asked():
+    """The run starts its worker before preparing its first cell: the worker's imports
+    (seconds) overlap the run's, and nothing is timed until it is ready."""
+    worker = Worker(_spec())
+    try:
+        assert worker.startup_s is None  # started, not waited for
+        worker.ready()
+        assert worker.startup_s > 0
+        worker.ready()  # once ready, at once
+    finally:
+        worker.close()
+
+
+@pytest.mark.integration
 def test_a_worker_that_cannot_load_its_findings_says_why():
+    worker = Worker(_spec(findings_modules=("tests.findings_modules.no_such_module",)))
     with pytest.raises(WorkerError, match=r"worker 2 could not start: .*tests\.findings_modules"
                                           r"\.no_such_module"):
-        Worker(_spec(findings_modules=("tests.findings_modules.no_such_module",)))
+        worker.ready()
+    assert worker.process.poll() is not None  # closed with it
 
 
 @pytest.mark.integration
