@@ -14,8 +14,12 @@ the variants `timed` lists; no profiling), writing one JSON line per command on 
 protocol pipe: `{"finding", "case", "samples": [sample rows, each with its "process"],
 "failed": {variant: why}, "seconds", "stages": {stage: seconds}}`, or `{"finding",
 "case", "error"}`. Its first line
-says it is ready (`{"ready": seconds to load}`) or why it is not (`{"error"}`). The run
-interleaves them: for each cell, one process after the other, the order alternating.
+says it is ready (`{"ready": seconds to load}`) or why it is not (`{"error"}`). A command
+without `"timed"` comes before the run knows which variants agreed: the worker prepares
+the cell (inputs, every variant's first call) while the run's process prepares its own,
+answers `{"prepared": seconds}`, and takes `{"sampling_s", "timed", "min_rounds"}` from
+the next line. The run interleaves the timing: for each cell, one process after the
+other, the order alternating, none timing while another still prepares.
 
 Nothing the findings print reaches the protocol (the worker's stdout goes to its stderr).
 A worker ends at the end of its input, and with the run that started it, even one killed
@@ -31,8 +35,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
 import torch
 
@@ -82,31 +87,48 @@ class WorkerSpec:
                           **{name: getattr(self, name) for name in CARRIED_OPTIONS})
 
 
-def measure_cell(spec: WorkerSpec, command: dict) -> dict:
-    """In the worker: one cell timed as the command says (module docstring)."""
+def measure_cell(spec: WorkerSpec, command: dict, commands: Iterator[str] | None = None,
+                 protocol: TextIO | None = None) -> dict:
+    """In the worker: one cell timed as the command says (module docstring). A command
+    without `timed` prepares the cell (inputs, every variant's first call), says so on
+    `protocol` (`{"prepared": seconds}`) and takes the rest, `{"sampling_s", "timed",
+    "min_rounds"}`, from the next line of `commands`: the run prepares the cell meanwhile."""
     entry = {"finding": command["finding"], "case": command["case"]}
     started = time.perf_counter()
+    waited = 0.0
     try:
         finding = registry.planned(registry.select([command["finding"]])[0], spec.quick)
         case = next((c for c in finding.cases(spec.quick) if c.label == command["case"]), None)
         if case is None:
             raise ValueError(f"{command['finding']} has no case {command['case']!r} here")
         cell = CaseRun(finding, case, spec.options(), headline=command["headline"],
-                       sampling_s=command["sampling_s"], process=spec.process,
-                       timed=command["timed"], check=False)
+                       process=spec.process, timed=command.get("timed"), check=False)
+        cell.prepare()
+        if "timed" not in command:
+            _say(protocol, {"prepared": time.perf_counter() - started})
+            asked = time.perf_counter()
+            command = {**command, **json.loads(next(commands))}
+            waited = time.perf_counter() - asked
+            cell.leave_out_all_but(command["timed"])
+        cell.sampling_s = command["sampling_s"]
         if command.get("min_rounds") is not None:  # the run's process chose fewer
             cell.min_rounds = int(command["min_rounds"])
-        cell.run()
+        cell.time().finish()
     except Exception as err:  # one cell that cannot run is that cell's, said
         return {**entry, "error": f"{type(err).__name__}: {err}"}
     failed = {v: row.get("error") or row.get("reason") or row["status"]
               for v, row in cell.cells.items()
               if v in command["timed"] and v not in cell.measurements and row.get("status")}
     return {**entry, "samples": cell.samples, "failed": failed,
-            "seconds": time.perf_counter() - started, "stages": cell.seconds}
+            "seconds": time.perf_counter() - started - waited, "stages": cell.seconds}
 
 
-def serve(spec: WorkerSpec, commands, protocol) -> None:
+def _say(protocol: TextIO, answer: dict) -> None:
+    protocol.write(json.dumps(answer) + "\n")
+    protocol.flush()
+
+
+def serve(spec: WorkerSpec, commands: Iterator[str], protocol: TextIO) -> None:
     """Load the findings modules, say so, then answer each command line of `commands` on
     `protocol` until the input ends."""
     started = time.perf_counter()
@@ -114,16 +136,14 @@ def serve(spec: WorkerSpec, commands, protocol) -> None:
         for module in spec.findings_modules:
             registry.load_findings_module(module)
     except registry.FindingsModuleError as err:
-        protocol.write(json.dumps({"error": str(err)}) + "\n")
-        protocol.flush()
+        _say(protocol, {"error": str(err)})
         return
-    protocol.write(json.dumps({"ready": time.perf_counter() - started}) + "\n")
-    protocol.flush()
+    _say(protocol, {"ready": time.perf_counter() - started})
     with pinned_threads(spec.threads):
+        commands = iter(commands)
         for line in commands:
             if line.strip():
-                protocol.write(json.dumps(measure_cell(spec, json.loads(line))) + "\n")
-                protocol.flush()
+                _say(protocol, measure_cell(spec, json.loads(line), commands, protocol))
 
 
 class WorkerError(RuntimeError):
@@ -147,6 +167,8 @@ class Worker:
             env=solo_environment(), start_new_session=True)
         self.startup_s: float | None = None
         """Seconds the worker took to load the findings modules (None until `ready`)."""
+        self._preparing: dict | None = None
+        """The cell `prepare` began and `measure_prepared` has not timed yet."""
 
     def ready(self) -> None:
         """Wait until the worker has loaded the findings modules; WorkerError (the worker
@@ -169,19 +191,53 @@ class Worker:
                               f"{self.process.returncode}: {tail[0]}")
         return json.loads(line)
 
+    def _ask(self, command: dict, answer: bool = True) -> dict:
+        """Write `command`; its answer (`{"error": why}` where the worker failed)."""
+        try:
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+            if not answer:
+                return {}
+            self.ready()
+            return self._answer()
+        except (OSError, WorkerError, ValueError) as err:
+            return {"error": f"the worker failed: {err}"}
+
     def measure(self, finding: str, case: str, headline: bool, sampling_s: float,
                 timed: Sequence[str], min_rounds: int | None = None) -> dict:
         """The worker's entry for one cell; `{"error": why}` where the worker failed.
         `min_rounds`: the rounds it takes at least (None: the spec's `min_samples`)."""
-        command = {"finding": finding, "case": case, "headline": headline,
-                   "sampling_s": sampling_s, "timed": list(timed), "min_rounds": min_rounds}
+        return {"finding": finding, "case": case, **self._ask(
+            {"finding": finding, "case": case, "headline": headline, "sampling_s": sampling_s,
+             "timed": list(timed), "min_rounds": min_rounds})}
+
+    def prepare(self, finding: str, case: str, headline: bool) -> None:
+        """Have the worker prepare one cell (inputs, first calls) while the caller goes on;
+        `prepared` waits for it, `measure_prepared` times it."""
+        self._preparing = {"finding": finding, "case": case}
+        self._ask({**self._preparing, "headline": headline}, answer=False)
+
+    def prepared(self) -> dict:
+        """Wait until the cell `prepare` began is prepared: `{"prepared": seconds}`, or
+        `{"error": why}` (then `measure_prepared` has nothing to time)."""
         try:
             self.ready()
-            self.process.stdin.write(json.dumps(command) + "\n")
-            self.process.stdin.flush()
-            return self._answer()
+            answer = self._answer()
         except (OSError, WorkerError, ValueError) as err:
-            return {"finding": finding, "case": case, "error": f"the worker failed: {err}"}
+            answer = {"error": f"the worker failed: {err}"}
+        if "error" in answer:
+            self._preparing = None
+        return answer
+
+    def measure_prepared(self, sampling_s: float, timed: Sequence[str],
+                         min_rounds: int | None = None) -> dict:
+        """Time the prepared cell (the variants `timed`, none to release it): the
+        worker's entry for it, as `measure`'s."""
+        if self._preparing is None:
+            return {"error": "the worker has no prepared cell"}
+        cell, self._preparing = self._preparing, None
+        return {**cell, **self._ask({"sampling_s": sampling_s, "timed": list(timed),
+                                     "min_rounds": min_rounds})}
 
     def close(self) -> None:
         """End the worker (its input first, then its group) and forget its errors."""

@@ -586,9 +586,6 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                 started=STARTED)
     workers = _Workers(options, _worker_modules(writer, selected))
     try:
-        if cells:  # the workers load while this process prepares its first cell
-            for process in range(2, options.processes + 1):
-                workers.start(process)
         with Progress(len(mine), "cell") as progress:
             progress.note(plan.describe())
             for position, (finding, case, order) in enumerate(cells):
@@ -633,8 +630,9 @@ def _worker_modules(writer: RunWriter, selected) -> tuple[str, ...]:
 
 
 class _Workers:
-    """The run's worker processes (`harness.replica`), each started when first needed or
-    ahead of it (`start`), and ready before it is used."""
+    """The run's worker processes (`harness.replica`), each started when first needed:
+    `start` goes on while it loads (a cell's first worker loads while this process
+    prepares the cell), `get` waits until it is ready."""
 
     def __init__(self, options: RunOptions, modules, threads: int | None = None) -> None:
         self.options, self.modules = options, modules
@@ -669,8 +667,9 @@ class _Workers:
 
 def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Workers,
                   position: int, writer: RunWriter) -> tuple[CaseRun, dict]:
-    """One cell: this process prepares it (inputs, first calls, checks), then this
-    process and each worker time the variants that agreed, one after the other (who goes
+    """One cell: this process and each worker prepare it at once (inputs, first calls;
+    this process checks each variant against the reference), then, once every worker is
+    prepared, they time the variants that agreed here, one after the other (who goes
     first alternates from cell to cell), then this process profiles it. Returns the cell
     and the workers' entry: their sample rows, notes on any that failed, and the seconds
     of every stage (the workers' as `worker_time` and `worker_other`)."""
@@ -680,22 +679,32 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
     trace = (writer.traces / f"{finding.id}.json.gz"
              if options.profile and case == finding.cases(options.quick)[0] else None)
     started = time.perf_counter()
+    preparing = {}  # process -> its worker, preparing the cell while this process does
+    for process in range(2, options.processes + 1):
+        workers.start(process)
+        worker = workers.started[process]
+        if isinstance(worker, replica.Worker):
+            worker.prepare(finding.id, case.label, headline)
+            preparing[process] = worker
     cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
     cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()
-    if timed:  # a worker still loading would share the CPU with this process's timing
-        for process in range(2, options.processes + 1):
-            workers.get(process)
     samples, notes, worker_seconds = [], [], {"worker_time": 0.0, "worker_other": 0.0}
+    prepared = {}  # nothing is timed while a worker still prepares: it would share the CPU
+    for process, worker in preparing.items():
+        answer = worker.prepared()
+        if "error" in answer:
+            notes.append(f"process {process}: {answer['error']}")
+            if worker.process.poll() is not None:  # gone: later cells are told why
+                workers.started[process] = answer["error"]
+        else:
+            prepared[process] = worker
+    notes += [f"process {p}: {w}" for p, w in workers.started.items()
+              if isinstance(w, str) and p <= options.processes and p not in preparing]
 
     def in_workers() -> None:
-        for process in range(2, options.processes + 1):
-            worker = workers.get(process)
-            if isinstance(worker, str):
-                notes.append(f"process {process}: {worker}")
-                continue
-            done = worker.measure(finding.id, case.label, headline, share, timed,
-                                  cell.min_rounds)
+        for process, worker in prepared.items():
+            done = worker.measure_prepared(share, timed, cell.min_rounds)
             if "error" in done:
                 notes.append(f"process {process}: {done['error']}")
                 continue
@@ -704,13 +713,14 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
             worker_seconds["worker_time"] += done["stages"].get("time", 0.0)
             worker_seconds["worker_other"] += done["seconds"] - done["stages"].get("time", 0.0)
 
-    if timed:
-        if position % 2:  # the workers first in every other cell
-            in_workers()
-            cell.time()
-        else:
-            cell.time()
-            in_workers()
+    if timed and position % 2:  # the workers first in every other cell
+        in_workers()
+        cell.time()
+    elif timed:
+        cell.time()
+        in_workers()
+    else:
+        in_workers()  # nothing to time: the prepared workers are released
     cell.finish(trace, profile_s=plan.spare_s(key))
     seconds = {**cell.seconds, **worker_seconds}
     sampling = seconds.get("time", 0.0) + worker_seconds["worker_time"]

@@ -53,6 +53,9 @@ from harness.results import Status, raise_if_disk_full
 #: what `RunOptions.placebo` may be: the placebo in each finding's headline cell, in
 #: every cell, or nowhere
 PLACEBO_MODES = ("headline", "all", "none")
+#: why a worker leaves out a variant: the run's own process did not time it (it failed or
+#: disagreed there)
+NOT_TIMED_HERE = "not timed by the run's own process"
 
 
 @dataclass(frozen=True)
@@ -287,11 +290,18 @@ class CaseRun:
     def _fail(self, variant: str, err: BaseException, stage: str) -> None:
         self.cells[variant].update(status=Status.FAILED, error=f"{stage}: {describe_error(err)}")
 
+    def leave_out_all_but(self, timed: Sequence[str]) -> None:
+        """Time only `timed` of the variants still active (a worker that prepared every
+        variant before the run's own process said which ones agreed)."""
+        self.timed_only = tuple(timed)
+        for variant in self._active():
+            if variant not in self.timed_only:
+                self.cells[variant].update(status=Status.NOT_TIMED, reason=NOT_TIMED_HERE)
+
     def _skip(self) -> None:
         for variant in self.variants:
             if self.timed_only is not None and variant not in self.timed_only:
-                self.cells[variant].update(status=Status.NOT_TIMED,
-                                           reason="not timed by the run's own process")
+                self.cells[variant].update(status=Status.NOT_TIMED, reason=NOT_TIMED_HERE)
                 continue
             reason = self.finding.skip(self._code(variant), self.case, self.options.device)
             if reason == "needs CUDA":

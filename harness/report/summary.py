@@ -116,8 +116,9 @@ COMPILED_FACTOR = 100.0
 
 def compiled_line(summary: pd.DataFrame) -> str | None:
     """The variants whose first call compiled in this run (torch.compile, numba: a first
-    call over `COMPILED_S` and `COMPILED_FACTOR` times a timed one), or None: a run on
-    cold compile caches, whose processes started from code they built themselves."""
+    call over `COMPILED_S` and `COMPILED_FACTOR` times a timed one), or None. Such a first
+    call does not tell cold caches from warm ones: a torch.compile that finds its code in
+    the cache still traces the function."""
     if summary.empty or not {"first_output_s", "median_s"} <= set(summary.columns):
         return None
     slow = summary[(summary.first_output_s >= COMPILED_S)
@@ -126,8 +127,9 @@ def compiled_line(summary: pd.DataFrame) -> str | None:
         return None
     names = ", ".join(dict.fromkeys(f"{r.finding} {r.variant}" for r in slow.itertuples()))
     return (f"compiled in this run: {len(slow)} first call{'s' * (len(slow) > 1)} took "
-            f"{slow.first_output_s.sum():.0f} s ({names}): cold compile caches, as on a "
-            "machine's first run")
+            f"{slow.first_output_s.sum():.0f} s ({names}): compiling, or loading what an "
+            "earlier run compiled (a torch.compile whose code is cached still traces the "
+            "function, seconds)")
 
 
 def process_line(summary: pd.DataFrame, level: dict | None) -> str | None:

@@ -80,6 +80,37 @@ def test_a_worker_loads_while_the_run_goes_on_and_is_ready_when_asked():
 
 
 @pytest.mark.integration
+def test_a_worker_prepares_a_cell_before_it_is_told_which_variants_to_time():
+    """The run's process and its worker prepare a cell at once (first calls: compiling
+    takes seconds); the worker times only what the run's process then found correct, and
+    its seconds leave out the wait in between."""
+    worker = Worker(_spec())
+    try:
+        began = time.perf_counter()
+        worker.prepare("NOISE-tiny", "n=64", True)
+        assert set(worker.prepared()) == {"prepared"}
+        time.sleep(1.0)  # the run's process checks and times meanwhile
+        done = worker.measure_prepared(0.02, ["sum", "placebo"], 5)
+        wall = time.perf_counter() - began
+        worker.prepare("NOISE-tiny", "n=5", False)  # a case the worker has not
+        refused = worker.prepared()
+        nothing = worker.measure_prepared(0.02, ["sum"])
+        worker.prepare("NOISE-tiny", "n=64", False)  # and on after it
+        worker.prepared()
+        released = worker.measure_prepared(0.02, [])
+    finally:
+        worker.close()
+    assert (done["finding"], done["case"]) == ("NOISE-tiny", "n=64") and done["failed"] == {}
+    assert {r["variant"] for r in done["samples"]} == {"sum", "placebo"}
+    assert len([r for r in done["samples"] if r["variant"] == "sum"]) >= 5
+    assert 0 < done["seconds"] < wall - 1.0, (done["seconds"], wall)
+    assert refused == {"error": "ValueError: NOISE-tiny has no case 'n=5' here",
+                       "finding": "NOISE-tiny", "case": "n=5"}
+    assert nothing == {"error": "the worker has no prepared cell"}
+    assert released["samples"] == [] and released["failed"] == {}
+
+
+@pytest.mark.integration
 def test_a_worker_that_cannot_load_its_findings_says_why():
     worker = Worker(_spec(findings_modules=("tests.findings_modules.no_such_module",)))
     with pytest.raises(WorkerError, match=r"worker 2 could not start: .*tests\.findings_modules"
