@@ -11,9 +11,9 @@ change, verdict) on stdout:
   --invariants   b. speed ratios within one process (e.g. one variant >= 16x faster than
                     another at one case), against an invariants config (--config)
   --against REV  c. paired A/B timing of this tree against a git revision, both timed in
-                    alternation in each of several processes; fails a cell when a
-                    one-sided test says it is more than --margin (5%) slower, with
-                    Holm's correction over the cells (at most 5% false alarms per run);
+                    alternation in each of several processes; fails a cell that a
+                    one-sided test, with Holm's correction over the cells, says is
+                    slower (at most 5% false alarms per run) by more than --margin (5%);
                     alone, it does not count, and its notes say COUNTERS NOT CHECKED
 
 With none of them: --counters --invariants. `--update-baseline` measures the counters of
@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the counters always count at one thread)")
     p.add_argument("--margin", type=options.fraction, metavar="FRACTION",
                    help=f"A/B: the margin, as a fraction: a cell fails when a one-sided "
-                        f"test (Holm-corrected over the cells) says it is slower by more "
-                        f"than this (default {gate_ab.ABOptions.margin}, as harness.run's)")
+                        f"test (Holm-corrected over the cells) says it is slower and it "
+                        f"is slower by more than this (default {gate_ab.ABOptions.margin}, "
+                        f"as harness.run's)")
     return p
 
 
