@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", nargs="?", default="latest",
                    help="run folder, run id, or latest (default)")
     p.add_argument("--compare", metavar="OLD_RUN",
-                   help="compare RUN (new) against OLD_RUN (old): ratio new / old per row")
+                   help="compare RUN (new) against OLD_RUN (old): per row, its ratio to "
+                        "the reference, new / old")
     p.add_argument("--history", action="store_true",
                    help="plot each finding's headline ratio across every run in --results "
                         f"(default out: reports/{HISTORY_FOLDER}/)")

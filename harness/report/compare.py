@@ -1,32 +1,33 @@
-"""Run vs run: per finding x case x variant, the time new / old with its interval and word.
+"""Run vs run: per finding x case x variant, how its speed against its reference moved.
 
-Each run is one process, and the two processes are compared through their own
-estimates, never by pooling their samples: each run's time of a row is the 20%-trimmed
-mean of its log samples with its own interval (`harness.measure.estimate`), and the
-difference of the two carries a between-run term, the standard deviation of a row's log
-time from one run of a commit to the next on one machine. That term is measured from
-the results folder's repeated runs of one commit where there are some, else the figure
-measured on the 2-core CPU this project is developed on (`BETWEEN_RUN_SD`). The word is
-the run's own words (`harness.measure.decision.Word`, `--margin` 0.05: 5%): faster, slower, same or
-inconclusive. Runs measured on machines whose fingerprints differ are refused unless
-forced: their times say more about the machines than the code; so are runs whose CPU
-kernel paths differ (`harness.measure.machine.kernel_path`), which may be one machine.
+Each run words its rows as ratios: a variant's time over its reference's (the finding's
+baseline), measured in the same rounds of the same processes, so that whatever pace the
+machine kept during that run (another job, a slower core) falls on both and cancels. Two
+runs are compared through those ratios, never their samples pooled and never their
+absolute times: the new run's ratio over the old run's, with the standard error of each
+(`log_se`: its rounds and the spread of its own fresh processes, measured in that run),
+so the run-to-run noise is what the two runs measured, not a constant. The word is the
+run's own (`harness.measure.decision.Word`, `--margin` 0.05: 5%): faster, slower, same or
+inconclusive. The reference rows themselves have no ratio: their time is not compared
+(it moves with the machine's pace between runs), and a change to the reference's code
+shows as every other variant's ratio moving the other way. Runs measured on machines
+whose fingerprints differ are refused unless forced: their ratios say more about the
+machines than the code; so are runs whose CPU kernel paths differ
+(`harness.measure.machine.kernel_path`), which may be one machine.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from harness.measure.decision import DEFAULT_MARGIN, Word, decide
-from harness.measure.estimate import PairedEstimate, log_estimate
+from harness.measure.estimate import PairedEstimate
 from harness.measure.machine import (
-    KERNEL_FIELDS, fingerprint, fingerprint_changes, records_kernel_path,
+    KERNEL_FIELDS, fingerprint_changes, records_kernel_path,
 )
 from harness.report import attribution
 from harness.report.data import ReportError, finding_headline
@@ -35,12 +36,6 @@ from harness.results import Run
 from harness.measure.stats import Verdict
 from harness.report.verdicts import case_phrase, present
 
-#: the standard deviation (log units) of one row's time between two default runs of one
-#: commit, one after the other, on the 2-core CPU (docs/statistics.md); used where the
-#: results folder holds no repeated runs of a commit to measure it from
-BETWEEN_RUN_SD = 0.03
-#: the fewest rows two runs of one commit must share to measure the between-run term
-MIN_SHARED_ROWS = 20
 KEY = ["finding", "case", "variant"]
 COLUMNS = [*KEY, "where", "old_status", "new_status", "old_median_s", "new_median_s", "ratio",
            "ci_low", "ci_high", "change", "note"]
@@ -51,7 +46,8 @@ class Change(str, enum.Enum):
     """What happened to one finding x case x variant between the old and the new run."""
 
     FASTER = "faster"
-    """The whole interval of new / old lies below 1 / (1 + margin): the new run takes less time."""
+    """The whole interval of new / old lies below 1 / (1 + margin): against its reference,
+    the variant takes less time in the new run."""
     SLOWER = "slower"
     """The whole interval lies above 1 + margin: the new run takes more time."""
     SAME = "same"
@@ -110,13 +106,6 @@ def check_comparable(new: Run, old: Run, force: bool) -> list[str]:
     return notes
 
 
-def samples_by_key(rows: pd.DataFrame) -> dict[tuple, list[float]]:
-    """A run's timing samples (its `rows`) grouped by (finding, case, variant)."""
-    if rows.empty:
-        return {}
-    return {key: group["seconds"].tolist() for key, group in rows.groupby(KEY, sort=False)}
-
-
 def _change(old_status: str | None, new_status: str | None, word: Word | None) -> Change:
     """A status change wins over timing; `word` is None where there is no ratio."""
     if new_status in _BROKEN and old_status not in _BROKEN:
@@ -126,47 +115,38 @@ def _change(old_status: str | None, new_status: str | None, word: Word | None) -
     return Change.NOT_COMPARABLE if word is None else _FROM_WORD[word]
 
 
-def run_difference(new: Sequence[float], old: Sequence[float], between_sd: float) -> PairedEstimate:
-    """log(new time / old time) of one row from each run's own estimate (seconds per call
-    samples of each run), with `between_sd` (log units) of run-to-run noise on each side."""
-    a, b = log_estimate(new), log_estimate(old)
-    variance = a.se ** 2 + b.se ** 2 + 2.0 * between_sd ** 2
-    carried = a.se ** 4 / a.df + b.se ** 4 / b.df
-    df = min(variance ** 2 / carried, 1e6) if carried > 0 else 1e6
-    return PairedEstimate(a.log_ratio - b.log_ratio, math.sqrt(variance), df,
-                          rounds=a.rounds + b.rounds, processes=2)
+def _why_not_compared(new: dict, old: dict) -> str:
+    """Why `ratio_difference` found nothing to compare in a row both runs have."""
+    runs = (("the new run", new), ("the old run", old))
+    missing = [label for label, row in runs if not present(row.get("ratio"))]
+    if missing:
+        return (f"no ratio in {' and '.join(missing)} (the reference's own time is not "
+                "compared: it moves with the machine's pace between runs)")
+    if new.get("compared_to") != old.get("compared_to"):
+        return (f"compared to {old.get('compared_to')} in the old run, "
+                f"{new.get('compared_to')} in the new")
+    older = [label for label, row in runs if not present(row.get("log_se"))]
+    return (f"{' and '.join(older)} recorded no standard error of its ratio (a run of an "
+            "older schema)")
 
 
-def between_run_sd(runs: Sequence[Run]) -> tuple[float, str]:
-    """(standard deviation, where it comes from) of a row's log time between runs of one
-    commit on one machine: the robust spread (1.4826 x MAD) of the per-row log differences
-    of each pair of clean runs of one commit and fingerprint, over sqrt(2), where such
-    pairs share at least MIN_SHARED_ROWS rows; else `BETWEEN_RUN_SD`."""
-    groups: dict[tuple, list[Run]] = {}
-    for run in runs:
-        m = run.metadata
-        if m.get("git_commit") and m.get("git_dirty") is False and not run.summary.empty:
-            key = (m["git_commit"], tuple(sorted(fingerprint(m).items())), bool(m.get("quick")))
-            groups.setdefault(key, []).append(run)
-    differences = []
-    for same in groups.values():
-        for first, second in zip(same, same[1:]):
-            a, b = _medians(first), _medians(second)
-            shared = [k for k in a if k in b]
-            if len(shared) >= MIN_SHARED_ROWS:
-                differences += [math.log(a[k] / b[k]) for k in shared]
-    if len(differences) < MIN_SHARED_ROWS:
-        return BETWEEN_RUN_SD, "measured on the 2-core development CPU (docs/statistics.md)"
-    spread = 1.4826 * float(np.median(np.abs(np.asarray(differences) - np.median(differences))))
-    return spread / math.sqrt(2.0), f"measured from {len(differences)} rows of repeated runs"
-
-
-def _medians(run: Run) -> dict[tuple, float]:
-    rows = run.summary
-    if "median_s" not in rows:
-        return {}
-    timed = rows[rows["median_s"].notna() & (rows["median_s"] > 0)]
-    return {tuple(r[k] for k in KEY): float(r["median_s"]) for r in timed.to_dict("records")}
+def ratio_difference(new: dict, old: dict) -> PairedEstimate | None:
+    """log(new run's ratio / old run's ratio) of one row (summary rows of each run, with
+    `ratio`, `log_se` and `df`), the variance the sum of the two runs' own; None where a
+    run has no ratio with a standard error, or the two compare against different
+    references (`compared_to`)."""
+    if not all(present(row.get(k)) and row[k] > 0 for row in (new, old)
+               for k in ("ratio", "log_se")):
+        return None
+    if new.get("compared_to") != old.get("compared_to"):
+        return None
+    variance = new["log_se"] ** 2 + old["log_se"] ** 2
+    carried = sum(row["log_se"] ** 4 / row["df"] for row in (new, old)
+                  if present(row.get("df")) and row["df"] > 0)
+    df = min(variance ** 2 / carried, 1e6) if carried > 0 else 1e6  # Welch-Satterthwaite
+    return PairedEstimate(math.log(new["ratio"] / old["ratio"]), math.sqrt(variance), df,
+                          rounds=int(new.get("n") or 0) + int(old.get("n") or 0),
+                          processes=int(new.get("processes") or 1) + int(old.get("processes") or 1))
 
 
 def cell_device(row: dict, run: Run) -> str | None:
@@ -176,23 +156,18 @@ def cell_device(row: dict, run: Run) -> str | None:
 
 
 def compare_runs(new: Run, old: Run, *, margin: float = DEFAULT_MARGIN,
-                 seed: int = 0, force: bool = False,
-                 between_sd: float | None = None) -> pd.DataFrame:
+                 force: bool = False) -> pd.DataFrame:
     """One row per finding x case x variant found in either run's summary.
 
     Columns: finding, case, variant, where (the case in words), old_status, new_status,
-    old_median_s, new_median_s, ratio (new / old: each run's own estimate, module
-    docstring), ci_low, ci_high (95%), change (a `Change` value), note; in the new run's
-    order, then what only the old run has. `between_sd` is the run-to-run noise (log
-    units; default `between_run_sd` of the two runs). A cell measured on another device
-    in one run than in the other (runs sharded over a mixed cluster) is not compared
-    unless `force`: its change is not_comparable and the note names both.
+    old_median_s, new_median_s, ratio (the new run's ratio to the reference over the old
+    run's, module docstring), ci_low, ci_high (95%), change (a `Change` value), note; in
+    the new run's order, then what only the old run has. A cell measured on another
+    device in one run than in the other (runs sharded over a mixed cluster) is not
+    compared unless `force`: its change is not_comparable and the note names both.
     """
     if not (math.isfinite(margin) and margin > 0.0):
         raise ReportError(f"--margin: expected a finite fraction > 0, e.g. 0.05; got {margin!r}")
-    if between_sd is None:
-        between_sd = between_run_sd([new, old])[0]
-    old_samples, new_samples = samples_by_key(old.rows), samples_by_key(new.rows)
     old_summary = {tuple(r[k] for k in KEY): r for r in old.summary.to_dict("records")}
     new_summary = {tuple(r[k] for k in KEY): r for r in new.summary.to_dict("records")}
     out = []
@@ -207,11 +182,14 @@ def compare_runs(new: Run, old: Run, *, margin: float = DEFAULT_MARGIN,
         if devices[0] != devices[1] and not force:
             row["note"] = (f"measured on different devices (old {devices[0]!r}, new "
                            f"{devices[1]!r}); --force compares them anyway")
-        elif len(old_samples.get(key, ())) >= 2 and len(new_samples.get(key, ())) >= 2:
-            estimate = run_difference(new_samples[key], old_samples[key], between_sd)
-            low, high = estimate.interval(0.95)
-            row.update(ratio=estimate.ratio, ci_low=low, ci_high=high)
-            word = decide(low, high, margin)
+        elif o and n:
+            estimate = ratio_difference(n, o)
+            if estimate is None:
+                row["note"] = _why_not_compared(n, o)
+            else:
+                low, high = estimate.interval(0.95)
+                row.update(ratio=estimate.ratio, ci_low=low, ci_high=high)
+                word = decide(low, high, margin)
         change = _change(row["old_status"], row["new_status"], word)
         out.append({**row, "change": change.value})
     return pd.DataFrame(out, columns=COLUMNS)
@@ -231,7 +209,8 @@ class CompareHeadline:
     where: str
     variant: str | None
     ratio: float | None
-    """Median time new / old of the headline variant there; its 95% interval below."""
+    """The headline variant's ratio to the reference there, new run's over the old
+    run's; its 95% interval below."""
     ci_low: float | None
     ci_high: float | None
     change: str

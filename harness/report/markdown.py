@@ -80,7 +80,7 @@ def compare_markdown(new: Run, old: Run, link: str, *, margin: float = DEFAULT_M
         banner = status_banner(run.metadata)
         if banner:
             lines += [f"> **The {label} run is not complete.** {banner}", ""]
-    lines += _table(("finding", "headline case", f"headline variant, time new / old (95% CI; "
+    lines += _table(("finding", "headline case", f"headline variant, ratio to the reference new / old (95% CI; "
                      f"margin {margin:.0%})", "rows changed", "counters that changed"),
                     rows)
     lines += ["", f"new: {metadata_line(new.metadata)}", "",

@@ -461,7 +461,7 @@ def compare_figure(rows: pd.DataFrame, margin: float, folder: Path) -> Figure | 
     ax.legend(loc="best", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("time ratio new / old (log scale; below 1: the new run is faster)")
+    ax.set_xlabel("ratio to the reference, new / old (log scale; below 1: faster in the new run)")
     ax.set_title(f"Run vs run: ratio of medians with 95% bootstrap CI "
                  f"(dotted: the {margin:.0%} margin)")
     ax.grid(True, axis="x", which="both", alpha=0.3)

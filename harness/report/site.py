@@ -31,7 +31,7 @@ from harness.measure.decision import DEFAULT_MARGIN
 from harness.exits import Nonsense
 from harness.report import plots, sense
 from harness.report.compare import (
-    Change, between_run_sd, check_comparable, compare_headlines, compare_runs,
+    Change, check_comparable, compare_headlines, compare_runs,
 )
 from harness.report.data import (
     COUNTERS, ReportError, counters_at, finding_phases, finding_text, format_date, has_bandwidth,
@@ -227,14 +227,12 @@ def render_compare(new: Run, old: Run, out: Path, *, force: bool = False,
     refuse_nonsense(new)
     refuse_nonsense(old)
     comparability = check_comparable(new, old, force)
-    between, source = between_run_sd([new, old])
-    table = compare_runs(new, old, margin=margin, force=force, between_sd=between)
+    table = compare_runs(new, old, margin=margin, force=force)
     out = Path(out)
     counts = table["change"].value_counts().to_dict()
     with staged(out, protect=[new.folder, old.folder]) as stage:
         page = _TEMPLATES.get_template("compare.html.j2").render(
             new=new, old=old, margin=margin, comparability=comparability,
-            between=f"\u00b1{100 * between:.2g}% sd, {source}",
             headlines=compare_headlines(new, old, table),
             banners=[(label, status_banner(r.metadata)) for label, r in (("new", new),
                                                                           ("old", old))
