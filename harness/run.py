@@ -880,7 +880,8 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     """The summary table, how sampling went and where the results are."""
     print(summary_table(table))
     level = writer.metadata.get("process_level") or {}
-    lines = [sampling_line(table, writer.metadata.get("precision", 0.0)),
+    lines = [sampling_line(table, writer.metadata.get("precision", 0.0),
+                           writer.metadata.get("margin") or DEFAULT_MARGIN),
              process_line(table, level), compiled_line(table),
              time_line(read_cells(writer.folder))]
     trust = reliability(table)

@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness.exits import UsageError
 from harness.results import Run, load_run
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline, headline_case
 from harness.report.summary import (
@@ -283,7 +284,8 @@ def run_headlines(run: Run) -> list[Headline]:
 def run_sampling_line(run: Run) -> str | None:
     """How the run's sampling went and the process level it measured, in a line or two:
     `harness.report.summary.sampling_line` and `process_line` of its rows and options."""
-    lines = [sampling_line(run.summary, run.metadata.get("precision") or 0.0),
+    lines = [sampling_line(run.summary, run.metadata.get("precision") or 0.0,
+                           run.metadata.get("margin") or DEFAULT_MARGIN),
              process_line(run.summary, run.metadata.get("process_level")),
              compiled_line(run.summary)]
     return "; ".join(filter(None, lines)) or None

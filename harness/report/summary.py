@@ -7,6 +7,8 @@ import math
 
 import pandas as pd
 
+from harness.measure.decision import DEFAULT_MARGIN
+
 from harness.plan import BUDGET_UNPROFILED
 
 
@@ -71,8 +73,6 @@ def summary_table(summary: pd.DataFrame) -> str:
     return pd.DataFrame(lines).to_string(index=False)
 
 
-#: median IQR/median of a run's timed rows above which the machine is called noisy
-NOISY_SPREAD = 0.05
 #: how a cell's sampling ended, from its rows' `stopped_by` (the first present wins)
 _CELL_ENDS = (("time_budget", "{} spent {} budget"), ("max_samples", "{} hit the round cap"),
               ("precision_reached", "{} reached +-{precision}"),
@@ -80,11 +80,12 @@ _CELL_ENDS = (("time_budget", "{} spent {} budget"), ("max_samples", "{} hit the
               ("decided", "{} decided every word to +-{precision}"))
 
 
-def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
+def sampling_line(summary: pd.DataFrame, precision: float,
+                  margin: float = DEFAULT_MARGIN) -> str | None:
     """How a run's sampling went, in one line: how the timed cells ended (every word
     decided; stopped undecided at the `precision` half-width; the budget spent; the
-    round cap), and the median IQR/median of the timed rows, called noisy above
-    `NOISY_SPREAD`: e.g. 'sampling: 30 of 48 timed cells decided every word, 18 spent their
+    round cap), and the median IQR/median of the timed rows, called noisy above the
+    run's `margin` (a sample's spread wider than the change that matters): e.g. 'sampling: 30 of 48 timed cells decided every word, 18 spent their
     budget; timing spread (median IQR/median) 4.1%'. None when nothing was timed."""
     if summary.empty or not {"stopped_by", "median_s", "iqr_s"} <= set(summary.columns):
         return None
@@ -103,9 +104,9 @@ def sampling_line(summary: pd.DataFrame, precision: float) -> str | None:
     line = f"sampling: {mode}{cells}" + (f": {told}" if told else "")
     spread = float((timed.iqr_s / timed.median_s).median())
     line += f"; timing spread (median IQR/median) {100 * spread:.2g}%"
-    if spread > NOISY_SPREAD:
-        line += (f" (noisy: above {100 * NOISY_SPREAD:.0f}%; close words may need a larger "
-                 "--budget or a quieter machine)")
+    if spread > margin:
+        line += (f" (noisy: above the {100 * margin:.2g}% margin; close words may need a "
+                 "larger --budget or a quieter machine)")
     return line
 
 
