@@ -16,7 +16,8 @@ protocol pipe: `{"finding", "case", "samples": [sample rows, each with its "proc
 "case", "error"}`. Its first line
 says it is ready (`{"ready": seconds to load}`) or why it is not (`{"error"}`). A command
 without `"timed"` comes before the run knows which variants agreed: the worker prepares
-the cell (inputs, every variant's first call) while the run's process prepares its own,
+the cell (inputs, every variant's first call, at the command's `"threads"`: the cores
+shared with the run's process) while the run's process prepares its own,
 answers `{"prepared": seconds}`, and takes `{"sampling_s", "timed", "min_rounds"}` from
 the next line. The run interleaves the timing: for each cell, one process after the
 other, the order alternating, none timing while another still prepares.
@@ -103,7 +104,8 @@ def measure_cell(spec: WorkerSpec, command: dict, commands: Iterator[str] | None
             raise ValueError(f"{command['finding']} has no case {command['case']!r} here")
         cell = CaseRun(finding, case, spec.options(), headline=command["headline"],
                        process=spec.process, timed=command.get("timed"), check=False)
-        cell.prepare()
+        with pinned_threads(command.get("threads") or spec.threads):
+            cell.prepare()
         if "timed" not in command:
             _say(protocol, {"prepared": time.perf_counter() - started})
             asked = time.perf_counter()
@@ -211,11 +213,11 @@ class Worker:
             {"finding": finding, "case": case, "headline": headline, "sampling_s": sampling_s,
              "timed": list(timed), "min_rounds": min_rounds})}
 
-    def prepare(self, finding: str, case: str, headline: bool) -> None:
-        """Have the worker prepare one cell (inputs, first calls) while the caller goes on;
-        `prepared` waits for it, `measure_prepared` times it."""
+    def prepare(self, finding: str, case: str, headline: bool, threads: int) -> None:
+        """Have the worker prepare one cell (inputs, first calls) at `threads` torch threads
+        while the caller goes on; `prepared` waits for it, `measure_prepared` times it."""
         self._preparing = {"finding": finding, "case": case}
-        self._ask({**self._preparing, "headline": headline}, answer=False)
+        self._ask({**self._preparing, "headline": headline, "threads": threads}, answer=False)
 
     def prepared(self) -> dict:
         """Wait until the cell `prepare` began is prepared: `{"prepared": seconds}`, or

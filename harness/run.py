@@ -682,11 +682,15 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
     preparing = {}  # process -> its worker, preparing the cell while this process does
     for process in range(2, options.processes + 1):
         workers.start(process)
-        worker = workers.started[process]
-        if isinstance(worker, replica.Worker):
-            worker.prepare(finding.id, case.label, headline)
-            preparing[process] = worker
-    cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
+        if isinstance(workers.started[process], replica.Worker):
+            preparing[process] = workers.started[process]
+    # the processes preparing at once share the cores: more torch threads than cores made
+    # a training iteration's first calls take 40 s where they take 5
+    sharing = max(1, torch.get_num_threads() // (len(preparing) + 1))
+    for worker in preparing.values():
+        worker.prepare(finding.id, case.label, headline, sharing)
+    with pinned_threads(sharing):
+        cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
     cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()
     samples, notes, worker_seconds = [], [], {"worker_time": 0.0, "worker_other": 0.0}

@@ -87,15 +87,15 @@ def test_a_worker_prepares_a_cell_before_it_is_told_which_variants_to_time():
     worker = Worker(_spec())
     try:
         began = time.perf_counter()
-        worker.prepare("NOISE-tiny", "n=64", True)
+        worker.prepare("NOISE-tiny", "n=64", True, 1)
         assert set(worker.prepared()) == {"prepared"}
         time.sleep(1.0)  # the run's process checks and times meanwhile
         done = worker.measure_prepared(0.02, ["sum", "placebo"], 5)
         wall = time.perf_counter() - began
-        worker.prepare("NOISE-tiny", "n=5", False)  # a case the worker has not
+        worker.prepare("NOISE-tiny", "n=5", False, 1)  # a case the worker has not
         refused = worker.prepared()
         nothing = worker.measure_prepared(0.02, ["sum"])
-        worker.prepare("NOISE-tiny", "n=64", False)  # and on after it
+        worker.prepare("NOISE-tiny", "n=64", False, 1)  # and on after it
         worker.prepared()
         released = worker.measure_prepared(0.02, [])
     finally:
