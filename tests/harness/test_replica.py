@@ -120,6 +120,26 @@ def test_a_worker_that_cannot_load_its_findings_says_why():
 
 
 @pytest.mark.integration
+def test_the_processes_preparing_a_cell_at_once_share_the_cores(tmp_path, monkeypatch):
+    """The run's process and its worker build and first-call each cell at the same time:
+    at 2 torch threads each on 2 cores, a training iteration's first calls took 40 s
+    where they take 5. Each prepares at 2 // 2 = 1 thread; the timing keeps its 2."""
+    log = tmp_path / "threads.log"
+    monkeypatch.setenv("NOISE_THREADS_LOG", str(log))
+    assert main(["--findings-module", MODULE, "--budget", "4", "--device", "cpu",
+                 "--no-report", "--no-profile", "--threads", "2", "--out",
+                 str(tmp_path / "out")]) == 0
+    builds = [line.split() for line in log.read_text().splitlines()]
+    # the run's process and its worker, each preparing both cells (later processes, such
+    # as the one-thread ones, time a cell alone)
+    pair = list(dict.fromkeys(pid for pid, _ in builds))[:2]
+    prepared = [threads for pid, threads in builds if pid in pair]
+    assert len(prepared) == 4 and set(prepared) == {"1"}, builds
+    (run,) = (f.parent for f in (tmp_path / "out").glob("*/run.json"))
+    assert load_run(run).metadata["threads"] == 2  # what it timed at
+
+
+@pytest.mark.integration
 def test_a_cell_the_worker_cannot_run_is_that_cells_error():
     worker = Worker(_spec())
     try:
