@@ -193,17 +193,26 @@ class Worker:
                               f"{self.process.returncode}: {tail[0]}")
         return json.loads(line)
 
-    def _ask(self, command: dict, answer: bool = True) -> dict:
-        """Write `command`; its answer (`{"error": why}` where the worker failed)."""
+    def _send(self, command: dict) -> dict | None:
+        """Write `command`: None, or `{"error": why}` where the worker cannot take it."""
         try:
             self.process.stdin.write(json.dumps(command) + "\n")
             self.process.stdin.flush()
-            if not answer:
-                return {}
+        except OSError as err:
+            return {"error": f"the worker failed: {err}"}
+        return None
+
+    def _receive(self) -> dict:
+        """The worker's next answer (`{"error": why}` where the worker failed)."""
+        try:
             self.ready()
             return self._answer()
         except (OSError, WorkerError, ValueError) as err:
             return {"error": f"the worker failed: {err}"}
+
+    def _ask(self, command: dict) -> dict:
+        """Write `command`; its answer (`{"error": why}` where the worker failed)."""
+        return self._send(command) or self._receive()
 
     def measure(self, finding: str, case: str, headline: bool, sampling_s: float,
                 timed: Sequence[str], min_rounds: int | None = None) -> dict:
@@ -217,16 +226,13 @@ class Worker:
         """Have the worker prepare one cell (inputs, first calls) at `threads` torch threads
         while the caller goes on; `prepared` waits for it, `measure_prepared` times it."""
         self._preparing = {"finding": finding, "case": case}
-        self._ask({**self._preparing, "headline": headline, "threads": threads}, answer=False)
+        # a worker that cannot take it cannot answer it either: `prepared` says why
+        self._send({**self._preparing, "headline": headline, "threads": threads})
 
     def prepared(self) -> dict:
         """Wait until the cell `prepare` began is prepared: `{"prepared": seconds}`, or
         `{"error": why}` (then `measure_prepared` has nothing to time)."""
-        try:
-            self.ready()
-            answer = self._answer()
-        except (OSError, WorkerError, ValueError) as err:
-            answer = {"error": f"the worker failed: {err}"}
+        answer = self._receive()
         if "error" in answer:
             self._preparing = None
         return answer
