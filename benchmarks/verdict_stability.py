@@ -287,14 +287,15 @@ from harness import findings as registry
 from harness.project import load_findings
 load_findings(None, required=False, with_project=True)
 rows = json.loads(sys.argv[1])
+quick = sys.argv[3] == "quick"  # the series' cases: a quick run's are its own
 random.shuffle(rows)
 ratios = {}
 for finding_id, case_label, variant in rows:
     if variant == "placebo":  # the baseline against itself: its true ratio is 1
         ratios["/".join((finding_id, case_label, variant))] = 1.0
         continue
-    finding = registry.planned(registry.select([finding_id])[0], False)
-    case = next(c for c in finding.cases(False) if c.label == case_label)
+    finding = registry.planned(registry.select([finding_id])[0], quick)
+    case = next(c for c in finding.cases(quick) if c.label == case_label)
     inputs = finding.build(case, torch.device("cpu"), 0)
     calls = {"baseline": finding.make_call(finding.baseline, inputs),
              "variant": finding.make_call(variant, inputs)}
@@ -351,7 +352,8 @@ def reference(args) -> None:
     with _co_runner(condition.co_runner):
         for index in range(len(saved["processes"]), args.processes):
             done = _python("-c", REFERENCE_WORKER, json.dumps(saved["rows"]), threads,
-                           cwd=clone, env=environment, timeout=1800)
+                           "quick" if args.quick else "default", cwd=clone, env=environment,
+                           timeout=1800)
             if done.returncode != 0:
                 raise SystemExit(f"reference process {index} failed: {done.stderr[-2000:]}")
             saved["processes"].append(json.loads(done.stdout.strip().splitlines()[-1]))

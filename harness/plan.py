@@ -100,3 +100,16 @@ class Plan:
                 f"({'from earlier runs' if self.known_fixed_s else 'a guess'}), "
                 f"{RESERVE_SHARE * self.budget_s:.0f} s kept for rows whose processes "
                 "disagree and the report")
+
+
+def affordable(costs: dict, start_s: float, left_s: float) -> list:
+    """The keys of `costs` (cell -> seconds it costs one fresh process: inputs, first
+    calls, sampling), in order, that a fresh process started now (`start_s`: its
+    interpreter, torch, the findings modules) measures within the `left_s` seconds the
+    budget has left; a cell that would not fit is skipped for those after it that do."""
+    spent, chosen = start_s, []
+    for key, cost in costs.items():
+        if spent + cost <= left_s:
+            spent += cost
+            chosen.append(key)
+    return chosen

@@ -14,7 +14,8 @@ the variants `timed` lists; no profiling), writing one JSON line per command on 
 protocol pipe: `{"finding", "case", "samples": [sample rows, each with its "process"],
 "failed": {variant: why}, "seconds", "stages": {stage: seconds}}`, or `{"finding",
 "case", "error"}`. Its first line
-says it is ready (`{"ready": seconds to load}`) or why it is not (`{"error"}`). A command
+says it is ready (`{"ready": seconds to load the findings modules, "at": its wall clock
+then, epoch seconds}`) or why it is not (`{"error"}`). A command
 without `"timed"` comes before the run knows which variants agreed: the worker prepares
 the cell (inputs, every variant's first call, at the command's `"threads"`: the cores
 shared with the run's process) while the run's process prepares its own,
@@ -115,7 +116,7 @@ def measure_cell(spec: WorkerSpec, command: dict, commands: Iterator[str] | None
         cell.sampling_s = command["sampling_s"]
         if command.get("min_rounds") is not None:  # the run's process chose fewer
             cell.min_rounds = int(command["min_rounds"])
-        cell.time().finish()
+        cell.time().finish(extra_metrics=False)  # the run's process records those
     except Exception as err:  # one cell that cannot run is that cell's, said
         return {**entry, "error": f"{type(err).__name__}: {err}"}
     failed = {v: row.get("error") or row.get("reason") or row["status"]
@@ -140,7 +141,7 @@ def serve(spec: WorkerSpec, commands: Iterator[str], protocol: TextIO) -> None:
     except registry.FindingsModuleError as err:
         _say(protocol, {"error": str(err)})
         return
-    _say(protocol, {"ready": time.perf_counter() - started})
+    _say(protocol, {"ready": time.perf_counter() - started, "at": time.time()})
     with pinned_threads(spec.threads):
         commands = iter(commands)
         for line in commands:
@@ -161,6 +162,7 @@ class Worker:
         run prepares its first cell meanwhile), and `ready` waits for it."""
         self.spec = spec
         self.errors = tempfile.TemporaryFile(mode="w+")
+        self._launched = time.time()
         # a session of its own: a Ctrl-C at the terminal is the run's to handle, and the
         # worker's group is killed with whatever it started
         self.process = subprocess.Popen(
@@ -168,7 +170,9 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
             env=solo_environment(), start_new_session=True)
         self.startup_s: float | None = None
-        """Seconds the worker took to load the findings modules (None until `ready`)."""
+        """Wall seconds from the worker's launch until it was ready: the interpreter, torch
+        and the findings modules (None until `ready`). What one more fresh process costs
+        before its first cell (`harness.run`'s budget for more processes)."""
         self._preparing: dict | None = None
         """The cell `prepare` began and `measure_prepared` has not timed yet."""
 
@@ -181,7 +185,8 @@ class Worker:
         if "error" in first:
             self.close()
             raise WorkerError(f"worker {self.spec.process} could not start: {first['error']}")
-        self.startup_s = float(first.get("ready", 0.0))
+        # its own clock says when it was ready: the run may read the line much later
+        self.startup_s = max(float(first.get("at", time.time())) - self._launched, 0.0)
 
     def _answer(self) -> dict:
         line = self.process.stdout.readline()

@@ -55,7 +55,7 @@ from harness.results import (
 )
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.combine import combine
-from harness.plan import FLOOR_S, RESERVE_SHARE, Plan
+from harness.plan import FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan, affordable
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
 
 #: the fewest rounds a process takes of a cell whose share cannot pay the run's minimum
@@ -612,7 +612,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
                         **fingerprint, **extra))
                 progress.step(f"{label}{finding.id} {case.label}", _cell_detail(cell.summary))
             _more_processes(writer, selected, options, workers, measured, progress)
-            _at_one_thread(writer, selected, options, measured, progress)
+            _at_one_thread(writer, selected, options, workers, measured, progress)
     finally:
         workers.close()
     return None
@@ -659,10 +659,27 @@ class _Workers:
                 self.started[process] = str(err)
         return self.started[process]
 
+    def start_s(self) -> float | None:
+        """Wall seconds the slowest of this run's ready workers took to start (None where
+        none is ready): what one more fresh process costs before its first cell."""
+        known = [w.startup_s for w in self.started.values()
+                 if isinstance(w, replica.Worker) and w.startup_s is not None]
+        return max(known) if known else None
+
     def close(self) -> None:
         for worker in self.started.values():
             if isinstance(worker, replica.Worker):
                 worker.close()
+
+
+def _fresh_cell_s(entry: dict, options: RunOptions, share: float) -> float:
+    """Seconds one more fresh process is expected to take over the journalled cell
+    `entry`, given `share` seconds of sampling: its inputs and first calls as the run's
+    workers took them (`worker_other`, the mean over them), then at least that share."""
+    seconds = entry.get("seconds") or {}
+    workers = max(options.processes - 1, 1)
+    return seconds.get("worker_other", GUESS_FIXED_S) / workers + max(
+        share, seconds.get("worker_time", 0.0) / workers)
 
 
 def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Workers,
@@ -742,8 +759,8 @@ def min_rounds(share_s: float, round_s: float, wanted: int) -> int:
     return max(min(wanted, FEWEST_ROUNDS), min(wanted, int(share_s // round_s)))
 
 
-def _at_one_thread(writer: RunWriter, selected, options: RunOptions, measured: list[dict],
-                   progress: Progress) -> None:
+def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _Workers,
+                   measured: list[dict], progress: Progress) -> None:
     """Each finding's headline cell timed again at one torch thread, in two fresh
     processes, where the run has more and the budget lasts: a word the thread count decides
     is said beside the run's (the rows' `one_thread_*`, `harness.combine`)."""
@@ -758,8 +775,17 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, measured: l
                  if (f.id, headline_label(f, options)) in cells]
     if not headlines:
         return
-    progress.note(f"at one thread: {len(headlines)} headline cells in 2 fresh processes")
     share = max(FLOOR_S, left / 3 / len(headlines) / 2)
+    start_s = workers.start_s()
+    keys = affordable({(f.id, label): 2 * _fresh_cell_s(cells[(f.id, label)], options, share)
+                       for f, label in headlines},
+                      2 * (start_s if start_s is not None else GUESS_FIXED_S), left)
+    if not keys:  # two processes that would end past the budget are not started
+        progress.note(f"at one thread: not timed: 2 fresh processes would pass the budget "
+                      f"({left:.1f} s left; a larger --budget pays them)")
+        return
+    headlines = [(f, label) for f, label in headlines if (f.id, label) in keys]
+    progress.note(f"at one thread: {len(headlines)} headline cells in 2 fresh processes")
     alone = _Workers(options, _worker_modules(writer, selected), threads=1)
     try:
         for finding, label in headlines:
@@ -802,21 +828,30 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
                            [r for c in cells for r in c["samples"]],
                            writer.metadata.get("finding_info", {}), options.margin,
                            writer.metadata.get("threads"))
-        wanted = list(dict.fromkeys((f, c) for f, c, _ in combined.undecided(MAX_PROCESSES)))
+        undecided = list(dict.fromkeys((f, c) for f, c, _ in combined.undecided(MAX_PROCESSES)))
         left = deadline - (time.perf_counter() - STARTED)
-        if not wanted or left <= 0:
+        if not undecided or left <= 0:
+            return
+        share = max(FLOOR_S, left / 2 / len(undecided))
+        entries = {(c["finding"], c["case"]): c for c in cells}
+        start_s = workers.start_s()
+        wanted = affordable({k: _fresh_cell_s(entries[k], options, share) for k in undecided},
+                            start_s if start_s is not None else GUESS_FIXED_S, left)
+        if not wanted:  # a process that would end past the budget is not started
+            progress.note(f"process {process}: not started: {len(undecided)} undecided cells, "
+                          f"but its start and first calls would pass the budget ({left:.1f} s "
+                          "left; a larger --budget pays them)")
             return
         worker = workers.get(process)
         if isinstance(worker, str):
             progress.note(f"more processes: {worker}")
             return
-        progress.note(f"process {process}: {len(wanted)} undecided cells that more processes "
-                      "may decide")
-        share = max(FLOOR_S, left / 2 / len(wanted))
+        progress.note(f"process {process}: {len(wanted)} of {len(undecided)} undecided cells "
+                      "that more processes may decide, as the budget allows")
         for finding_id, label in wanted:
             if time.perf_counter() - STARTED > deadline:
                 return
-            entry = next(c for c in cells if (c["finding"], c["case"]) == (finding_id, label))
+            entry = entries[(finding_id, label)]
             finding = by_id[finding_id]
             done = worker.measure(finding_id, label, label == headline_label(finding, options),
                                   share, sorted({r["variant"] for r in entry["samples"]}))

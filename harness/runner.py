@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import math
 import tempfile
 import time
 import traceback
@@ -97,9 +96,11 @@ class RunOptions:
             time_budget_s=seconds,
             min_rounds=self.min_samples if min_rounds is None else min_rounds,
             max_rounds=self.max_samples,
-            # paired: every variant makes the same calls, one per sample
+            # paired: every variant makes the same calls, one per sample, and no warm-up
+            # call beyond the timed first one: the prepared cell made each variant's first
+            # call already, alike (two more were 8 training iterations a process, 10 s)
             min_sample_time=None if finding.recording.paired else 1e-3,
-            warmup_budget_s=math.inf if finding.recording.paired else 0.1,
+            warmup=0 if finding.recording.paired else Sampling.warmup,
             sequential=self.precision > 0, precision=self.precision,
             margin=finding.margin_under(self.margin), seed=self.seed, paired=finding.recording.paired)
 
@@ -242,8 +243,9 @@ class CaseRun:
         return self
 
     def finish(self, trace_path: Path | None = None,
-               profile_s: float | None = None) -> "CaseRun":
-        """Profile, extra metrics, this process's ratios and the bandwidth floor. The
+               profile_s: float | None = None, extra_metrics: bool = True) -> "CaseRun":
+        """Profile, extra metrics (unless `extra_metrics` is False: a worker, whose samples
+        are all the run reads), this process's ratios and the bandwidth floor. The
         profile is left out (said in each row) where it would take more than `profile_s`
         seconds (the run's `Plan.spare_s`; None: no limit) and more than
         `PROFILE_ALWAYS_S`."""
@@ -252,7 +254,8 @@ class CaseRun:
                 if self._profile_fits(profile_s):
                     self._profile(trace_path)
         with self._stage("extra"):
-            self._extra_metrics()
+            if extra_metrics:
+                self._extra_metrics()
             self._compare()
             self._bandwidth()
         return self

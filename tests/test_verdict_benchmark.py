@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -215,3 +217,18 @@ def _noisy_runs(ratios: dict[str, list[float]], halfwidth: float = 0.02) -> list
     return [{"rows": [{**_row("F", v, "inconclusive", r[k]), "ci_low": r[k] * (1 - halfwidth),
                        "ci_high": r[k] * (1 + halfwidth)} for v, r in ratios.items()]}
             for k in range(count)]
+
+
+@pytest.mark.integration
+def test_the_reference_worker_times_a_quick_series_rows_at_their_quick_cases():
+    """A quick series' rows name quick cases (the training iteration's 2 envs x 5 steps
+    exists only there): the reference times them at those cases, one ratio per row, the
+    placebo at 1."""
+    rows = [["E2E-iteration", "num_envs=2,max_steps=5", "reviews"],
+            ["E2E-iteration", "num_envs=2,max_steps=5", "placebo"]]
+    done = subprocess.run([sys.executable, "-c", vs.REFERENCE_WORKER, json.dumps(rows), "1",
+                           "quick"], cwd=vs.REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ratios = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ratios["E2E-iteration/num_envs=2,max_steps=5/placebo"] == 1.0
+    assert 0.2 < ratios["E2E-iteration/num_envs=2,max_steps=5/reviews"] < 5.0

@@ -348,6 +348,8 @@ def host_to_device_copies(call: Callable[[], object], device: torch.device) -> i
             call()
             torch.cuda.synchronize(device)
         return sum(1 for e in kineto_events(prof) if e.on_device and e.name.startswith("Memcpy HtoD"))
+    if device.type == "cpu":  # no copy can leave the host: the call (seconds under a
+        return 0                # dispatch mode that sees every op) would count nothing
     with _HostToOtherDevice() as mode:
         call()
     return mode.copies

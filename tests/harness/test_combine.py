@@ -10,7 +10,7 @@ import pytest
 
 from harness.combine import combine, row_processes
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
-from harness.plan import FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan
+from harness.plan import FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan, affordable
 from harness.report.summary import compiled_line
 from harness.results import worded
 
@@ -189,6 +189,19 @@ def test_the_plan_never_shares_out_nothing_and_guesses_unknown_cells():
     assert plan.share(("A", "1")) == FLOOR_S
     assert plan.remaining_fixed_s() == GUESS_FIXED_S * 2
     assert "a guess" in plan.describe() and "each timed in 2 processes" in plan.describe()
+
+
+def test_one_more_process_takes_only_the_cells_its_start_and_costs_leave_time_for():
+    """A fresh process for undecided cells pays its start first (interpreter, torch, the
+    findings: seconds), then each cell; a run 1 s from its deadline starts none (a quick
+    run's third process took 7.7 s past its 35 s budget), and a cell too dear is skipped
+    for cheaper ones after it."""
+    costs = {("A", "1"): 2.0, ("B", "1"): 9.0, ("C", "1"): 1.0}
+    assert affordable(costs, start_s=3.0, left_s=1.0) == []
+    assert affordable(costs, start_s=3.0, left_s=3.5) == []
+    assert affordable(costs, start_s=3.0, left_s=4.0) == [("C", "1")]
+    assert affordable(costs, start_s=3.0, left_s=6.5) == [("A", "1"), ("C", "1")]
+    assert affordable(costs, start_s=3.0, left_s=15.0) == [("A", "1"), ("B", "1"), ("C", "1")]
 
 
 def test_rows_without_a_second_round_in_a_process_are_left_to_the_others():

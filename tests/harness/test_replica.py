@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -69,14 +71,36 @@ def test_a_worker_times_only_the_variants_the_runs_process_found_correct():
 def test_a_worker_loads_while_the_run_goes_on_and_is_ready_when_asked():
     """The run starts its worker before preparing its first cell: the worker's imports
     (seconds) overlap the run's, and nothing is timed until it is ready."""
+    launched = time.perf_counter()
     worker = Worker(_spec())
     try:
         assert worker.startup_s is None  # started, not waited for
+        assert select.select([worker.process.stdout], [], [], 60)[0]  # it says it is ready
+        said = time.perf_counter() - launched
+        time.sleep(1.0)  # the run reads the line late (it was preparing a cell)
         worker.ready()
-        assert worker.startup_s > 0
+        # the wall seconds of its start (interpreter, torch, the findings), by its own
+        # clock: not the second the run took to read the line
+        assert 0 < worker.startup_s <= said + 0.05
         worker.ready()  # once ready, at once
     finally:
         worker.close()
+
+
+@pytest.mark.integration
+def test_a_worker_leaves_extra_metrics_to_the_runs_process(tmp_path, monkeypatch):
+    """A worker's samples are all the run reads of it: only the run's own process computes
+    a finding's extra metrics (a copy count under a dispatch mode took 11 s a process)."""
+    log = tmp_path / "extra.log"
+    monkeypatch.setenv("NOISE_EXTRA_LOG", str(log))
+    assert main(["--findings-module", MODULE, "--budget", "4", "--device", "cpu",
+                 "--no-report", "--no-profile", "--threads", "1", "--out",
+                 str(tmp_path / "out")]) == 0
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert {pid for pid, _ in calls} == {str(os.getpid())}, calls  # the run runs in-process
+    assert sorted(variant for _, variant in calls) == ["double", "double", "sum", "sum"]
+    summary = [r for c in read_cells(load_run(None, tmp_path / "out").folder) for r in c["summary"]]
+    assert {r["elements"] for r in summary if r["variant"] != "placebo"} == {64.0, 4096.0}
 
 
 @pytest.mark.integration

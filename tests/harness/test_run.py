@@ -328,6 +328,9 @@ def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path)
     calls = rows.pivot_table(index="round", columns="variant", values="calls_so_far")
     assert len(calls) >= 5
     assert (calls["placebo"] == calls["a"]).all() and (calls["b"] == calls["a"]).all(), calls
+    # no warm-up beyond the timed first call: the prepared cell's first (checked) call, the
+    # timed first, then round 0 (two more calls were 10 s a process of training iterations)
+    assert set(rows[rows["round"] == 0].calls_so_far) == {3.0}, rows
 
 
 @pytest.mark.parametrize("paired", [False, True])

@@ -210,19 +210,17 @@ def test_a_child_process_does_not_inherit_the_launch():
     assert not ranks.Launch.from_environment(ranks.solo_environment(environ)).distributed
 
 
-def test_a_rank_that_joined_a_launch_exits_without_finalization():
-    """After a rank's work is written, it ends with os._exit: its status and its flushed
-    output, but no atexit handlers or C++ static destructors (where leaving ranks aborted);
-    a process that never joined exits normally."""
+def test_a_command_exits_without_finalization():
+    """After a command's work is written, it ends with os._exit: its status and its
+    flushed output, but no atexit handlers or C++ static destructors (where leaving ranks
+    aborted, and where torch.compile's worker pool took 1.5-2 s)."""
     code = ("import atexit, sys\n"
             "from harness import ranks\n"
             "atexit.register(lambda: print('finalized'))\n"
-            "ranks._joined = {joined}\n"
             "print('measured', end='')\n"
             "sys.stderr.write('said')\n"
             "ranks.exit_process(5)\n")
-    for joined, tail in ((True, ""), (False, "finalized\n")):
-        done = subprocess.run([sys.executable, "-c", code.format(joined=joined)], cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 5
-        assert done.stdout == "measured" + tail and done.stderr == "said"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 5
+    assert done.stdout == "measured" and done.stderr == "said"

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from harness.measure.counters import (
+    host_to_device_copies,
     IncompleteProfileError,
     ProfiledEvent,
     _native_stderr_captured,
@@ -167,3 +168,14 @@ def test_native_stderr_is_captured_not_shown(capfd):
         os.write(2, b"WARNING: CUPTI initialization failed\n")
     assert said == ["WARNING: CUPTI initialization failed"]
     assert capfd.readouterr().err == ""
+
+
+def test_no_copy_leaves_the_host_on_the_cpu_device_and_the_call_is_not_run():
+    """The CPU device has no host-to-device copy to count: the call (11 s a process for a
+    buffer's 2,400 adds under a dispatch mode that sees every op) is not run for it; a
+    device off the host still counts (meta here, CUDA's from the profiler)."""
+    calls = []
+    assert host_to_device_copies(lambda: calls.append(1), torch.device("cpu")) == 0
+    assert calls == []
+    meta = torch.device("meta")
+    assert host_to_device_copies(lambda: torch.ones(3).to(meta), meta) == 1
