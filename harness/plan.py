@@ -7,8 +7,11 @@ report) is a cost to be paid; what is left is shared out over the cells by their
 time each cell. The plan starts from what the cells cost in the newest earlier runs of
 the same results folder (else a guess), and is made again before every cell from what
 this run has spent so far, so a slower machine samples less rather than running longer;
-each process always takes its minimum rounds, so a budget too small for the cells ends
-late, and says so, rather than measuring nothing.
+each process always takes its minimum rounds. Every finding's headline cell is measured;
+the others come after them, and a cell that would start past the budget (less its
+reserve; with what an earlier run says it costs, where one did) is left out, said in its
+rows (`BUDGET_LEFT_OUT`), so that a slower machine answers every finding's headline and
+as much of the rest as its budget pays, and ends in time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ FLOOR_S = 0.02
 #: how the row of a variant begins whose profile the run's budget could not pay
 #: (`Plan.spare_s`)
 BUDGET_UNPROFILED = "not profiled to keep the run's budget"
+#: how the reason of a row begins whose cell the run's budget could not pay (`Plan.fits`)
+BUDGET_LEFT_OUT = "left out to keep the run's budget"
 
 
 @dataclass
@@ -37,6 +42,8 @@ class Plan:
     processes: int
     known_fixed_s: dict[tuple[str, str], float] = field(default_factory=dict)
     """A cell's fixed cost in an earlier run, where one is known."""
+    known_cost_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    """A cell's whole seconds (all processes) in an earlier run, where one is known."""
     started: float = field(default_factory=time.perf_counter)
     spent_fixed_s: float = 0.0
     """Fixed costs paid so far (all processes)."""
@@ -67,6 +74,19 @@ class Plan:
             return FLOOR_S
         return max(FLOOR_S, self.sampling_s() * self.weights[key] / weight_left
                    / self.processes)
+
+    def left_s(self) -> float:
+        """Seconds until the budget less its reserve is spent (negative once past it)."""
+        return self.budget_s * (1.0 - RESERVE_SHARE) - (time.perf_counter() - self.started)
+
+    def fits(self, key: tuple[str, str]) -> bool:
+        """Whether the cell `key` may still be measured: the budget less its reserve is not
+        spent, nor would be by what the cell cost in an earlier run (where one did)."""
+        return self.known_cost_s.get(key, 0.0) <= self.left_s()
+
+    def left_out(self, key: tuple[str, str]) -> None:
+        """The cell `key` is not measured: its fixed cost leaves the plan."""
+        self.done.add(key)
 
     def spare_s(self, key: tuple[str, str]) -> float:
         """Seconds the cell `key`, being measured, may still spend (on its profile) without

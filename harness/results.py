@@ -39,9 +39,9 @@ import json
 import math
 import os
 import re
+import secrets
 import socket
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,9 +281,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # the writer's pid in the name: a later run can tell an orphan (`remove_orphan_temps`)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
-                                   suffix=".tmp")
+        # the writer's pid in the name: a later run can tell an orphan (`remove_orphan_temps`).
+        # Named before it is created, so that a signal between the two leaves nothing the
+        # `finally` does not remove (mkstemp's name came back only after the file existed)
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()

@@ -55,7 +55,9 @@ from harness.results import (
 )
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.combine import combine
-from harness.plan import FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan, affordable
+from harness.plan import (
+    BUDGET_LEFT_OUT, FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan, affordable
+)
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
 
 #: the fewest rounds a process takes of a cell whose share cannot pay the run's minimum
@@ -74,7 +76,7 @@ MEASUREMENT_OPTIONS = {"device": "--device", "quick": "--quick", "findings": "--
                        "margin": "--margin", "placebo": "--placebo",
                        "no_profile": "--no-profile", "sources": "--sources",
                        "seed": "--seed", "threads": "--threads",
-                       "processes": "--processes"}
+                       "processes": "--processes", "every_cell": "--every-cell"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,8 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"quick {QUICK_BUDGET_S:g}): the plan shares its sampling out over the "
                         "cells (a finding of slow calls weighs its budget_factor) and their "
                         "processes as the run goes; a cell whose share cannot pay the "
-                        f"minimum rounds takes fewer (at least {FEWEST_ROUNDS}), and a profile "
+                        f"minimum rounds takes fewer (at least {FEWEST_ROUNDS}); every "
+                        "finding's headline cell comes first, and a profile or a further cell "
                         "the budget cannot pay is left out, said in its rows")
+    p.add_argument("--every-cell", action="store_true",
+                   help="measure every cell, however long it takes: the budget then shares "
+                        "out sampling and profiles only (a small --budget samples each cell's "
+                        "minimum rounds)")
     p.add_argument("--margin", type=options.fraction, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="the practical margin of the words: a ratio whose interval lies "
                         "within +-FRACTION is 'same', wholly beyond it 'faster' or 'slower', "
@@ -241,6 +248,7 @@ def _options(args: argparse.Namespace, device: torch.device) -> RunOptions:
         placebo=args.placebo, profile=not args.no_profile,
         sources=bool(getattr(args, "sources", False)),
         processes=getattr(args, "processes", None) or 2,
+        every_cell=bool(getattr(args, "every_cell", False)),
     )
 
 
@@ -272,6 +280,10 @@ def _load_modules(args: argparse.Namespace, resumed: bool) -> None:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    global STARTED, _COMMANDS
+    if _COMMANDS:  # a later run in this process (a test's): its budget counts from now
+        STARTED = time.perf_counter()
+    _COMMANDS += 1
     with contextlib.ExitStack() as writing:  # a resumed run's folder lock, from the start
         return _run(argv, writing)
 
@@ -566,6 +578,22 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
     return ranks.broadcast(code, group, launch)
 
 
+def measuring_order(cells: list[tuple], options: RunOptions) -> list[tuple]:
+    """The cells `(finding, case, order)` in the order the run measures them: every
+    finding's headline cell first (its answer), then the others round by round, each
+    finding's next case in turn: where the budget ends the run early, what it leaves out is
+    spread thin over the findings rather than all of the last ones."""
+    rank: dict[tuple, int] = {}
+    seen: dict[str, int] = {}
+    for finding, case, order in cells:
+        if case.label == headline_label(finding, options):
+            rank[order] = 0
+        else:
+            seen[finding.id] = seen.get(finding.id, 0) + 1
+            rank[order] = seen[finding.id]
+    return sorted(cells, key=lambda cell: (rank[cell[2]], cell[2]))
+
+
 def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launch,
                    label: str, rank_info: dict, measured: list[dict], *,
                    sources: bool = False) -> str | None:
@@ -578,18 +606,33 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     it is raised."""
     fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
                    if launch.distributed else {})
-    cells = [(selected[fi], selected[fi].cases(options.quick)[ci], (fi, ci)) for fi, ci in mine]
+    cells = measuring_order(
+        [(selected[fi], selected[fi].cases(options.quick)[ci], (fi, ci)) for fi, ci in mine],
+        options)
+    known = earlier_costs(writer.results_dir)
     plan = Plan(options.budget_s,
                 {(f.id, c.label): f.recording.budget_factor * len(f.variants) for f, c, _ in cells},
-                options.processes,
-                {k: v[0] for k, v in earlier_costs(writer.results_dir).items()},
-                started=STARTED)
+                options.processes, {k: v[0] for k, v in known.items()},
+                {k: v[1] for k, v in known.items()}, started=STARTED)
     workers = _Workers(options, _worker_modules(writer, selected))
     try:
         with Progress(len(mine), "cell") as progress:
             progress.note(plan.describe())
             for position, (finding, case, order) in enumerate(cells):
                 progress.describe(f"{label}{finding.id}")
+                key = (finding.id, case.label)
+                if (not options.every_cell and case.label != headline_label(finding, options)
+                        and not plan.fits(key)):
+                    plan.left_out(key)
+                    skipped = CaseRun(finding, case, options).leave_out(
+                        f"{BUDGET_LEFT_OUT} of {options.budget_s:g} s ({plan.left_s():.0f} s "
+                        "left before its reserve); a larger --budget, --every-cell or "
+                        f"--findings {finding.id} measures it")
+                    with signals_deferred():
+                        measured.append(writer.add_cell(finding.id, case.label, order,
+                                                        _marked(skipped.summary, fingerprint), []))
+                    progress.step(f"{label}{finding.id} {case.label}", "left out (budget)")
+                    continue
                 try:
                     cell, entry = _measure_cell(finding, case, options, plan, workers,
                                                 position, writer)
@@ -618,8 +661,11 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     return None
 
 
-#: when this process started (the plan counts the run's wall seconds from here)
+#: when this run started (the plan counts the run's wall seconds from here): the process's
+#: start, its imports included, or the call's for a later run in one process (`_main`)
 STARTED = time.perf_counter()
+#: runs this process has started
+_COMMANDS = 0
 
 
 def _worker_modules(writer: RunWriter, selected) -> tuple[str, ...]:

@@ -80,6 +80,9 @@ class RunOptions:
     processes: int = 2
     """Fresh processes that time every cell: the run's own and `processes - 1` workers
     (`harness.replica`); rows whose processes disagree get more."""
+    every_cell: bool = False
+    """Measure every cell, however long: the budget shares out sampling and profiles only
+    (else a cell past the budget, not a headline, is left out: `harness.plan`)."""
     profile: bool = True
     sources: bool = False
     """With the profile: also split each variant's counters by the line of the project's
@@ -274,6 +277,13 @@ class CaseRun:
         for variant in self.variants:
             self.cells[variant] = {}
             self._fail(variant, err, stage)
+        return self
+
+    def leave_out(self, reason: str) -> "CaseRun":
+        """Record every variant of the cell as not timed, for `reason` (a cell the run's
+        budget could not pay): rows that say why, and no failure."""
+        for variant in self.variants:
+            self.cells[variant] = {"status": Status.NOT_TIMED, "reason": reason}
         return self
 
     def _active(self) -> list[str]:

@@ -50,7 +50,7 @@ def test_the_main_job_passes_its_checks_under_another_kernel_path(environment, t
                                                                    tmp_path):
     env = {**os.environ, **environment}
     done = subprocess.run(
-        [sys.executable, "-m", "harness.run", "--quick", "--budget", "1",
+        [sys.executable, "-m", "harness.run", "--quick", "--budget", "1", "--every-cell",
          "--no-profile", "--no-report", "--placebo", "none", "--threads", str(threads),
          "--device", "cpu", "--out", str(tmp_path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -146,7 +146,7 @@ def test_a_users_project_runs_reports_gates_and_bisects_from_the_wheel(wheel_sit
 
 def test_the_reviews_own_findings_run_from_the_wheel(wheel_site, tmp_path):
     run = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module", "esper_review",
-               "--findings", "B4-PT-05", "--quick", "--budget", "1", "--no-report",
+               "--findings", "B4-PT-05", "--quick", "--budget", "1", "--every-cell", "--no-report",
                "--device", "cpu")
     assert run.returncode == 0, run.stderr[-3000:]
     listed = _run(wheel_site, tmp_path, "-m", "harness.run", "--findings-module",

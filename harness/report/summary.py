@@ -9,7 +9,7 @@ import pandas as pd
 
 from harness.measure.decision import DEFAULT_MARGIN
 
-from harness.plan import BUDGET_UNPROFILED
+from harness.plan import BUDGET_LEFT_OUT, BUDGET_UNPROFILED
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -202,4 +202,10 @@ def time_line(cells: list[dict]) -> str | None:
     if unprofiled:
         line += (f"; {unprofiled} cell{'s' if unprofiled > 1 else ''} not profiled to keep "
                  "the budget (a larger --budget profiles it)")
+    left_out = sum(bool(cell.get("summary")) and all(
+        str(row.get("reason", "")).startswith(BUDGET_LEFT_OUT) for row in cell["summary"])
+        for cell in cells)
+    if left_out:
+        line += (f"; {left_out} cell{'s' if left_out > 1 else ''} left out to keep the "
+                 "budget, every finding's headline measured (a larger --budget measures them)")
     return line

@@ -103,7 +103,7 @@ def test_the_finding_states_its_provenance():
 
 @pytest.mark.integration
 def test_quick_run_answers_through_harness_run(tmp_path):
-    assert main(["--quick", "--findings", "C2-resume-state", "--budget", "1",
+    assert main(["--quick", "--findings", "C2-resume-state", "--budget", "1", "--every-cell",
                  "--precision", "0", "--no-report", "--out", str(tmp_path),
                  "--device", "cpu"]) == 0
     rows = load_run(None, tmp_path).summary.set_index("variant")

@@ -576,7 +576,7 @@ NEW_FINDINGS = ("AUDIT-1.3-batched-transfer", "L1-inference-mode", "H1-env-pooli
 
 @pytest.mark.integration
 def test_quick_run_of_every_new_finding(tmp_path):
-    assert main(["--quick", "--findings", *NEW_FINDINGS, "--budget", "1",
+    assert main(["--quick", "--findings", *NEW_FINDINGS, "--budget", "1", "--every-cell",
                  "--precision", "0", "--no-report", "--out", str(tmp_path),
                  "--device", "cpu"]) == 0
     rows = load_run(None, tmp_path).summary.set_index(["finding", "variant"])

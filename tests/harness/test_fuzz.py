@@ -272,7 +272,7 @@ def shutil_copy(source: Path, destination: Path) -> None:
 
 
 RUN = ["--findings-module", "tests.findings_modules.tiny", "--findings", "TINY-sums",
-       "--budget", "1", "--no-profile", "--no-report"]
+       "--budget", "1", "--every-cell", "--no-profile", "--no-report"]
 
 
 @pytest.mark.integration

@@ -93,7 +93,7 @@ def test_a_worker_leaves_extra_metrics_to_the_runs_process(tmp_path, monkeypatch
     a finding's extra metrics (a copy count under a dispatch mode took 11 s a process)."""
     log = tmp_path / "extra.log"
     monkeypatch.setenv("NOISE_EXTRA_LOG", str(log))
-    assert main(["--findings-module", MODULE, "--budget", "4", "--device", "cpu",
+    assert main(["--findings-module", MODULE, "--budget", "4", "--every-cell", "--device", "cpu",
                  "--no-report", "--no-profile", "--threads", "1", "--out",
                  str(tmp_path / "out")]) == 0
     calls = [line.split() for line in log.read_text().splitlines()]
@@ -150,7 +150,7 @@ def test_the_processes_preparing_a_cell_at_once_share_the_cores(tmp_path, monkey
     where they take 5. Each prepares at 2 // 2 = 1 thread; the timing keeps its 2."""
     log = tmp_path / "threads.log"
     monkeypatch.setenv("NOISE_THREADS_LOG", str(log))
-    assert main(["--findings-module", MODULE, "--budget", "4", "--device", "cpu",
+    assert main(["--findings-module", MODULE, "--budget", "4", "--every-cell", "--device", "cpu",
                  "--no-report", "--no-profile", "--threads", "2", "--out",
                  str(tmp_path / "out")]) == 0
     builds = [line.split() for line in log.read_text().splitlines()]
@@ -177,7 +177,7 @@ def test_a_cell_the_worker_cannot_run_is_that_cells_error():
 
 @pytest.mark.integration
 def test_a_run_times_every_cell_in_two_processes_and_words_each_row_from_both(tmp_path, capsys):
-    assert main(["--findings-module", MODULE, "--budget", "6", "--device", "cpu",
+    assert main(["--findings-module", MODULE, "--budget", "6", "--every-cell", "--device", "cpu",
                  "--no-report", "--threads", "1", "--out", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "plan: 2 cells, each timed in 2 processes, within 6 s" in err
@@ -201,7 +201,7 @@ def test_a_run_times_every_cell_in_two_processes_and_words_each_row_from_both(tm
 
 @pytest.mark.integration
 def test_processes_three_times_every_cell_in_three(tmp_path):
-    assert main(["--findings-module", MODULE, "--budget", "6", "--device", "cpu",
+    assert main(["--findings-module", MODULE, "--budget", "6", "--every-cell", "--device", "cpu",
                  "--no-report", "--processes", "3", "--out", str(tmp_path)]) == 0
     run = load_run(None, tmp_path)
     assert set(run.rows["process"]) >= {1, 2, 3}
@@ -246,7 +246,7 @@ def test_a_run_stopped_while_its_worker_measures_leaves_no_worker_behind(tmp_pat
     each worker with its parent (PR_SET_PDEATHSIG). Either way a resumed run completes,
     every cell in two processes."""
     run = subprocess.Popen(
-        [sys.executable, "-m", "harness.run", "--findings-module", MODULE, "--budget", "20",
+        [sys.executable, "-m", "harness.run", "--findings-module", MODULE, "--budget", "20", "--every-cell",
          "--device", "cpu", "--no-report", "--out", str(tmp_path)],
         # the finding prints in every call: a pipe nobody reads yet would fill and block it
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("w"), text=True)

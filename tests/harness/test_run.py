@@ -61,7 +61,7 @@ def tiny(request):
     del registry.FINDINGS[TEST_ID]
 
 
-ARGS = ["--findings", TEST_ID, "--budget", "1", "--device", "cpu"]
+ARGS = ["--findings", TEST_ID, "--budget", "1", "--every-cell", "--device", "cpu"]
 
 
 @pytest.mark.integration
@@ -113,7 +113,7 @@ def test_ctrl_c_keeps_what_was_measured(tiny, tmp_path):
 @pytest.mark.integration
 def test_real_findings_quick_run_agree(tmp_path, capsys):
     code = main(["--quick", "--findings", "B4-DRL-03", "B4-PT-05", "H3-stream-sync",
-                 "--budget", "1", "--out", str(tmp_path), "--device", "cpu"])
+                 "--budget", "1", "--every-cell", "--out", str(tmp_path), "--device", "cpu"])
     assert code == 0
     # how sampling went, under the table: 3 timed cells (H3 needs CUDA and is not one),
     # where the time went, the placebos and the words
@@ -239,7 +239,7 @@ def test_rows_that_carry_a_warning_are_named_for_the_run_metadata():
 def test_long_findings_run_only_when_named_or_with_all(tmp_path, capsys,
                                                       outside_the_repository):
     module = ["--findings-module", "tests.findings_modules.long_and_short"]
-    quick = ["--budget", "1", "--no-profile", "--no-report"]
+    quick = ["--budget", "1", "--every-cell", "--no-profile", "--no-report"]
     assert main([*module, "--list"]) == 0
     listed = capsys.readouterr().out
     assert ("TEST-long" in listed and "TEST-short" in listed
@@ -321,7 +321,7 @@ def test_a_paired_findings_placebo_steps_in_lockstep_with_the_baseline(tmp_path)
     registry.FINDINGS[finding.id] = finding
     try:
         assert main(["--findings", finding.id, "--quick", "--out", str(tmp_path), "--no-report",
-                     "--no-profile", "--budget", "1"]) == 0
+                     "--no-profile", "--budget", "1", "--every-cell"]) == 0
     finally:
         del registry.FINDINGS[finding.id]
     rows = load_run(None, tmp_path).rows
@@ -364,3 +364,53 @@ def test_the_placebo_shares_the_variants_inputs_unless_its_finding_is_paired(pai
     assert any(r["variant"] == PLACEBO for r in cell.summary)
     assert len(builds) == (2 if paired else 1)
     assert len(set(called_on)) == len(builds)
+
+
+def _sized(finding_id: str, sizes: tuple[int, ...], headline: int | None = None) -> Finding:
+    """A finding of a sum over n elements at each of `sizes`; its headline the case of
+    `headline` (None: the first)."""
+    return Finding(
+        id=finding_id, title="sum", claim="a sum", variants=("sum", "double"), baseline="sum",
+        cases=lambda quick: [Case.of(n=n) for n in sizes],
+        build=lambda case, device, seed: torch.ones(case["n"]),
+        make_call=lambda variant, x: (lambda: x.sum()) if variant == "sum" else (
+            lambda: (x + x).sum() / 2),
+        check=lambda out, ref: abs(float(out) - float(ref)), tolerance=lambda case: 1e-6,
+        reading=registry.Reading(headline_case=None if headline is None else (
+            lambda cases: next(c for c in cases if c["n"] == headline))))
+
+
+def test_every_findings_headline_is_measured_first_then_the_others_in_turn():
+    """Where the budget ends a run early, the cells it leaves out are the last in this
+    order: each finding's headline answered, the rest spread over the findings."""
+    from harness.run import measuring_order
+    from harness.runner import RunOptions
+    a, b = _sized("A", (1, 2, 3)), _sized("B", (1, 2), headline=2)
+    cells = [(f, c, (fi, ci)) for fi, f in enumerate((a, b)) for ci, c in enumerate(f.cases(True))]
+    order = measuring_order(cells, RunOptions(device=torch.device("cpu"), quick=True))
+    assert [(f.id, c["n"]) for f, c, _ in order] == [("A", 1), ("B", 2), ("A", 2), ("B", 1), ("A", 3)]
+
+
+@pytest.mark.integration
+def test_a_run_past_its_budget_answers_each_headline_and_leaves_the_rest_out_saying_so(
+        tmp_path, capsys):
+    """A budget the first cell spends: that cell, the finding's headline, is measured; the
+    others are journaled as left out (not a failure: exit 0), each row saying why and
+    what measures it, and the run's time line counts them."""
+    finding = _sized("TEST-budget", (64, 128, 256))
+    registry.FINDINGS[finding.id] = finding
+    try:
+        assert main(["--findings", finding.id, "--quick", "--out", str(tmp_path), "--no-report",
+                     "--no-profile", "--budget", "0.01"]) == 0
+    finally:
+        del registry.FINDINGS[finding.id]
+    rows = load_run(None, tmp_path).summary
+    measured = rows[rows.status == "ok"]
+    assert set(measured.case) == {"n=64"}
+    left = rows[rows.case != "n=64"]
+    assert len(left) == 4 and set(left.status) == {"not_timed"}
+    assert all(r.startswith("left out to keep the run's budget of 0.01 s") and
+               "--findings TEST-budget" in r for r in left.reason)
+    said = capsys.readouterr()
+    assert "2 cells left out to keep the budget" in said.out
+    assert said.err.count("left out (budget)") == 2

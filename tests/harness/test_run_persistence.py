@@ -30,7 +30,7 @@ from tests.findings_modules import tiny
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "tests.findings_modules.tiny"
-RUN = ["--findings-module", MODULE, "--findings", "TINY-sums", "--budget", "1",
+RUN = ["--findings-module", MODULE, "--findings", "TINY-sums", "--budget", "1", "--every-cell",
        "--no-profile", "--no-report"]
 ALL_CELLS = {("TINY-sums", f"n={256 * (k + 1)}") for k in range(tiny.CASES)}
 
@@ -140,7 +140,7 @@ def test_fault_injection_signals_at_random_moments_lose_nothing(tmp_path, refere
 
 
 #: a whole run of `python -m harness.run`, report included, for the whole-life injection
-WHOLE_RUN = [arg for arg in RUN if arg != "--no-report"] + ["--budget", "1"]
+WHOLE_RUN = [arg for arg in RUN if arg != "--no-report"] + ["--budget", "1", "--every-cell"]
 
 
 def _leftovers(folder: Path) -> list[Path]:
@@ -544,6 +544,27 @@ def test_full_disk_leaves_no_temp_file_and_names_device_and_file(small_disk):
     message = str(err.value)
     assert message.startswith("no space left on tmpfs (mounted at ") and str(target) in message
     assert list(small_disk.iterdir()) == []  # the temp file is gone: the disk is not kept full
+
+
+def test_a_signal_as_the_temp_file_is_created_leaves_no_temp_file(tmp_path, monkeypatch):
+    """Ctrl-C lands where it will: here the moment the temp file exists, before anything is
+    written to it (with mkstemp, its name came back only after the file existed, and a
+    report interrupted there left `.report.json.PID.XXXX.tmp`). The target is untouched
+    and nothing is left behind."""
+    target = tmp_path / "report.json"
+    target.write_text("old")
+    real_open = os.open
+
+    def open_then_interrupted(*args, **kwargs):
+        os.close(real_open(*args, **kwargs))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "open", open_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, "new")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+    assert target.read_text() == "old"
 
 
 @pytest.mark.integration

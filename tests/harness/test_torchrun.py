@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-QUICK = ["--quick", "--device", "cpu", "--threads", "1", "--budget", "1",
+QUICK = ["--quick", "--device", "cpu", "--threads", "1", "--budget", "1", "--every-cell",
          "--findings", "B4-DRL-03", "B4-PT-05"]
 COUNTERS = ["op_calls", "host_syncs", "allocations", "allocated_bytes"]
 
@@ -111,7 +111,7 @@ def test_a_failing_rank_marks_its_cells_and_the_others_are_kept(tmp_path):
     out = tmp_path / "results"
     done = _torchrun("--findings-module", "tests.findings_modules.rank_failure",
                      "--findings", "RANK-failure", "--device", "cpu", "--threads", "1",
-                     "--budget", "1", "--no-profile", "--no-report", "--out", str(out))
+                     "--budget", "1", "--every-cell", "--no-profile", "--no-report", "--out", str(out))
     assert done.returncode != 0  # rows failed: every rank exits 1, and torchrun says so
     run = load_run(None, out)
     assert run.metadata["status"] == "complete"

@@ -28,7 +28,7 @@ from tests.findings_modules import user_failures
 CLAIMS = "tests.findings_modules.user_claims"
 FAILURES = "tests.findings_modules.user_failures"
 BROKEN = "tests.findings_modules.user_broken"
-QUICK = ["--quick", "--budget", "1", "--device", "cpu"]
+QUICK = ["--quick", "--budget", "1", "--every-cell", "--device", "cpu"]
 
 
 def _unload(*modules: str) -> None:

@@ -30,7 +30,7 @@ from harness.run import main as run_main
 from harness.report.verdicts import case_phrase, verdict_sentence
 
 FINDINGS = ["B4-DRL-03", "B4-PT-05"]
-RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--budget", "1", "--device", "cpu",
+RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--budget", "1", "--every-cell", "--device", "cpu",
             "--threads", "1"]
 
 
@@ -213,7 +213,7 @@ def tiny_run(tmp_path):
         tolerance=lambda case: 1e-9,
     )
     try:
-        code = run_main(["--findings", TINY, "--budget", "1", "--device", "cpu",
+        code = run_main(["--findings", TINY, "--budget", "1", "--every-cell", "--device", "cpu",
                          "--out", str(tmp_path / "results"), "--no-report"])
     finally:
         del registry.FINDINGS[TINY]

@@ -47,7 +47,7 @@ def test_a_run_whose_findings_module_is_deleted_renders_in_a_fresh_interpreter(t
     results = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, "-m", "harness.run", "--findings-module", "gone_findings",
-         "--budget", "1", "--no-profile", "--no-report", "--out", str(results)],
+         "--budget", "1", "--every-cell", "--no-profile", "--no-report", "--out", str(results)],
         cwd=project, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     shutil.rmtree(project)  # the findings module is gone

@@ -38,7 +38,7 @@ from harness.run import main as run_main
 
 REPO = Path(__file__).resolve().parents[3]
 FINDINGS = ["B4-CR-03", "B4-DRL-03"]
-RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--budget", "1", "--device", "cpu",
+RUN_ARGS = ["--quick", "--findings", *FINDINGS, "--budget", "1", "--every-cell", "--device", "cpu",
             "--threads", "1"]
 VIEWPORT = (1400, 900)
 

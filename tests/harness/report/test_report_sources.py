@@ -33,7 +33,7 @@ def _run(project: Path, *args: str) -> Path:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     before = set((project / "results").glob("*-cpu*"))
     done = subprocess.run([sys.executable, "-m", "harness.run", "--quick", "--no-report",
-                           "--budget", "1", "--threads", "1", "--out", "results", *args], cwd=project,
+                           "--budget", "1", "--every-cell", "--threads", "1", "--out", "results", *args], cwd=project,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (folder,) = set((project / "results").glob("*-cpu*")) - before
