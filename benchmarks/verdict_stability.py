@@ -150,6 +150,13 @@ def _head(repository: Path) -> str:
                           text=True, check=True).stdout.strip()
 
 
+def compile_caches(folder: Path) -> dict[str, str]:
+    """The environment that keeps numba's, inductor's and Triton's caches in `folder`."""
+    return {"NUMBA_CACHE_DIR": str(folder / "numba"),
+            "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+            "TRITON_CACHE_DIR": str(folder / "triton")}
+
+
 def series(args) -> None:
     """`args.runs` runs of HEAD under `args.condition`, the first from a fresh clone with
     empty compile caches; saved after each run."""
@@ -163,11 +170,8 @@ def series(args) -> None:
             raise SystemExit(f"{folder}: its clone is gone; remove {name}.json to start over")
         clone = _fresh_clone(folder)
         saved.update(commit=_head(clone), description=condition.description)
-    caches = folder / "caches"
     environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone),
-                   "NUMBA_CACHE_DIR": str(caches / "numba"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-                   "TRITON_CACHE_DIR": str(caches / "triton")}
+                   **compile_caches(folder / "caches")}
     extra = condition.run_args + (("--quick",) if args.quick else ()) + tuple(args.run_args)
     with _co_runner(condition.co_runner):
         for index in range(len(saved["runs"]), args.runs):
@@ -348,7 +352,10 @@ def reference(args) -> None:
         "rows": [list(r) for r in draw_rows(runs, args.rows)], "processes": []}
     threads = "1" if "--threads" in condition.run_args else str(os.cpu_count())
     clone = args.out / name / "clone"
-    environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone)}
+    # compile caches of the condition's own, as its series had: inductor's default cache,
+    # shared with other kernel paths, gave C++ the other path's vector code to compile
+    environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone),
+                   **compile_caches(args.out / name / "reference-caches")}
     with _co_runner(condition.co_runner):
         for index in range(len(saved["processes"]), args.processes):
             done = _python("-c", REFERENCE_WORKER, json.dumps(saved["rows"]), threads,

@@ -43,7 +43,7 @@ from harness.measure.numbers import is_real, is_whole
 WORDS = ("faster", "slower", "same")
 #: harness.run's options that a claim sets from its own arguments
 OWNED_OPTIONS = ("--findings", "--findings-module", "--out", "--quick", "--budget",
-                 "--device", "--processes", "--no-report", "--reports", "--resume", "--list",
+                 "--every-cell", "--device", "--processes", "--no-report", "--reports", "--resume", "--list",
                  "--all", "--help", "--version")
 #: where runs go: the command-line option and the ini key (default: each test's tmp_path)
 RESULTS_OPTION = "--esper-bench-results"
@@ -198,7 +198,8 @@ class Expectation:
 
     def arguments(self, out: Path) -> list[str]:
         """harness.run's command line for this claim, its run going into `out`."""
-        argv = ["--findings", self.finding, "--out", str(out), "--no-report"]
+        # every case the claim judges is measured: its budget shares out sampling only
+        argv = ["--findings", self.finding, "--out", str(out), "--no-report", "--every-cell"]
         argv += ["--quick"] if self.quick else []
         argv += ["--budget", repr(float(self.budget))] if self.budget is not None else []
         argv += ["--device", self.device] if self.device is not None else []

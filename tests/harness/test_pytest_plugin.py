@@ -143,7 +143,8 @@ def test_the_arguments_become_harness_runs_command_line(tmp_path):
                               processes=3, module="my_findings",
                               options=["--margin", "0.1"])
     assert expected.arguments(tmp_path) == [
-        "--findings", "MY-rowsums", "--out", str(tmp_path), "--no-report", "--quick",
+        "--findings", "MY-rowsums", "--out", str(tmp_path), "--no-report", "--every-cell",
+        "--quick",
         "--budget", "5.0", "--device", "cpu", "--processes", "3",
         "--findings-module", "my_findings", "--margin", "0.1"]
     assert "--quick" not in Expectation.of("X", word="same", quick=False).arguments(tmp_path)

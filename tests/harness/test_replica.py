@@ -87,16 +87,22 @@ def test_a_worker_loads_while_the_run_goes_on_and_is_ready_when_asked():
         worker.close()
 
 
+def _logged_run(tmp_path: Path, monkeypatch, variable: str, threads: int) -> list[list[str]]:
+    """A small run of the noisy-cells module (results in tmp_path/out) with its log
+    `variable` set: the lines the run's processes logged, split."""
+    log = tmp_path / f"{variable}.log"
+    monkeypatch.setenv(variable, str(log))
+    assert main(["--findings-module", MODULE, "--budget", "4", "--every-cell", "--device", "cpu",
+                 "--no-report", "--no-profile", "--threads", str(threads), "--out",
+                 str(tmp_path / "out")]) == 0
+    return [line.split() for line in log.read_text().splitlines()]
+
+
 @pytest.mark.integration
 def test_a_worker_leaves_extra_metrics_to_the_runs_process(tmp_path, monkeypatch):
     """A worker's samples are all the run reads of it: only the run's own process computes
     a finding's extra metrics (a copy count under a dispatch mode took 11 s a process)."""
-    log = tmp_path / "extra.log"
-    monkeypatch.setenv("NOISE_EXTRA_LOG", str(log))
-    assert main(["--findings-module", MODULE, "--budget", "4", "--every-cell", "--device", "cpu",
-                 "--no-report", "--no-profile", "--threads", "1", "--out",
-                 str(tmp_path / "out")]) == 0
-    calls = [line.split() for line in log.read_text().splitlines()]
+    calls = _logged_run(tmp_path, monkeypatch, "NOISE_EXTRA_LOG", threads=1)
     assert {pid for pid, _ in calls} == {str(os.getpid())}, calls  # the run runs in-process
     assert sorted(variant for _, variant in calls) == ["double", "double", "sum", "sum"]
     summary = [r for c in read_cells(load_run(None, tmp_path / "out").folder) for r in c["summary"]]
@@ -148,12 +154,7 @@ def test_the_processes_preparing_a_cell_at_once_share_the_cores(tmp_path, monkey
     """The run's process and its worker build and first-call each cell at the same time:
     at 2 torch threads each on 2 cores, a training iteration's first calls took 40 s
     where they take 5. Each prepares at 2 // 2 = 1 thread; the timing keeps its 2."""
-    log = tmp_path / "threads.log"
-    monkeypatch.setenv("NOISE_THREADS_LOG", str(log))
-    assert main(["--findings-module", MODULE, "--budget", "4", "--every-cell", "--device", "cpu",
-                 "--no-report", "--no-profile", "--threads", "2", "--out",
-                 str(tmp_path / "out")]) == 0
-    builds = [line.split() for line in log.read_text().splitlines()]
+    builds = _logged_run(tmp_path, monkeypatch, "NOISE_THREADS_LOG", threads=2)
     # the run's process and its worker, each preparing both cells (later processes, such
     # as the one-thread ones, time a cell alone)
     pair = list(dict.fromkeys(pid for pid, _ in builds))[:2]
