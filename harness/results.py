@@ -292,7 +292,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; results are for reading
+        os.chmod(tmp, 0o666 & ~umask)  # created private; results are for reading
         os.replace(tmp, path)
         tmp = None
         _fsync_folder(path.parent)

@@ -283,19 +283,20 @@ def test_a_write_that_fails_stops_the_run_keeping_what_was_journaled(error, fail
     """The k-th atomic write raises (a full disk, a permission error): the run stops with
     exit 2 naming the file, every cell journaled before stays readable, and `--resume`
     completes the run with every cell."""
-    real = results.tempfile.mkstemp
+    real = os.open
     calls = {"n": 0}
 
-    def failing_mkstemp(*args, **kwargs):  # each atomic write makes one temp file first
-        calls["n"] += 1
-        if calls["n"] == failing:
-            raise OSError(error, os.strerror(error))
-        return real(*args, **kwargs)
+    def failing_open(path, flags, *args, **kwargs):  # each atomic write makes a temp file first
+        if str(path).endswith(".tmp") and flags & os.O_EXCL:
+            calls["n"] += 1
+            if calls["n"] == failing:
+                raise OSError(error, os.strerror(error))
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(results.tempfile, "mkstemp", failing_mkstemp)
+    monkeypatch.setattr(os, "open", failing_open)
     code = run_cli.main([*RUN, "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    monkeypatch.setattr(results.tempfile, "mkstemp", real)
+    monkeypatch.setattr(os, "open", real)
     if calls["n"] < failing:  # the run wrote less than that: nothing failed
         assert code == 0
         return
