@@ -285,14 +285,12 @@ def atomic_write_text(path: Path, text: str) -> None:
         # Named before it is created, so that a signal between the two leaves nothing the
         # `finally` does not remove (mkstemp's name came back only after the file existed)
         tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # results are for reading: 0o666 less the umask, as any file the user makes
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # created private; results are for reading
         os.replace(tmp, path)
         tmp = None
         _fsync_folder(path.parent)

@@ -578,15 +578,16 @@ def _measure(writer: RunWriter, selected, options: RunOptions, pyspy: bool,
     return ranks.broadcast(code, group, launch)
 
 
-def measuring_order(cells: list[tuple], options: RunOptions) -> list[tuple]:
+def measuring_order(cells: list[tuple], headlines: dict[str, str]) -> list[tuple]:
     """The cells `(finding, case, order)` in the order the run measures them: every
-    finding's headline cell first (its answer), then the others round by round, each
-    finding's next case in turn: where the budget ends the run early, what it leaves out is
-    spread thin over the findings rather than all of the last ones."""
+    finding's headline cell (`headlines`: finding id -> its headline case's label) first
+    (its answer), then the others round by round, each finding's next case in turn: where
+    the budget ends the run early, what it leaves out is spread thin over the findings
+    rather than all of the last ones."""
     rank: dict[tuple, int] = {}
     seen: dict[str, int] = {}
     for finding, case, order in cells:
-        if case.label == headline_label(finding, options):
+        if case.label == headlines[finding.id]:
             rank[order] = 0
         else:
             seen[finding.id] = seen.get(finding.id, 0) + 1
@@ -606,9 +607,10 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     it is raised."""
     fingerprint = ({k: rank_info[k] for k in ("rank", "host", "device_name")}
                    if launch.distributed else {})
+    headlines = {selected[fi].id: headline_label(selected[fi], options) for fi, _ in mine}
     cells = measuring_order(
         [(selected[fi], selected[fi].cases(options.quick)[ci], (fi, ci)) for fi, ci in mine],
-        options)
+        headlines)
     known = earlier_costs(writer.results_dir)
     plan = Plan(options.budget_s,
                 {(f.id, c.label): f.recording.budget_factor * len(f.variants) for f, c, _ in cells},
@@ -621,7 +623,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
             for position, (finding, case, order) in enumerate(cells):
                 progress.describe(f"{label}{finding.id}")
                 key = (finding.id, case.label)
-                if (not options.every_cell and case.label != headline_label(finding, options)
+                if (not options.every_cell and case.label != headlines[finding.id]
                         and not plan.fits(key)):
                     plan.left_out(key)
                     skipped = CaseRun(finding, case, options).leave_out(
@@ -705,12 +707,12 @@ class _Workers:
                 self.started[process] = str(err)
         return self.started[process]
 
-    def start_s(self) -> float | None:
-        """Wall seconds the slowest of this run's ready workers took to start (None where
-        none is ready): what one more fresh process costs before its first cell."""
+    def start_s(self) -> float:
+        """Wall seconds the slowest of this run's ready workers took to start (a guess
+        where none is ready): what one more fresh process costs before its first cell."""
         known = [w.startup_s for w in self.started.values()
                  if isinstance(w, replica.Worker) and w.startup_s is not None]
-        return max(known) if known else None
+        return max(known) if known else GUESS_FIXED_S
 
     def close(self) -> None:
         for worker in self.started.values():
@@ -822,10 +824,8 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
     if not headlines:
         return
     share = max(FLOOR_S, left / 3 / len(headlines) / 2)
-    start_s = workers.start_s()
     keys = affordable({(f.id, label): 2 * _fresh_cell_s(cells[(f.id, label)], options, share)
-                       for f, label in headlines},
-                      2 * (start_s if start_s is not None else GUESS_FIXED_S), left)
+                       for f, label in headlines}, 2 * workers.start_s(), left)
     if not keys:  # two processes that would end past the budget are not started
         progress.note(f"at one thread: not timed: 2 fresh processes would pass the budget "
                       f"({left:.1f} s left; a larger --budget pays them)")
@@ -880,9 +880,8 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
             return
         share = max(FLOOR_S, left / 2 / len(undecided))
         entries = {(c["finding"], c["case"]): c for c in cells}
-        start_s = workers.start_s()
         wanted = affordable({k: _fresh_cell_s(entries[k], options, share) for k in undecided},
-                            start_s if start_s is not None else GUESS_FIXED_S, left)
+                            workers.start_s(), left)
         if not wanted:  # a process that would end past the budget is not started
             progress.note(f"process {process}: not started: {len(undecided)} undecided cells, "
                           f"but its start and first calls would pass the budget ({left:.1f} s "

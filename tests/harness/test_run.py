@@ -383,11 +383,12 @@ def _sized(finding_id: str, sizes: tuple[int, ...], headline: int | None = None)
 def test_every_findings_headline_is_measured_first_then_the_others_in_turn():
     """Where the budget ends a run early, the cells it leaves out are the last in this
     order: each finding's headline answered, the rest spread over the findings."""
-    from harness.run import measuring_order
+    from harness.run import headline_label, measuring_order
     from harness.runner import RunOptions
     a, b = _sized("A", (1, 2, 3)), _sized("B", (1, 2), headline=2)
     cells = [(f, c, (fi, ci)) for fi, f in enumerate((a, b)) for ci, c in enumerate(f.cases(True))]
-    order = measuring_order(cells, RunOptions(device=torch.device("cpu"), quick=True))
+    options = RunOptions(device=torch.device("cpu"), quick=True)
+    order = measuring_order(cells, {f.id: headline_label(f, options) for f in (a, b)})
     assert [(f.id, c["n"]) for f, c, _ in order] == [("A", 1), ("B", 2), ("A", 2), ("B", 1), ("A", 3)]
 
 
