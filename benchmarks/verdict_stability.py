@@ -57,6 +57,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch.utils.benchmark as tb
+
 REPO = Path(__file__).resolve().parents[1]
 DECISIVE = ("faster", "slower", "same")
 
@@ -278,21 +280,49 @@ def words_held(runs: list[dict], reference: dict[tuple, float], margin: float = 
 
 # -------------------------------------------------------------------------- reference
 
+def _empty() -> None:
+    """The call whose cost is the reference loop's own."""
+
+
+def _median_s(fn, threads: int, min_run_time: float) -> float:
+    """The median seconds per call of a `torch.utils.benchmark` `blocked_autorange` of `fn`
+    (back-to-back calls, warm) at `threads` torch threads (its Timer runs at one thread
+    unless told)."""
+    timer = tb.Timer("fn()", globals={"fn": fn}, num_threads=threads)
+    return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def reference_loop_s(threads: int, min_run_time: float = 0.05) -> float:
+    """The reference loop's own seconds per call: the median over three timings of an
+    empty call."""
+    return statistics.median(_median_s(_empty, threads, min_run_time) for _ in range(3))
+
+
+def reference_per_call(fn, threads: int, loop_s: float, min_run_time: float = 0.05) -> float:
+    """Seconds per call of `fn` by `torch.utils.benchmark` at `threads` torch threads, less
+    the loop's own `loop_s` (`reference_loop_s`): the measurand a run's samples estimate (a
+    call's own steady cost), and where the loop's cost is most of a nanosecond call, not
+    its ratio pulled towards 1. Never below 5% of the raw time."""
+    raw = _median_s(fn, threads, min_run_time)
+    return max(raw - loop_s, 0.05 * raw)
+
+
 #: one reference process: argv[1] the rows as JSON [[finding, case, variant], ...], argv[2]
 #: torch's threads; each row's baseline and variant built from seed 0 and timed by
-#: torch.utils.benchmark, interleaved, the rows in a shuffled order; prints
-#: {"finding/case/variant": ratio of medians} as JSON
+#: `reference_per_call`, interleaved five times, the rows in a shuffled order; prints
+#: {"finding/case/variant": ratio of the median times} as JSON
 REFERENCE_WORKER = r"""
 import json, random, sys
 import torch
-import torch.utils.benchmark as tb
 torch.set_num_threads(int(sys.argv[2]))
+from benchmarks.verdict_stability import reference_loop_s, reference_per_call
 from harness import findings as registry
 from harness.project import load_findings
 load_findings(None, required=False, with_project=True)
 rows = json.loads(sys.argv[1])
 quick = sys.argv[3] == "quick"  # the series' cases: a quick run's are its own
 random.shuffle(rows)
+loop_s = reference_loop_s(torch.get_num_threads())
 ratios = {}
 for finding_id, case_label, variant in rows:
     if variant == "placebo":  # the baseline against itself: its true ratio is 1
@@ -303,17 +333,17 @@ for finding_id, case_label, variant in rows:
     inputs = finding.build(case, torch.device("cpu"), 0)
     calls = {"baseline": finding.make_call(finding.baseline, inputs),
              "variant": finding.make_call(variant, inputs)}
-    timers = {name: tb.Timer("fn()", globals={"fn": fn}) for name, fn in calls.items()}
-    medians = {name: [] for name in timers}
+    seconds = {name: [] for name in calls}
     for _ in range(5):
-        order = list(timers)
+        order = list(calls)
         random.shuffle(order)
         for name in order:
-            medians[name].append(timers[name].blocked_autorange(min_run_time=0.05).median)
+            seconds[name].append(reference_per_call(calls[name], torch.get_num_threads(), loop_s))
     ratios["/".join((finding_id, case_label, variant))] = (
-        sorted(medians["variant"])[2] / sorted(medians["baseline"])[2])
+        sorted(seconds["variant"])[2] / sorted(seconds["baseline"])[2])
 print(json.dumps(ratios))
 """
+
 
 #: call-length strata of the reference's draw, in seconds per call
 STRATA = (20e-6, 2e-3)

@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 
 #: a cell's fixed cost (inputs, first calls, checks, profile) when no earlier run knows it
 GUESS_FIXED_S = 1.5
-#: the share of the budget kept for rows whose processes disagree (more processes) and
-#: for the report
-RESERVE_SHARE = 0.12
+#: the share of the budget kept for rows whose processes disagree (more processes)
+RESERVE_SHARE = 0.06
+#: seconds of report (figures, page) per finding where no earlier report says (`report_s`)
+GUESS_REPORT_S = 0.3
+#: seconds to combine and print the run's rows, beside the report
+FINISH_S = 1.0
 #: the least sampling a process gets for a cell (its minimum rounds come on top)
 FLOOR_S = 0.02
 #: how the row of a variant begins whose profile the run's budget could not pay
@@ -53,6 +56,18 @@ class Plan:
     """This run's fixed costs over the plan's estimate of the cells done (a slower machine
     pays more than an earlier run did)."""
     _estimated_done_s: float = 0.0
+    report_s: float = 0.0
+    """Seconds kept at the end for combining the rows and the report (`report_s`)."""
+
+    def end_s(self) -> float:
+        """Seconds from the start by which the cells end: the budget less the reserve for
+        more processes and the report's seconds."""
+        return self.budget_s * (1.0 - RESERVE_SHARE) - self.report_s
+
+    def deadline_s(self) -> float:
+        """Seconds from the start by which the extra processes end: the budget less the
+        report's seconds."""
+        return self.budget_s - self.report_s
 
     def _fixed(self, key: tuple[str, str]) -> float:
         return self.known_fixed_s.get(key, GUESS_FIXED_S * self.processes)
@@ -64,7 +79,7 @@ class Plan:
     def sampling_s(self) -> float:
         """Seconds of sampling left to share out over the cells still to measure."""
         elapsed = time.perf_counter() - self.started
-        left = self.budget_s * (1.0 - RESERVE_SHARE) - elapsed - self.remaining_fixed_s()
+        left = self.end_s() - elapsed - self.remaining_fixed_s()
         return max(left, 0.0)
 
     def share(self, key: tuple[str, str]) -> float:
@@ -77,7 +92,7 @@ class Plan:
 
     def left_s(self) -> float:
         """Seconds until the budget less its reserve is spent (negative once past it)."""
-        return self.budget_s * (1.0 - RESERVE_SHARE) - (time.perf_counter() - self.started)
+        return self.end_s() - (time.perf_counter() - self.started)
 
     def fits(self, key: tuple[str, str]) -> bool:
         """Whether the cell `key` may still be measured: the budget less its reserve is not
@@ -94,7 +109,7 @@ class Plan:
         costs of the cells still to come and their least sampling; 0 when nothing is."""
         coming = [k for k in self.weights if k not in self.done and k != key]
         elapsed = time.perf_counter() - self.started
-        left = (self.budget_s * (1.0 - RESERVE_SHARE) - elapsed
+        left = (self.end_s() - elapsed
                 - self._scale * sum(self._fixed(k) for k in coming)
                 - FLOOR_S * self.processes * len(coming))
         return max(left, 0.0)
@@ -113,13 +128,18 @@ class Plan:
         fixed = self.remaining_fixed_s()
         sampling = self.sampling_s()
         cells = len(self.weights)
+        source = "from earlier runs" if self.known_fixed_s else "a guess"
+        if sampling > 0:
+            split = (f"about {sampling:.0f} s of sampling ({sampling / max(cells, 1) / self.processes:.2g} "
+                     f"s a cell per process), {fixed:.0f} s of inputs, first calls, checks and "
+                     f"profiling ({source})")
+        else:  # the guess alone spends the budget: the measured pace decides
+            split = (f"{fixed:.0f} s of inputs, first calls, checks and profiling ({source}: "
+                     "more than the budget; sampling is shared out from the pace measured "
+                     "cell by cell)")
         return (f"plan: {cells} cells, each timed in {self.processes} processes, within "
-                f"{self.budget_s:.0f} s: about {sampling:.0f} s of sampling "
-                f"({sampling / max(cells, 1) / self.processes:.2g} s a cell per process), "
-                f"{fixed:.0f} s of inputs, first calls, checks and profiling "
-                f"({'from earlier runs' if self.known_fixed_s else 'a guess'}), "
-                f"{RESERVE_SHARE * self.budget_s:.0f} s kept for rows whose processes "
-                "disagree and the report")
+                f"{self.budget_s:.0f} s: {split}, {RESERVE_SHARE * self.budget_s:.0f} s kept "
+                f"for rows whose processes disagree and {self.report_s:.0f} s for the report")
 
 
 def affordable(costs: dict, start_s: float, left_s: float) -> list:
@@ -133,3 +153,15 @@ def affordable(costs: dict, start_s: float, left_s: float) -> list:
             spent += cost
             chosen.append(key)
     return chosen
+
+
+def report_s(earlier: list[tuple[float, int]], findings: int) -> float:
+    """Seconds a run of `findings` findings keeps for combining its rows and its report:
+    the newest of the `earlier` reports' (seconds, findings) scaled to `findings`, else a
+    guess of GUESS_REPORT_S a finding; FINISH_S on top."""
+    per_finding = GUESS_REPORT_S
+    if earlier:
+        seconds, count = earlier[-1]
+        per_finding = seconds / max(count, 1)
+    return FINISH_S + per_finding * findings
+

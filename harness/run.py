@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import shlex
 import sys
 import time
@@ -50,13 +51,13 @@ from harness.report.summary import (
     compiled_line, format_seconds, process_line, sampling_line, summary_table, time_line,
 )
 from harness.results import (
-    DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, load_run, read_cells,
-    remove_orphan_temps, resolve_run_folder,
+    DEFAULT_RESULTS_DIR, DiskFullError, RunFileError, RunWriter, atomic_write_text, load_run,
+    read_cells, remove_orphan_temps, resolve_run_folder,
 )
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.combine import combine
 from harness.plan import (
-    BUDGET_LEFT_OUT, FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan, affordable
+    BUDGET_LEFT_OUT, FLOOR_S, GUESS_FIXED_S, Plan, affordable, report_s
 )
 from harness.runner import PLACEBO_MODES, CaseRun, RunOptions
 
@@ -323,6 +324,8 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     reports = args.reports or args.out.parent / "reports"
     if not args.no_report:
         check_writable_folder(reports, "--reports")
+    options = dataclasses.replace(options, report_s=report_s(
+        [] if args.no_report else earlier_reports(reports), 0 if args.no_report else len(selected)))
     if resumed is not None:
         if resumed.metadata.get("status") == "running":
             raise UsageError(f"--resume {args.resume}: expected a run that has stopped; "
@@ -362,7 +365,7 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
             opened_writer.close()
         ranks.stop(launch)
     if launch.leader and not args.no_report and code not in (130, 143, 129):
-        _report(writer.folder, reports)
+        _report(writer.folder, reports, len(selected))
     return code
 
 
@@ -481,14 +484,22 @@ def code_state(modules: list[str]) -> dict:
     return state
 
 
-def _report(folder: Path, reports: Path) -> None:
-    """Render reports/<run-id>/ and the index; a report problem never fails the run."""
+#: what a run's report took, in its folder: the next run keeps that much of its budget
+RENDER_FILE = "render.json"
+
+
+def _report(folder: Path, reports: Path, findings: int) -> None:
+    """Render reports/<run-id>/ and the index, and record the seconds it took
+    (`RENDER_FILE`); a report problem never fails the run."""
     later = f"render it with: python -m harness.report {shlex.quote(str(folder))}"
+    started = time.perf_counter()
     try:
         with loading():
             from harness.report.cli import render  # matplotlib and jinja2 load only now
 
         page = render(folder, out=reports / folder.name)
+        atomic_write_text(page.parent / RENDER_FILE, json.dumps(
+            {"seconds": time.perf_counter() - started, "findings": findings}))
     except UsageError as err:  # the report's input errors (ReportError is one)
         print(f"report not written: {err}; {later}", file=sys.stderr)
         return
@@ -537,6 +548,21 @@ def earlier_costs(results_dir: Path) -> dict[tuple[str, str], tuple[float, float
         except RunFileError:  # an unreadable earlier run only costs the estimate
             continue
     return known
+
+
+def earlier_reports(reports: Path) -> list[tuple[float, int]]:
+    """(seconds, findings) of the newest report in `reports` that recorded what it took
+    (`RENDER_FILE`); [] where none did or it cannot be read (the plan then guesses)."""
+    files = sorted(Path(reports).glob(f"*/{RENDER_FILE}"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(files[-5:]):
+        try:
+            document = json.loads(path.read_text())
+            seconds, findings = float(document["seconds"]), int(document["findings"])
+        except (OSError, ValueError, KeyError, TypeError):  # one unreadable file costs the guess only
+            continue
+        if seconds >= 0 and findings > 0:
+            return [(seconds, findings)]
+    return []
 
 
 def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[float]:
@@ -615,7 +641,7 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     plan = Plan(options.budget_s,
                 {(f.id, c.label): f.recording.budget_factor * len(f.variants) for f, c, _ in cells},
                 options.processes, {k: v[0] for k, v in known.items()},
-                {k: v[1] for k, v in known.items()}, started=STARTED)
+                {k: v[1] for k, v in known.items()}, started=STARTED, report_s=options.report_s)
     workers = _Workers(options, _worker_modules(writer, selected))
     try:
         with Progress(len(mine), "cell") as progress:
@@ -720,14 +746,21 @@ class _Workers:
                 worker.close()
 
 
-def _fresh_cell_s(entry: dict, options: RunOptions, share: float) -> float:
-    """Seconds one more fresh process is expected to take over the journalled cell
-    `entry`, given `share` seconds of sampling: its inputs and first calls as the run's
-    workers took them (`worker_other`, the mean over them), then at least that share."""
-    seconds = entry.get("seconds") or {}
+def fresh_costs(keys, entries: dict, options: RunOptions, share: float) -> dict:
+    """Seconds one more fresh process is expected to take over each journalled cell of
+    `keys` ((finding, case) -> its entry in `entries`), given `share` seconds of sampling:
+    inputs and first calls as the run's workers took them for the costliest cell of the
+    same finding (the mean over the workers: a worker's first cell of a finding pays its
+    compiles and imports, 6 s for B4-CR-03's compiled GAE, and a fresh process pays them
+    again for whichever of its cells comes first), then at least that share."""
     workers = max(options.processes - 1, 1)
-    return seconds.get("worker_other", GUESS_FIXED_S) / workers + max(
-        share, seconds.get("worker_time", 0.0) / workers)
+    first_calls: dict[str, float] = {}
+    for (finding, _), entry in entries.items():
+        other = (entry.get("seconds") or {}).get("worker_other", GUESS_FIXED_S)
+        first_calls[finding] = max(first_calls.get(finding, 0.0), other)
+    return {key: first_calls[key[0]] / workers + max(
+        share, (entries[key].get("seconds") or {}).get("worker_time", 0.0) / workers)
+        for key in keys}
 
 
 def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Workers,
@@ -814,7 +847,7 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
     is said beside the run's (the rows' `one_thread_*`, `harness.combine`)."""
     if torch.get_num_threads() == 1:
         return
-    deadline = options.budget_s * (1 - RESERVE_SHARE / 2)
+    deadline = options.budget_s - options.report_s
     left = deadline - (time.perf_counter() - STARTED)
     if left <= 0:
         return
@@ -824,8 +857,9 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
     if not headlines:
         return
     share = max(FLOOR_S, left / 3 / len(headlines) / 2)
-    keys = affordable({(f.id, label): 2 * _fresh_cell_s(cells[(f.id, label)], options, share)
-                       for f, label in headlines}, 2 * workers.start_s(), left)
+    costs = {key: 2 * seconds for key, seconds in fresh_costs(
+        [(f.id, label) for f, label in headlines], cells, options, share).items()}
+    keys = affordable(costs, 2 * workers.start_s(), left)
     if not keys:  # two processes that would end past the budget are not started
         progress.note(f"at one thread: not timed: 2 fresh processes would pass the budget "
                       f"({left:.1f} s left; a larger --budget pays them)")
@@ -835,7 +869,7 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
     alone = _Workers(options, _worker_modules(writer, selected), threads=1)
     try:
         for finding, label in headlines:
-            if time.perf_counter() - STARTED > deadline:
+            if time.perf_counter() - STARTED + costs[(finding.id, label)] > deadline:
                 return
             entry = cells[(finding.id, label)]
             timed = sorted({r["variant"] for r in entry["samples"]})
@@ -867,7 +901,7 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
     `MAX_PROCESSES`) while the budget lasts (it keeps the last half of its reserve for the
     report): each one's rows join the cell's journal entry."""
     by_id = {f.id: f for f in selected}
-    deadline = options.budget_s * (1 - RESERVE_SHARE / 2)
+    deadline = options.budget_s - options.report_s
     for process in range(options.processes + 1, MAX_PROCESSES + 1):
         cells = read_cells(writer.folder)
         combined = combine([r for c in cells for r in c["summary"]],
@@ -880,8 +914,8 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
             return
         share = max(FLOOR_S, left / 2 / len(undecided))
         entries = {(c["finding"], c["case"]): c for c in cells}
-        wanted = affordable({k: _fresh_cell_s(entries[k], options, share) for k in undecided},
-                            workers.start_s(), left)
+        costs = fresh_costs(undecided, entries, options, share)
+        wanted = affordable(costs, workers.start_s(), left)
         if not wanted:  # a process that would end past the budget is not started
             progress.note(f"process {process}: not started: {len(undecided)} undecided cells, "
                           f"but its start and first calls would pass the budget ({left:.1f} s "
@@ -894,7 +928,7 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
         progress.note(f"process {process}: {len(wanted)} of {len(undecided)} undecided cells "
                       "that more processes may decide, as the budget allows")
         for finding_id, label in wanted:
-            if time.perf_counter() - STARTED > deadline:
+            if time.perf_counter() - STARTED + costs[(finding_id, label)] > deadline:
                 return
             entry = entries[(finding_id, label)]
             finding = by_id[finding_id]

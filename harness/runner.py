@@ -80,6 +80,9 @@ class RunOptions:
     processes: int = 2
     """Fresh processes that time every cell: the run's own and `processes - 1` workers
     (`harness.replica`); rows whose processes disagree get more."""
+    report_s: float = 0.0
+    """Seconds the run keeps at its end to combine its rows and render its report
+    (`harness.plan.report_s`)."""
     every_cell: bool = False
     """Measure every cell, however long: the budget shares out sampling and profiles only
     (else a cell past the budget, not a headline, is left out: `harness.plan`)."""

@@ -7,9 +7,11 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks import verdict_stability as vs
 
@@ -232,3 +234,20 @@ def test_the_reference_worker_times_a_quick_series_rows_at_their_quick_cases():
     ratios = json.loads(done.stdout.strip().splitlines()[-1])
     assert ratios["E2E-iteration/num_envs=2,max_steps=5/placebo"] == 1.0
     assert 0.2 < ratios["E2E-iteration/num_envs=2,max_steps=5/reviews"] < 5.0
+
+
+def test_the_reference_times_at_the_threads_it_is_given_and_leaves_out_its_loop():
+    """torch.utils.benchmark's Timer runs at one thread unless told: the reference's calls
+    see the thread count of the condition; an empty call costs its 5% floor of the loop's
+    own time, and a call of ~0.2 ms keeps nearly all of it."""
+    seen = []
+
+    def call():
+        seen.append(torch.get_num_threads())
+        time.sleep(2e-4)
+
+    assert vs.reference_per_call(call, 2, 0.0, min_run_time=0.02) > 1.5e-4
+    assert set(seen) == {2}
+    loop = vs.reference_loop_s(1, min_run_time=0.02)
+    assert 0 < loop < 1e-5
+    assert vs.reference_per_call(lambda: None, 1, loop, min_run_time=0.02) < loop / 2

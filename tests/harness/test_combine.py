@@ -10,7 +10,10 @@ import pytest
 
 from harness.combine import combine, row_processes
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
-from harness.plan import FLOOR_S, GUESS_FIXED_S, RESERVE_SHARE, Plan, affordable
+from harness.plan import (
+    FINISH_S, FLOOR_S, GUESS_FIXED_S, GUESS_REPORT_S, RESERVE_SHARE, Plan, affordable,
+    report_s,
+)
 from harness.report.summary import compiled_line
 from harness.results import worded
 
@@ -189,6 +192,27 @@ def test_the_plan_never_shares_out_nothing_and_guesses_unknown_cells():
     assert plan.share(("A", "1")) == FLOOR_S
     assert plan.remaining_fixed_s() == GUESS_FIXED_S * 2
     assert "a guess" in plan.describe() and "each timed in 2 processes" in plan.describe()
+
+
+def test_the_report_keeps_what_the_last_one_took_a_finding_else_a_guess():
+    assert report_s([], 10) == pytest.approx(FINISH_S + 10 * GUESS_REPORT_S)
+    assert report_s([(8.0, 4), (3.0, 12)], 6) == pytest.approx(FINISH_S + 1.5)  # the newest
+    assert report_s([(3.0, 12)], 0) == FINISH_S  # no report: the rows are still combined
+
+
+def test_the_cells_end_before_the_reports_seconds():
+    plan = Plan(100.0, {("A", "1"): 1.0}, processes=2, known_fixed_s={("A", "1"): 4.0},
+                report_s=20.0)
+    assert plan.end_s() == pytest.approx(100.0 * (1 - RESERVE_SHARE) - 20.0)
+    assert plan.deadline_s() == pytest.approx(80.0)
+    assert plan.share(("A", "1")) == pytest.approx((plan.end_s() - 4.0) / 2, rel=0.01)
+    assert "20 s for the report" in plan.describe()
+
+
+def test_a_plan_whose_guess_spends_the_budget_says_so_rather_than_0_s_of_sampling():
+    plan = Plan(35.0, {(str(i), "1"): 1.0 for i in range(21)}, processes=2)
+    said = plan.describe()
+    assert "0 s of sampling" not in said and "more than the budget" in said
 
 
 def test_one_more_process_takes_only_the_cells_its_start_and_costs_leave_time_for():

@@ -7,6 +7,7 @@ import math
 import gzip
 import json
 import re
+import time
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import findings as registry
+from harness import findings as registry, plan
 from harness.findings import Case, Finding, Recording
 from harness.results import SCHEMA_VERSION, load_run
 from harness.run import main
@@ -378,6 +379,50 @@ def _sized(finding_id: str, sizes: tuple[int, ...], headline: int | None = None)
         check=lambda out, ref: abs(float(out) - float(ref)), tolerance=lambda case: 1e-6,
         reading=registry.Reading(headline_case=None if headline is None else (
             lambda cases: next(c for c in cases if c["n"] == headline))))
+
+
+@pytest.mark.integration
+def test_a_run_keeps_what_its_last_report_took_out_of_its_budget(tmp_path):
+    """A run records its report's seconds beside the report; the next run keeps that much
+    at the end of its budget. With 30 s, three small cells fit beside a quick report;
+    after a report that took 50 s for one finding, only the headline is measured."""
+    finding = _sized("TEST-report", (64, 128, 256))
+    registry.FINDINGS[finding.id] = finding
+    args = ["--findings", finding.id, "--quick", "--out", str(tmp_path / "results"),
+            "--no-profile", "--budget", "30"]
+    try:
+        assert main(args) == 0
+        first = load_run(None, tmp_path / "results")
+        recorded = tmp_path / "reports" / first.run_id / "render.json"
+        document = json.loads(recorded.read_text())
+        assert document["findings"] == 1 and 0 < document["seconds"] < 30
+        assert set(first.summary[first.summary.status == "ok"].case) == {"n=64", "n=128", "n=256"}
+        recorded.write_text(json.dumps({"seconds": 50.0, "findings": 1}))
+        time.sleep(1.1)  # the next run is the newest by its folder's time
+        assert main(args) == 0
+    finally:
+        del registry.FINDINGS[finding.id]
+    second = load_run(None, tmp_path / "results")
+    assert second.run_id != first.run_id
+    assert set(second.summary[second.summary.status == "ok"].case) == {"n=64"}
+
+
+def test_a_fresh_process_is_expected_to_pay_its_findings_first_calls_again():
+    """A worker paid B4-CR-03's compiles in its first cell of it (6 s) and 0.02 s in the
+    next: a fresh process that takes only the next cell pays the 6 s there (a quick
+    run's third process, told 0.02 s, took 8 s past a budget with 1.6 s left)."""
+    from harness.run import fresh_costs
+    from harness.runner import RunOptions
+    entries = {("A", "first"): {"seconds": {"worker_other": 6.0, "worker_time": 0.8}},
+               ("A", "next"): {"seconds": {"worker_other": 0.02, "worker_time": 0.2}},
+               ("B", "only"): {"seconds": {"worker_other": 0.5, "worker_time": 0.1}},
+               ("C", "unknown"): {}}
+    options = RunOptions(device=torch.device("cpu"), processes=2)
+    costs = fresh_costs([("A", "next"), ("B", "only"), ("C", "unknown")], entries, options, 0.3)
+    assert costs == {("A", "next"): pytest.approx(6.3), ("B", "only"): pytest.approx(0.8),
+                     ("C", "unknown"): pytest.approx(plan.GUESS_FIXED_S + 0.3)}
+    three = RunOptions(device=torch.device("cpu"), processes=3)  # the mean over 2 workers
+    assert fresh_costs([("A", "next")], entries, three, 0.05)[("A", "next")] == pytest.approx(3.1)
 
 
 def test_every_findings_headline_is_measured_first_then_the_others_in_turn():

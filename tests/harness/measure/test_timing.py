@@ -279,13 +279,15 @@ def test_samples_are_exact_per_call_costs_with_calibrated_numbers():
 
 def rounds_of(log: list[str], prepared: int, numbers: dict[str, int]) -> list[list[str]]:
     """The order of the variants in each round, read from a clock's call log after the
-    first `prepared` calls (each sample is `numbers[name]` calls in a row)."""
+    first `prepared` calls (each sample is `numbers[name]` calls in a row, after one
+    untimed call of its own where it has more than one)."""
     order, rest = [], log[prepared:]
     while rest:
         name = rest[0]
-        assert rest[:numbers[name]] == [name] * numbers[name]  # a sample is one block
+        block = numbers[name] + (numbers[name] > 1)
+        assert rest[:block] == [name] * block  # a sample is one block
         order.append(name)
-        rest = rest[numbers[name]:]
+        rest = rest[block:]
     size = len(numbers)
     return [order[i:i + size] for i in range(0, len(order), size)]
 
@@ -353,6 +355,50 @@ def test_the_loops_own_cost_is_measured_with_an_empty_call_and_removed():
     assert result["slow"].call_overhead_s == loop
     assert result["slow"].samples == (4 * loop,) * 4
     assert result["fast"].samples == (2 * loop,) * 4
+
+
+class SwitchClock(FakeClock):
+    """A fake clock where a call right after another variant's call costs `penalty` more
+    (caches, allocator and branch state that the other variant's code left behind)."""
+
+    def __init__(self, penalty: float) -> None:
+        super().__init__()
+        self.penalty = penalty
+
+    def variant(self, name, costs):
+        def call() -> None:
+            if self.log and self.log[-1] != name:
+                self.now += self.penalty
+            self.log.append(name)
+            self.now += next(costs)
+
+        return call
+
+
+def test_a_sample_is_not_billed_for_the_switch_from_another_variant():
+    """Samples of four calls, the first after a switch 50% dearer: each sample of more than
+    one call follows one untimed call of its own variant, so the samples are the warm
+    per-call costs, and a variant's ratio does not depend on which others share its cell
+    (without it, `fast` read 1.125 of its cost, and more beside more variants)."""
+    quarter = MS / 4
+    clock = SwitchClock(penalty=quarter / 2)
+    fns = {"slow": clock.variant("slow", constant(2 * MS)),
+           "fast": clock.variant("fast", constant(quarter)),
+           "other": clock.variant("other", constant(quarter))}
+    result = measure(fns, clock, min_rounds=6, max_rounds=6, sequential=False)
+    assert result["fast"].number_per_sample == 4 and result["slow"].number_per_sample == 1
+    assert result["fast"].samples == (quarter,) * 6
+    assert result["other"].samples == (quarter,) * 6
+
+
+def test_a_sample_of_one_call_takes_no_untimed_call_before_it():
+    """A paired cell (one call per sample, uncalibrated: each call advances state) and a
+    call long enough for a sample of its own make exactly their samples' calls."""
+    clock = FakeClock()
+    fns = {"A": clock.variant("A", constant(MS)), "B": clock.variant("B", constant(MS))}
+    measure(fns, clock, warmup=0, min_rounds=3, max_rounds=3, sequential=False,
+            min_sample_time=None)
+    assert clock.log.count("A") == 1 + 3 and clock.log.count("B") == 1 + 3
 
 
 def test_first_call_and_warm_up_are_reported_apart_from_samples():
