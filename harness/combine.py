@@ -23,7 +23,7 @@ from harness.measure.decision import (
 )
 from harness.measure.estimate import (
     DISAGREE_LEVEL, Calibration, PairedEstimate, ProcessSpread, RowProcesses, calibrate,
-    disagreement, pool_spread, row_estimate,
+    disagreement, long_run_factor, pool_spread, row_estimate,
 )
 from harness.measure.stats import Verdict
 
@@ -74,7 +74,7 @@ def row_processes(summary: Sequence[dict], samples: Sequence[dict]
     """(finding, case, variant) -> its rounds in every process that timed both it and its
     reference (`compared_to`), paired by round, for every timed row but the reference."""
     rounds = _rounds(samples)
-    rows = {}
+    paired = {}
     for row in summary:
         reference = row.get("compared_to")
         if row.get("status") != "ok" or not reference or row["variant"] == reference:
@@ -86,9 +86,11 @@ def row_processes(summary: Sequence[dict], samples: Sequence[dict]
             if n >= 2:
                 pairs.append((own[:n], base[:n]))
         if pairs:
-            rows[(row["finding"], row["case"], row["variant"])] = RowProcesses.of(
-                pairs, pooled=not row.get("placebo"))
-    return rows
+            paired[(row["finding"], row["case"], row["variant"])] = (pairs, row)
+    # the correlation of neighbouring rounds, measured over the run's rows at once
+    long_run = long_run_factor([pair for pairs, _ in paired.values() for pair in pairs])
+    return {key: RowProcesses.of(pairs, pooled=not row.get("placebo"), long_run=long_run)
+            for key, (pairs, row) in paired.items()}
 
 
 @dataclass(frozen=True)

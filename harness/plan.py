@@ -2,7 +2,8 @@
 
 A run has `budget_s` seconds, its report included. What is not sampling (loading the
 findings, each cell's inputs, first calls, checks and profiling, the workers' start, the
-report) is a cost to be paid; what is left is shared out over the cells by their weight
+report: what the last report took a finding, `report_s`) is a cost to be paid; what is
+left is shared out over the cells by their weight
 (`Recording.budget_factor`, times the variants a cell times) and over the processes that
 time each cell. The plan starts from what the cells cost in the newest earlier runs of
 the same results folder (else a guess), and is made again before every cell from what
@@ -27,6 +28,8 @@ RESERVE_SHARE = 0.06
 GUESS_REPORT_S = 0.3
 #: seconds to combine and print the run's rows, beside the report
 FINISH_S = 1.0
+#: the most of the budget the report's reserve takes, whatever an earlier report took
+REPORT_MAX_SHARE = 0.25
 #: the least sampling a process gets for a cell (its minimum rounds come on top)
 FLOOR_S = 0.02
 #: how the row of a variant begins whose profile the run's budget could not pay
@@ -63,11 +66,6 @@ class Plan:
         """Seconds from the start by which the cells end: the budget less the reserve for
         more processes and the report's seconds."""
         return self.budget_s * (1.0 - RESERVE_SHARE) - self.report_s
-
-    def deadline_s(self) -> float:
-        """Seconds from the start by which the extra processes end: the budget less the
-        report's seconds."""
-        return self.budget_s - self.report_s
 
     def _fixed(self, key: tuple[str, str]) -> float:
         return self.known_fixed_s.get(key, GUESS_FIXED_S * self.processes)
@@ -139,7 +137,7 @@ class Plan:
                      "cell by cell)")
         return (f"plan: {cells} cells, each timed in {self.processes} processes, within "
                 f"{self.budget_s:.0f} s: {split}, {RESERVE_SHARE * self.budget_s:.0f} s kept "
-                f"for rows whose processes disagree and {self.report_s:.0f} s for the report")
+                f"for rows whose processes disagree and {self.report_s:.0f} s to combine the rows and report them")
 
 
 def affordable(costs: dict, start_s: float, left_s: float) -> list:
@@ -155,13 +153,15 @@ def affordable(costs: dict, start_s: float, left_s: float) -> list:
     return chosen
 
 
-def report_s(earlier: list[tuple[float, int]], findings: int) -> float:
-    """Seconds a run of `findings` findings keeps for combining its rows and its report:
-    the newest of the `earlier` reports' (seconds, findings) scaled to `findings`, else a
-    guess of GUESS_REPORT_S a finding; FINISH_S on top."""
-    per_finding = GUESS_REPORT_S
+def report_s(earlier: dict | None, findings: int, budget_s: float) -> float:
+    """Seconds a run of `findings` findings (0: no report) keeps of its `budget_s` for
+    combining its rows and its report: the `earlier` report's (its `import_s` once, its
+    `render_s` a finding, `findings` of them), else a guess of GUESS_REPORT_S a finding;
+    FINISH_S on top; at most REPORT_MAX_SHARE of the budget."""
+    if findings <= 0:
+        return min(FINISH_S, REPORT_MAX_SHARE * budget_s)
     if earlier:
-        seconds, count = earlier[-1]
-        per_finding = seconds / max(count, 1)
-    return FINISH_S + per_finding * findings
-
+        seconds = earlier["import_s"] + earlier["render_s"] / earlier["findings"] * findings
+    else:
+        seconds = GUESS_REPORT_S * findings
+    return min(FINISH_S + seconds, REPORT_MAX_SHARE * budget_s)

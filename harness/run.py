@@ -325,7 +325,8 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     if not args.no_report:
         check_writable_folder(reports, "--reports")
     options = dataclasses.replace(options, report_s=report_s(
-        [] if args.no_report else earlier_reports(reports), 0 if args.no_report else len(selected)))
+        None if args.no_report else earlier_report(reports),
+        0 if args.no_report else len(selected), options.budget_s))
     if resumed is not None:
         if resumed.metadata.get("status") == "running":
             raise UsageError(f"--resume {args.resume}: expected a run that has stopped; "
@@ -496,10 +497,8 @@ def _report(folder: Path, reports: Path, findings: int) -> None:
     try:
         with loading():
             from harness.report.cli import render  # matplotlib and jinja2 load only now
-
+        imported = time.perf_counter()
         page = render(folder, out=reports / folder.name)
-        atomic_write_text(page.parent / RENDER_FILE, json.dumps(
-            {"seconds": time.perf_counter() - started, "findings": findings}))
     except UsageError as err:  # the report's input errors (ReportError is one)
         print(f"report not written: {err}; {later}", file=sys.stderr)
         return
@@ -508,6 +507,12 @@ def _report(folder: Path, reports: Path, findings: int) -> None:
             print(f"report not written (interrupted); {later}", file=sys.stderr)
         raise
     print(f"report: {page}")
+    try:
+        atomic_write_text(page.parent / RENDER_FILE, json.dumps(
+            {"import_s": imported - started, "render_s": time.perf_counter() - imported,
+             "findings": findings}))
+    except OSError as err:  # it only costs the next run's estimate
+        print(f"report time not recorded ({err}): the next run guesses it", file=sys.stderr)
 
 
 def _plan(writer: RunWriter, selected, options: RunOptions, launch: ranks.Launch,
@@ -550,19 +555,27 @@ def earlier_costs(results_dir: Path) -> dict[tuple[str, str], tuple[float, float
     return known
 
 
-def earlier_reports(reports: Path) -> list[tuple[float, int]]:
-    """(seconds, findings) of the newest report in `reports` that recorded what it took
-    (`RENDER_FILE`); [] where none did or it cannot be read (the plan then guesses)."""
-    files = sorted(Path(reports).glob(f"*/{RENDER_FILE}"), key=lambda p: p.stat().st_mtime)
-    for path in reversed(files[-5:]):
+def earlier_report(reports: Path) -> dict | None:
+    """What the newest report in `reports` that recorded it took (`RENDER_FILE`: its
+    `import_s`, `render_s` and `findings`); None where none did or none can be read (the
+    plan then guesses)."""
+    dated = []
+    for path in Path(reports).glob(f"*/{RENDER_FILE}"):
+        try:
+            dated.append((path.stat().st_mtime, path))
+        except OSError:  # removed meanwhile, by a run cleaning its reports
+            continue
+    for _, path in sorted(dated, reverse=True)[:5]:
         try:
             document = json.loads(path.read_text())
-            seconds, findings = float(document["seconds"]), int(document["findings"])
-        except (OSError, ValueError, KeyError, TypeError):  # one unreadable file costs the guess only
+            recorded = {"import_s": float(document["import_s"]),
+                        "render_s": float(document["render_s"]),
+                        "findings": int(document["findings"])}
+        except (OSError, ValueError, KeyError, TypeError):  # it only costs the estimate
             continue
-        if seconds >= 0 and findings > 0:
-            return [(seconds, findings)]
-    return []
+        if recorded["import_s"] >= 0 and recorded["render_s"] >= 0 and recorded["findings"] > 0:
+            return recorded
+    return None
 
 
 def expected_seconds(cells, results_dir: Path, options: RunOptions) -> list[float]:
@@ -746,19 +759,28 @@ class _Workers:
                 worker.close()
 
 
+def _extra_deadline_s(options: RunOptions) -> float:
+    """Seconds from the run's start by which its extra processes (more processes, one
+    thread) end: the budget less what combining and reporting will take."""
+    return options.budget_s - options.report_s
+
+
 def fresh_costs(keys, entries: dict, options: RunOptions, share: float) -> dict:
     """Seconds one more fresh process is expected to take over each journalled cell of
     `keys` ((finding, case) -> its entry in `entries`), given `share` seconds of sampling:
     inputs and first calls as the run's workers took them for the costliest cell of the
     same finding (the mean over the workers: a worker's first cell of a finding pays its
-    compiles and imports, 6 s for B4-CR-03's compiled GAE, and a fresh process pays them
-    again for whichever of its cells comes first), then at least that share."""
+    compiles and imports, seconds for a torch.compile, and a fresh process pays them
+    again for whichever of its cells comes first: charged to each, never too little),
+    then at least that share. A finding no worker measured (its cells left out, its
+    workers failed) is a guess of GUESS_FIXED_S."""
     workers = max(options.processes - 1, 1)
     first_calls: dict[str, float] = {}
     for (finding, _), entry in entries.items():
-        other = (entry.get("seconds") or {}).get("worker_other", GUESS_FIXED_S)
-        first_calls[finding] = max(first_calls.get(finding, 0.0), other)
-    return {key: first_calls[key[0]] / workers + max(
+        other = (entry.get("seconds") or {}).get("worker_other", 0.0) / workers
+        if other > 0:  # 0: no worker's seconds (left out, or every worker failed)
+            first_calls[finding] = max(first_calls.get(finding, 0.0), other)
+    return {key: first_calls.get(key[0], GUESS_FIXED_S) + max(
         share, (entries[key].get("seconds") or {}).get("worker_time", 0.0) / workers)
         for key in keys}
 
@@ -847,7 +869,7 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
     is said beside the run's (the rows' `one_thread_*`, `harness.combine`)."""
     if torch.get_num_threads() == 1:
         return
-    deadline = options.budget_s - options.report_s
+    deadline = _extra_deadline_s(options)
     left = deadline - (time.perf_counter() - STARTED)
     if left <= 0:
         return
@@ -897,11 +919,12 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
 def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _Workers,
                     measured: list[dict], progress: Progress) -> None:
     """The cells with a row whose word is still inconclusive and whose processes disagree
-    with the run's spread or that more processes would decide (`Combined.undecided`), timed again in a fresh process (one more each round, up to
-    `MAX_PROCESSES`) while the budget lasts (it keeps the last half of its reserve for the
-    report): each one's rows join the cell's journal entry."""
+    with the run's spread or that more processes would decide (`Combined.undecided`),
+    timed again in a fresh process (one more each round, up to `MAX_PROCESSES`) while the
+    budget less what the report will take lasts: each one's rows join the cell's journal
+    entry."""
     by_id = {f.id: f for f in selected}
-    deadline = options.budget_s - options.report_s
+    deadline = _extra_deadline_s(options)
     for process in range(options.processes + 1, MAX_PROCESSES + 1):
         cells = read_cells(writer.folder)
         combined = combine([r for c in cells for r in c["summary"]],

@@ -572,11 +572,12 @@ def measure_interleaved(
     variant has stopped (`Sampling`: decided, precise enough, the round cap or the
     budget, which counts sampling seconds only). A sample of more than one call follows
     one untimed call of its own variant: the first call after another variant's code pays
-    for the caches, allocator and branch state that code left (on one CPU: a 0.26 ms GAE
+    for the caches, allocator and branch state that code left (on one CPU: a 0.26 ms call
     read 15% slower beside four other variants than beside its baseline alone), so a
-    sample is the steady per-call cost, whichever variants share the cell. A sample of one
-    call (a call as long as `min_sample_time`, or a paired cell, whose calls advance
-    state) takes none. Ratios are taken against `reference` (default: the first variant),
+    sample is the steady per-call cost, whichever variants share the cell. The untimed
+    call goes through the clock, so that a device's stream is idle when the sample starts.
+    A sample of one call (a call as long as `min_sample_time`) and a paired cell's (whose
+    calls advance state) take none. Ratios are taken against `reference` (default: the first variant),
     which samples while any other does.
 
     `after_sample(name)`, when given, runs after each sample of `name`, outside the
@@ -602,8 +603,8 @@ def measure_interleaved(
         for position, name in enumerate(order):
             number = prepared[name].number
             with _attributed(name, "sampling"):
-                if number > 1:  # untimed: the switch from the variant before is not billed
-                    fns[name]()
+                if number > 1 and not sampling.paired:  # the switch is not billed to it
+                    clock.time(fns[name], 1)  # untimed: through the clock, so a device idles
                 samples[name].append(_timed(clock, fns[name], number, overhead))
                 positions[name].append(position)
                 if after_sample is not None:  # outside the clock

@@ -11,8 +11,8 @@ import pytest
 from harness.combine import combine, row_processes
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
 from harness.plan import (
-    FINISH_S, FLOOR_S, GUESS_FIXED_S, GUESS_REPORT_S, RESERVE_SHARE, Plan, affordable,
-    report_s,
+    FINISH_S, FLOOR_S, GUESS_FIXED_S, GUESS_REPORT_S, REPORT_MAX_SHARE, RESERVE_SHARE, Plan,
+    affordable, report_s,
 )
 from harness.report.summary import compiled_line
 from harness.results import worded
@@ -195,18 +195,22 @@ def test_the_plan_never_shares_out_nothing_and_guesses_unknown_cells():
 
 
 def test_the_report_keeps_what_the_last_one_took_a_finding_else_a_guess():
-    assert report_s([], 10) == pytest.approx(FINISH_S + 10 * GUESS_REPORT_S)
-    assert report_s([(8.0, 4), (3.0, 12)], 6) == pytest.approx(FINISH_S + 1.5)  # the newest
-    assert report_s([(3.0, 12)], 0) == FINISH_S  # no report: the rows are still combined
+    assert report_s(None, 10, 100.0) == pytest.approx(FINISH_S + 10 * GUESS_REPORT_S)
+    earlier = {"import_s": 1.2, "render_s": 3.0, "findings": 12}  # its import once
+    assert report_s(earlier, 6, 100.0) == pytest.approx(FINISH_S + 1.2 + 1.5)
+    # a one-finding report's import is not charged to each of 20 findings
+    one = {"import_s": 1.2, "render_s": 0.3, "findings": 1}
+    assert report_s(one, 20, 100.0) == pytest.approx(FINISH_S + 1.2 + 6.0)
+    assert report_s(one, 20, 20.0) == pytest.approx(REPORT_MAX_SHARE * 20.0)  # at most
+    assert report_s(earlier, 0, 100.0) == FINISH_S  # no report: the rows are still combined
 
 
 def test_the_cells_end_before_the_reports_seconds():
     plan = Plan(100.0, {("A", "1"): 1.0}, processes=2, known_fixed_s={("A", "1"): 4.0},
                 report_s=20.0)
     assert plan.end_s() == pytest.approx(100.0 * (1 - RESERVE_SHARE) - 20.0)
-    assert plan.deadline_s() == pytest.approx(80.0)
     assert plan.share(("A", "1")) == pytest.approx((plan.end_s() - 4.0) / 2, rel=0.01)
-    assert "20 s for the report" in plan.describe()
+    assert plan.describe().endswith("and 20 s to combine the rows and report them")
 
 
 def test_a_plan_whose_guess_spends_the_budget_says_so_rather_than_0_s_of_sampling():

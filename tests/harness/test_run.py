@@ -382,29 +382,34 @@ def _sized(finding_id: str, sizes: tuple[int, ...], headline: int | None = None)
 
 
 @pytest.mark.integration
-def test_a_run_keeps_what_its_last_report_took_out_of_its_budget(tmp_path):
-    """A run records its report's seconds beside the report; the next run keeps that much
-    at the end of its budget. With 30 s, three small cells fit beside a quick report;
-    after a report that took 50 s for one finding, only the headline is measured."""
-    finding = _sized("TEST-report", (64, 128, 256))
+def test_a_run_keeps_what_its_last_report_took_out_of_its_budget(tmp_path, capsys):
+    """A run records what its report took beside the report; the next run keeps that much
+    at the end of its budget (its import once, its figures per finding, a second to combine
+    the rows), and never more than a quarter of the budget."""
+    finding = _sized("TEST-report", (64,))
     registry.FINDINGS[finding.id] = finding
     args = ["--findings", finding.id, "--quick", "--out", str(tmp_path / "results"),
-            "--no-profile", "--budget", "30"]
+            "--no-profile", "--budget", "40"]
     try:
         assert main(args) == 0
         first = load_run(None, tmp_path / "results")
         recorded = tmp_path / "reports" / first.run_id / "render.json"
         document = json.loads(recorded.read_text())
-        assert document["findings"] == 1 and 0 < document["seconds"] < 30
-        assert set(first.summary[first.summary.status == "ok"].case) == {"n=64", "n=128", "n=256"}
-        recorded.write_text(json.dumps({"seconds": 50.0, "findings": 1}))
-        time.sleep(1.1)  # the next run is the newest by its folder's time
-        assert main(args) == 0
+        assert document["findings"] == 1 and 0 < document["import_s"] + document["render_s"] < 40
+        capsys.readouterr()
+        for render_s, extra, kept in ((2.0, [], "4 s"), (50.0, [], "10 s"),
+                                      (50.0, ["--no-report"], "1 s")):
+            recorded.write_text(json.dumps({"import_s": 1.0, "render_s": render_s,
+                                            "findings": 1}))
+            assert main(args + extra) == 0
+            plan_line = next(line for line in capsys.readouterr().err.splitlines()
+                             if line.startswith("plan: "))
+            assert plan_line.endswith(f"and {kept} to combine the rows and report them")
+            if not extra:  # the newest report: the next run reads it
+                recorded = (tmp_path / "reports" / load_run(None, tmp_path / "results").run_id
+                            / "render.json")
     finally:
         del registry.FINDINGS[finding.id]
-    second = load_run(None, tmp_path / "results")
-    assert second.run_id != first.run_id
-    assert set(second.summary[second.summary.status == "ok"].case) == {"n=64"}
 
 
 def test_a_fresh_process_is_expected_to_pay_its_findings_first_calls_again():
@@ -416,13 +421,19 @@ def test_a_fresh_process_is_expected_to_pay_its_findings_first_calls_again():
     entries = {("A", "first"): {"seconds": {"worker_other": 6.0, "worker_time": 0.8}},
                ("A", "next"): {"seconds": {"worker_other": 0.02, "worker_time": 0.2}},
                ("B", "only"): {"seconds": {"worker_other": 0.5, "worker_time": 0.1}},
+               ("B", "left out"): {},
                ("C", "unknown"): {}}
     options = RunOptions(device=torch.device("cpu"), processes=2)
     costs = fresh_costs([("A", "next"), ("B", "only"), ("C", "unknown")], entries, options, 0.3)
     assert costs == {("A", "next"): pytest.approx(6.3), ("B", "only"): pytest.approx(0.8),
                      ("C", "unknown"): pytest.approx(plan.GUESS_FIXED_S + 0.3)}
     three = RunOptions(device=torch.device("cpu"), processes=3)  # the mean over 2 workers
-    assert fresh_costs([("A", "next")], entries, three, 0.05)[("A", "next")] == pytest.approx(3.1)
+    costs = fresh_costs([("A", "next"), ("C", "unknown")], entries, three, 0.05)
+    assert costs == {("A", "next"): pytest.approx(3.1),
+                     ("C", "unknown"): pytest.approx(plan.GUESS_FIXED_S + 0.05)}
+    failed = {("D", "1"): {"seconds": {"worker_other": 0.0, "worker_time": 0.0}}}
+    assert fresh_costs([("D", "1")], failed, options, 0.3) == {
+        ("D", "1"): pytest.approx(plan.GUESS_FIXED_S + 0.3)}
 
 
 def test_every_findings_headline_is_measured_first_then_the_others_in_turn():

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from harness.measure.estimate import (
-    BandSpread, ProcessSpread, RowProcesses, calibrate, disagreement, pool_spread, row_estimate,
-    rounds_estimate,
+    BandSpread, ProcessSpread, RowProcesses, calibrate, disagreement, long_run_factor,
+    pool_spread, row_estimate, rounds_estimate,
 )
 from tests.harness.measure.test_estimate import ar1
 
@@ -74,14 +74,17 @@ def synthetic_run(rng, model: str, log_ratio: float = math.log(0.8), rounds: int
     offsets = [_offsets(rng, model, size, 2 + extra, shared) for _, size in plan]
     processes = [[_process_rounds(rng, log_ratio, o, seconds, rounds) for o in offs[:2]]
                  for (seconds, _), offs in zip(plan, offsets)]
-    rows = [RowProcesses.of(p) for p in processes]
+    long_run = long_run_factor([pair for row in processes for pair in row])
+    rows = [RowProcesses.of(p, long_run=long_run) for p in processes]
     spread, _ = calibrate(rows, pool_spread(rows))
     for index, row in enumerate(rows):
         if disagreement(row, spread) < 0.05:
             seconds = plan[index][0]
             processes[index] += [_process_rounds(rng, log_ratio, o, seconds, rounds)
                                  for o in offsets[index][2:]]
-            rows[index] = RowProcesses.of(processes[index])
+    # as the run words them: the correlation of rounds measured over all its rows at once
+    long_run = long_run_factor([pair for row in processes for pair in row])
+    rows = [RowProcesses.of(p, long_run=long_run) for p in processes]
     return [(row, log_ratio) for row in rows]  # every model's median offset is 0
 
 
@@ -96,13 +99,14 @@ def _run_intervals(rows: list[tuple[RowProcesses, float]]) -> list[tuple[float, 
     return out
 
 
+@pytest.mark.parametrize("rounds", [24, 6])  # 6: a quick run's rounds a process
 @pytest.mark.parametrize("model", ["gaussian", "heavy tails", "two modes", "shared shifts"])
-def test_intervals_cover_the_truth_under_models_the_estimator_is_not_told(model):
+def test_intervals_cover_the_truth_under_models_the_estimator_is_not_told(model, rounds):
     rng = np.random.default_rng(["gaussian", "heavy tails", "two modes",
                                  "shared shifts"].index(model))
     hits = total = 0
     for _ in range(30):
-        for low, high, truth in _run_intervals(synthetic_run(rng, model)):
+        for low, high, truth in _run_intervals(synthetic_run(rng, model, rounds=rounds)):
             hits += low <= truth <= high
             total += 1
     assert hits / total >= 0.93, f"{model}: coverage {hits / total:.3f} over {total} rows"
@@ -193,3 +197,21 @@ def test_a_row_of_one_process_with_nothing_to_pool_is_wide_never_narrow():
 def test_rows_without_processes_are_refused():
     with pytest.raises(ValueError, match="processes: expected at least one"):
         RowProcesses.of([])
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.3, 0.6])
+def test_the_long_run_factor_is_measured_over_the_runs_rows_at_once(phi):
+    """60 processes of 12 rounds, their log ratios AR(1) with correlation `phi`: pooled,
+    the factor lands near (1 + phi) / (1 - phi); one process's own factor, from its 12
+    rounds, scatters from 1 to many times that."""
+    rng = np.random.default_rng(int(phi * 10))
+    processes = []
+    for _ in range(60):
+        noise = ar1(rng, phi, 0.05, (12,))
+        baseline = 1e-3 * np.exp(rng.normal(0.0, 0.01, 12))
+        processes.append((baseline * np.exp(noise), baseline))
+    truth = (1 + phi) / (1 - phi)
+    assert truth / 1.35 <= long_run_factor(processes) <= truth * 1.35
+    own = [long_run_factor([p]) for p in processes]
+    assert max(own) / min(own) > 2.0
+

@@ -364,6 +364,11 @@ class SwitchClock(FakeClock):
     def __init__(self, penalty: float) -> None:
         super().__init__()
         self.penalty = penalty
+        self.numbers: list[int] = []
+
+    def time(self, fn, number):
+        self.numbers.append(number)
+        return super().time(fn, number)
 
     def variant(self, name, costs):
         def call() -> None:
@@ -389,16 +394,30 @@ def test_a_sample_is_not_billed_for_the_switch_from_another_variant():
     assert result["fast"].number_per_sample == 4 and result["slow"].number_per_sample == 1
     assert result["fast"].samples == (quarter,) * 6
     assert result["other"].samples == (quarter,) * 6
+    # the untimed call goes through the clock (a device's stream idles before the sample):
+    # 6 rounds of (1, 4) twice and slow's (1), every sample of 4 right after a clock's 1
+    rounds = clock.numbers[-6 * 5:]
+    assert rounds.count(4) == 12 and rounds.count(1) == 18
+    assert all(rounds[i - 1] == 1 for i, number in enumerate(rounds) if number == 4)
 
 
-def test_a_sample_of_one_call_takes_no_untimed_call_before_it():
-    """A paired cell (one call per sample, uncalibrated: each call advances state) and a
-    call long enough for a sample of its own make exactly their samples' calls."""
+@pytest.mark.parametrize("sampling", [
+    {"min_sample_time": None},  # one call per sample, uncalibrated
+    {"min_sample_time": MS / 2},  # a call long enough for a sample of its own
+    {"min_sample_time": MS / 2, "paired": True},  # the calls advance state
+])
+def test_a_sample_of_one_call_and_a_paired_cells_take_no_untimed_call(sampling):
+    """Exactly the first call and the samples' calls: no untimed call before a sample."""
     clock = FakeClock()
-    fns = {"A": clock.variant("A", constant(MS)), "B": clock.variant("B", constant(MS))}
-    measure(fns, clock, warmup=0, min_rounds=3, max_rounds=3, sequential=False,
-            min_sample_time=None)
-    assert clock.log.count("A") == 1 + 3 and clock.log.count("B") == 1 + 3
+    cost = MS / 4 if sampling.get("paired") else MS
+    fns = {"A": clock.variant("A", constant(cost)), "B": clock.variant("B", constant(cost))}
+    result = measure(fns, clock, warmup=0, min_rounds=3, max_rounds=3, sequential=False,
+                     **sampling)
+    for name in fns:
+        number = result[name].number_per_sample
+        calibrated = sampling["min_sample_time"] is not None
+        calibration = 2 * number - 1 if calibrated else 0  # calibrate's doublings
+        assert clock.log.count(name) == 1 + calibration + 3 * number
 
 
 def test_first_call_and_warm_up_are_reported_apart_from_samples():
