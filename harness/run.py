@@ -813,6 +813,15 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
         cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
     cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()
+    least_s = cell.min_rounds * cell.round_s() * options.processes
+    if timed and not headline and not options.every_cell and least_s > plan.left_s():
+        # its first calls show what its least rounds cost: past the budget, left out
+        cell.leave_out_timed(
+            f"{BUDGET_LEFT_OUT} of {options.budget_s:g} s: its least sampling "
+            f"({cell.min_rounds} rounds of {format_seconds(cell.round_s())} in "
+            f"{options.processes} processes) would end {least_s - plan.left_s():.0f} s past "
+            f"it; a larger --budget, --every-cell or --findings {finding.id} measures it")
+        timed = []
     samples, notes, worker_seconds = [], [], {"worker_time": 0.0, "worker_other": 0.0}
     prepared = {}  # nothing is timed while a worker still prepares: it would share the CPU
     for process, worker in preparing.items():
@@ -1058,7 +1067,10 @@ def _cell_detail(summary: list[dict]) -> str:
     if bad:
         return f"FAILED: {', '.join(bad)}"
     timed = [r for r in summary if r.get("median_s") is not None]
-    return f"{len(timed)} timed, fastest {format_seconds(min(r['median_s'] for r in timed))}" if timed else "not timed"
+    if timed:
+        return f"{len(timed)} timed, fastest {format_seconds(min(r['median_s'] for r in timed))}"
+    budget = any(str(r.get("reason") or "").startswith(BUDGET_LEFT_OUT) for r in summary)
+    return "left out (budget)" if budget else "not timed"
 
 
 main = command(_main)

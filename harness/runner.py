@@ -289,6 +289,14 @@ class CaseRun:
             self.cells[variant] = {"status": Status.NOT_TIMED, "reason": reason}
         return self
 
+    def leave_out_timed(self, reason: str) -> "CaseRun":
+        """Record the variants the prepared cell would time as not timed, for `reason` (its
+        least sampling past the run's budget); what its first calls and checks found
+        (a failure, a mismatch) stays."""
+        for variant in self._active():
+            self.cells[variant].update(status=Status.NOT_TIMED, reason=reason)
+        return self
+
     def _active(self) -> list[str]:
         return [v for v in self.variants if "status" not in self.cells[v]]
 

@@ -436,6 +436,38 @@ def test_a_fresh_process_is_expected_to_pay_its_findings_first_calls_again():
         ("D", "1"): pytest.approx(plan.GUESS_FIXED_S + 0.3)}
 
 
+@pytest.mark.integration
+def test_a_cell_whose_least_sampling_would_end_past_the_budget_is_left_out_after_its_first_calls(
+        tmp_path, capsys):
+    """A case of 1 s calls: its first calls show that its least rounds (5 rounds of two
+    variants in two processes: 20 s) would end past a 20 s budget, so it is left out there,
+    its rows saying why; the headline before it is measured."""
+    def call(variant, x):
+        if x.numel() > 64:
+            return lambda: (time.sleep(1.0), x.sum())[1]
+        return lambda: x.sum()
+
+    finding = Finding(
+        id="TEST-slow-case", title="sum", claim="a sum", variants=("sum", "again"),
+        baseline="sum", cases=lambda quick: [Case.of(n=64), Case.of(n=128)],
+        build=lambda case, device, seed: torch.ones(case["n"]), make_call=call,
+        check=lambda out, ref: abs(float(out) - float(ref)), tolerance=lambda case: 1e-6)
+    registry.FINDINGS[finding.id] = finding
+    try:
+        assert main(["--findings", finding.id, "--quick", "--out", str(tmp_path), "--no-report",
+                     "--no-profile", "--budget", "20"]) == 0
+    finally:
+        del registry.FINDINGS[finding.id]
+    rows = load_run(None, tmp_path).summary
+    assert set(rows[rows.status == "ok"].case) == {"n=64"}
+    slow = rows[rows.case == "n=128"]
+    assert set(slow.status) == {"not_timed"} and len(slow) == 2
+    assert all(r.startswith("left out to keep the run's budget of 20 s: its least sampling (5 "
+                            "rounds of 2 s in 2 processes) would end") for r in slow.reason)
+    assert re.search(r"\[2/2\] TEST-slow-case n=128: [\d.]+ s, left out \(budget\)",
+                     capsys.readouterr().err)
+
+
 def test_every_findings_headline_is_measured_first_then_the_others_in_turn():
     """Where the budget ends a run early, the cells it leaves out are the last in this
     order: each finding's headline answered, the rest spread over the findings."""
