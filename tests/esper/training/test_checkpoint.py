@@ -6,7 +6,6 @@ start once their writer is dead (a real SIGKILL mid-write, in the integration te
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import resource
 import signal
