@@ -128,16 +128,18 @@ class Plan:
         cells = len(self.weights)
         source = "from earlier runs" if self.known_fixed_s else "a guess"
         if sampling > 0:
-            split = (f"about {sampling:.0f} s of sampling ({sampling / max(cells, 1) / self.processes:.2g} "
-                     f"s a cell per process), {fixed:.0f} s of inputs, first calls, checks and "
-                     f"profiling ({source})")
+            per_cell = sampling / max(cells, 1) / self.processes
+            split = (f"about {sampling:.0f} s of sampling ({per_cell:.2g} s a cell per "
+                     f"process), {fixed:.0f} s of inputs, first calls, checks and profiling "
+                     f"({source})")
         else:  # the guess alone spends the budget: the measured pace decides
             split = (f"{fixed:.0f} s of inputs, first calls, checks and profiling ({source}: "
                      "more than the budget; sampling is shared out from the pace measured "
                      "cell by cell)")
         return (f"plan: {cells} cells, each timed in {self.processes} processes, within "
                 f"{self.budget_s:.0f} s: {split}, {RESERVE_SHARE * self.budget_s:.0f} s kept "
-                f"for rows whose processes disagree and {self.report_s:.0f} s to combine the rows and report them")
+                f"for rows whose processes disagree and {self.report_s:.0f} s to combine the "
+                "rows and report them")
 
 
 def affordable(costs: dict, start_s: float, left_s: float) -> list:

@@ -132,12 +132,12 @@ def _trimmed_stats(d: np.ndarray, long_run: float | None = None) -> tuple[float,
     `long_run`, else by the factor these rounds alone give)."""
     n = d.size
     theta, centred, kept = _winsorised(d)
-    gamma0 = float(centred @ centred) / n
+    energy = float(centred @ centred)
     # Yuen: the winsorised variance (n - 1 denominator) over ((1 - 2 g)^2 n) = kept^2 / n
-    variance = gamma0 * n / (n - 1) * n / (kept * kept)
-    factor = _long_run_factor(float(centred[1:] @ centred[:-1]), float(centred @ centred), n
-                              ) if long_run is None else long_run
-    return theta, variance * factor, float(max(kept - 1, 1))
+    variance = energy / (n - 1) * n / (kept * kept)
+    if long_run is None:
+        long_run = _long_run_factor(float(centred[1:] @ centred[:-1]), energy, n)
+    return theta, variance * long_run, float(max(kept - 1, 1))
 
 
 def _long_run_factor(lagged: float, energy: float, n: float) -> float:

@@ -577,8 +577,8 @@ def measure_interleaved(
     sample is the steady per-call cost, whichever variants share the cell. The untimed
     call goes through the clock, so that a device's stream is idle when the sample starts.
     A sample of one call (a call as long as `min_sample_time`) and a paired cell's (whose
-    calls advance state) take none. Ratios are taken against `reference` (default: the first variant),
-    which samples while any other does.
+    calls advance state) take none. Ratios are taken against `reference` (default: the
+    first variant), which samples while any other does.
 
     `after_sample(name)`, when given, runs after each sample of `name`, outside the
     clock (to read what that call did). Returns name -> Measurement, keyed by `finding`,
