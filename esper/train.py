@@ -30,6 +30,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -114,16 +115,26 @@ def sigterm_raises() -> Iterator[None]:
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM off while inside (a checkpoint being written); one that
-    arrives meanwhile is delivered on the way out. (Where there are no signal masks, as on
-    Windows, nothing is held.)"""
-    if not hasattr(signal, "pthread_sigmask"):
+    arrives meanwhile is delivered on the way out. Held by a handler that only notes it,
+    not by the main thread's signal mask: the kernel hands a signal the main thread blocks
+    to another thread (torch's workers), and Python then runs the handler in the main
+    thread all the same, inside the block. (Outside the main thread, nothing is held.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    held: list[int] = []
+    previous = {}
+    for signum in _HELD:
+        handler = signal.getsignal(signum)
+        if handler is not None and handler is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])
 
 
 # ------------------------------------------------------------------------------ options

@@ -228,6 +228,35 @@ def test_sigterm_exits_143_leaving_only_whole_checkpoints(tmp_path):
     assert saved["iteration"] >= 1  # iteration 2 printed; its save may not have begun
 
 
+def test_a_sigterm_that_another_thread_receives_waits_for_the_held_section_to_end():
+    """The kernel hands a process's signal to any thread that does not block it, and
+    Python then runs its handler in the main thread: a signal mask on the main thread held
+    nothing (a SIGTERM mid-checkpoint ended the run with exit 3, torch's zip writer left
+    at an unexpected position, or was lost and the run went on). Here a torch-like
+    thread receives it while the main thread is inside `signals_held`."""
+    import threading
+
+    receiver = threading.Event()
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: (receiver.set(), stop.wait(30)), daemon=True)
+    worker.start()
+    receiver.wait(5)
+    finished_inside = False
+    try:
+        with pytest.raises(esper.train.Terminated):
+            with esper.train.sigterm_raises():
+                with esper.train.signals_held():
+                    signal.pthread_kill(worker.ident, signal.SIGTERM)
+                    for _ in range(1000):  # bytecodes, where Python runs its handlers
+                        time.sleep(0)
+                    finished_inside = True
+    finally:
+        stop.set()
+        worker.join()
+    assert finished_inside
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 # ------------------------------------------------------ checkpoints that cannot be resumed
 
 def _saved_state(tmp_path) -> dict:
