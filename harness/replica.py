@@ -105,7 +105,7 @@ def measure_cell(spec: WorkerSpec, command: dict, commands: Iterator[str] | None
             raise ValueError(f"{command['finding']} has no case {command['case']!r} here")
         cell = CaseRun(finding, case, spec.options(), headline=command["headline"],
                        process=spec.process, timed=command.get("timed"), check=False)
-        with pinned_threads(command.get("threads") or spec.threads):
+        with pinned_threads(command.get("threads") or spec.threads, compile_for=spec.threads):
             cell.prepare()
         if "timed" not in command:
             _say(protocol, {"prepared": time.perf_counter() - started})

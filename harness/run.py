@@ -809,7 +809,7 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
     sharing = max(1, torch.get_num_threads() // (len(preparing) + 1))
     for worker in preparing.values():
         worker.prepare(finding.id, case.label, headline, sharing)
-    with pinned_threads(sharing):
+    with pinned_threads(sharing, compile_for=torch.get_num_threads()):
         cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
     cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()

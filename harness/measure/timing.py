@@ -177,21 +177,73 @@ def _compiling_in_process() -> Iterator[None]:
             os.environ[COMPILE_THREADS_VARIABLE] = previous_variable
 
 
+class _AfterImport:
+    """A `sys.meta_path` finder that calls `then(module)` once the module `name` has been
+    imported for the first time (the import itself is the other finders')."""
+
+    def __init__(self, name: str, then: Callable[[object], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                run, then = spec.loader.exec_module, self.then
+                spec.loader.exec_module = lambda module: (run(module), then(module))
+                return spec
+        return None
+
+
 @contextlib.contextmanager
-def pinned_threads(n: int) -> Iterator[int]:
+def _inductor_threads(n: int) -> Iterator[None]:
+    """torch.compile's CPU kernels built inside the body are built for `n` threads
+    (inductor's `cpp.threads`), whatever torch's thread count meanwhile: inductor writes
+    the count in effect into its C++ (`num_threads(k)`), so a variant first called while
+    the run's processes share the cores, one thread each, ran serial kernels when timed
+    at two. Set, and restored after, whether torch._inductor.config is imported before
+    the body or inside it (not imported here: a second and a half)."""
+    name = "torch._inductor.config"
+    hook = None
+    if name in sys.modules:
+        previous = sys.modules[name].cpp.threads
+        sys.modules[name].cpp.threads = n
+    else:
+        previous = None
+        hook = _AfterImport(name, lambda config: setattr(config.cpp, "threads", n))
+        sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        if hook is not None and hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        config = sys.modules.get(name)
+        if config is not None and getattr(config, "cpp", None) is not None:
+            config.cpp.threads = -1 if previous is None else previous
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int, compile_for: int | None = None) -> Iterator[int]:
     """Run the body with `torch.set_num_threads(n)` and torch.compile compiling in this
-    process; restore both after.
+    process; restore both after. `compile_for`: the threads the calls will be timed at,
+    where they differ from `n` (first calls made while processes share the cores): the
+    kernels torch.compile builds in the body are built for those (`_inductor_threads`).
 
     Inductor otherwise compiles in a pool of worker processes that start (and import
     torch) in the background, taking a core from the timings of the next cases on a
     small machine. Yields the thread count in effect, to record with the measurements.
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n: expected an integer >= 1 threads; got {n!r}")
+    for name, value in (("n", n), ("compile_for", n if compile_for is None else compile_for)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1 threads; got {value!r}")
     previous = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
-        with _compiling_in_process():
+        with _compiling_in_process(), (
+                _inductor_threads(compile_for) if compile_for not in (None, n)
+                else contextlib.nullcontext()):
             yield torch.get_num_threads()
     finally:
         torch.set_num_threads(previous)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -159,6 +160,42 @@ def test_pinned_threads_restores_after_an_exception():
     assert torch.get_num_threads() == before
 
 
+_BUILT_FOR = """
+import re, sys, torch
+from harness.measure.timing import pinned_threads
+torch.set_num_threads(2)
+if sys.argv[1] == "loaded":
+    import torch._inductor.config
+with pinned_threads(1, compile_for=2):
+    assert torch.get_num_threads() == 1
+    from torch._inductor.utils import run_and_get_code
+    compiled = torch.compile(lambda x: (x * 2).sum(1))
+    _, code = run_and_get_code(compiled, torch.randn(512, 4096))
+print(sorted(set(re.findall(r"num_threads\\(\\d+\\)", "".join(code)))),
+      torch._inductor.config.cpp.threads, torch.get_num_threads())
+"""
+
+
+@pytest.mark.slow  # two cold torch.compile runs: 10-20 s each
+@pytest.mark.integration  # fresh interpreters: inductor not yet imported, and imported
+@pytest.mark.parametrize("inductor", ["loaded", "not yet imported"])
+def test_kernels_compiled_while_threads_are_pinned_are_built_for_the_timing_threads(
+        inductor, tmp_path):
+    """Inductor writes the thread count in effect into the C++ it builds
+    (`num_threads(k)`): a variant first called while processes shared the cores (one
+    thread each) ran serial kernels when timed at two. Built for `compile_for` threads,
+    whether torch._inductor was imported before the body or inside it; inductor's own
+    setting is back to following torch's thread count after."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _BUILT_FOR, inductor], capture_output=True, text=True,
+        timeout=300, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["['num_threads(2)']", "-1", "2"], result.stdout
+
+
 @pytest.mark.parametrize("n", [0, -2, 1.0])
 def test_pinned_threads_rejects_bad_counts(n):
     before = torch.get_num_threads()
@@ -166,6 +203,12 @@ def test_pinned_threads_rejects_bad_counts(n):
         with pinned_threads(n):
             pass
     assert torch.get_num_threads() == before
+
+
+def test_pinned_threads_rejects_bad_compile_for():
+    with pytest.raises(ValueError, match=r"compile_for: expected an integer >= 1 threads; got 0"):
+        with pinned_threads(1, compile_for=0):
+            pass
 
 
 # --- calibrate ---------------------------------------------------------------------------
