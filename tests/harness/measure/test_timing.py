@@ -178,7 +178,8 @@ print(sorted(set(re.findall(r"num_threads\\(\\d+\\)", "".join(code)))),
 
 @pytest.mark.slow  # two cold torch.compile runs: 10-20 s each
 @pytest.mark.integration  # fresh interpreters: inductor not yet imported, and imported
-@pytest.mark.parametrize("inductor", ["loaded", "not yet imported"])
+@pytest.mark.parametrize("inductor", [pytest.param("loaded", marks=pytest.mark.long),
+                                      "not yet imported"])
 def test_kernels_compiled_while_threads_are_pinned_are_built_for_the_timing_threads(
         inductor, tmp_path):
     """Inductor writes the thread count in effect into the C++ it builds
