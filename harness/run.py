@@ -659,6 +659,9 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     try:
         with Progress(len(mine), "cell") as progress:
             progress.note(plan.describe())
+            warmed = _warm_caches(cells, options, workers, progress)
+            if warmed:
+                writer.metadata["warmed_s"] = {**writer.metadata.get("warmed_s", {}), **warmed}
             for position, (finding, case, order) in enumerate(cells):
                 progress.describe(f"{label}{finding.id}")
                 key = (finding.id, case.label)
@@ -757,6 +760,60 @@ class _Workers:
         for worker in self.started.values():
             if isinstance(worker, replica.Worker):
                 worker.close()
+
+
+def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
+                 progress: Progress) -> dict[str, float | str]:
+    """Before anything is timed: each finding of `cells` whose compile caches its
+    `Recording.caches_cold` says are cold has its first cell prepared once (inputs, every
+    variant's first call, at the threads the cell's own processes will prepare it at) in
+    a process of its own, which then ends; the run's workers start meanwhile. Returns
+    finding id -> the seconds it took, or why it could not (its cell's processes then
+    compile it themselves, as without it)."""
+    firsts: dict[str, tuple] = {}
+    for finding, case, _ in cells:
+        firsts.setdefault(finding.id, (finding, case))
+    cold = []
+    for finding, case in firsts.values():
+        probe = finding.recording.caches_cold
+        try:
+            if probe is not None and probe():
+                cold.append((finding, case))
+        except Exception as err:  # a probe that fails is said; the first calls compile
+            progress.note(f"{finding.id}: recording.caches_cold raised {type(err).__name__}: "
+                          f"{err}; its first calls compile in the processes that time it")
+    if not cold:
+        return {}
+    progress.note(f"compile caches empty for {', '.join(f.id for f, _ in cold)}: each "
+                  "one's first cell is prepared once in a process of its own before any "
+                  "timing, so that the processes timing it load what that one compiled")
+    warmer = replica.Worker(replica.WorkerSpec.of(options, torch.get_num_threads(),
+                                                  workers.modules, process=0))
+    for process in range(2, options.processes + 1):
+        workers.start(process)  # they load the findings modules meanwhile
+    # the threads `_measure_cell` prepares a cell at, so that the cached code is theirs
+    sharing = max(1, torch.get_num_threads() // options.processes)
+    warmed: dict[str, float | str] = {}
+    try:
+        warmer.ready()
+        for finding, case in cold:
+            started = time.perf_counter()
+            warmer.prepare(finding.id, case.label,
+                           case.label == headline_label(finding, options), sharing)
+            answer = warmer.prepared()
+            if "error" in answer:
+                warmed[finding.id] = answer["error"]
+                continue
+            warmer.measure_prepared(0.0, [])  # nothing timed: the cell is released
+            warmed[finding.id] = time.perf_counter() - started
+    except replica.WorkerError as err:
+        warmed.update({f.id: str(err) for f, _ in cold if f.id not in warmed})
+    finally:
+        warmer.close()
+    progress.note("compile caches: " + "; ".join(
+        f"{key} warmed in {value:.1f} s" if isinstance(value, float)
+        else f"{key} not warmed ({value}): its processes compile it" for key, value in warmed.items()))
+    return warmed
 
 
 def _extra_deadline_s(options: RunOptions) -> float:

@@ -10,6 +10,8 @@ one `compute_gae`, and the reference.
   the ticket writes it), `addcmul`, `scan`, and the
   optional `compiled`, `numba_kernel`, `triton_kernel`, imported on their first call and
   listed in `METHODS` only where this machine runs them;
+- `caches`: whether this machine's disk caches hold `compiled`'s and `numba_kernel`'s
+  code yet (`caches_cold`);
 - `reference`: a float64 pure-Python oracle for tests.
 
 Every method computes the same function; they differ only in how.

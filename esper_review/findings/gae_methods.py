@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from esper.gae import DEVICE_TYPES, METHODS, compute_gae
+from esper.gae.caches import caches_cold
 from esper.gae.reference import reference_gae
 from esper_review.findings import peers
 from harness.findings import (
@@ -194,6 +195,7 @@ register(Finding(
     recording=Recording(
         min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
         profile_max_s=PROFILE_MAX_S,
+        caches_cold=caches_cold,  # compiled and numba compile on their first call
     ),
     reading=Reading(
         headline_case=nearest_trainer_size,

@@ -219,6 +219,16 @@ class Recording:
     min_bytes: Callable[[Case], int] | None = None
     """case -> bytes one call must read and write at least; with the run's copy bandwidth,
     rows get the achieved bandwidth and the cell its bandwidth floor (`harness.measure.bandwidth`)."""
+    caches_cold: Callable[[], bool] | None = None
+    """() -> whether the disk caches its variants compile into on their first call
+    (torch.compile, numba, Triton) hold nothing yet on this machine (a fresh machine or CI
+    container); None: its variants compile nothing. Where it says so, the run prepares the
+    finding's first cell once in a process of its own before any timing (inputs and every
+    variant's first call, at the threads the cell's own processes prepare at) and ends
+    that process, so that the processes timing it load what it compiled, as every later
+    run's do: a process that compiled is not in the state of later runs (a fifth more
+    objects here, other memory), and a first run's rows of the finding had read
+    differently from the next run's, together."""
 
 
 @dataclass(frozen=True)
@@ -385,7 +395,8 @@ class Finding:
             self._bad("recording.budget_factor", "a finite number > 0", r.budget_factor)
         for name, signature in (("extra_metrics", "(variant, inputs) -> dict"),
                                 ("sample_metrics", "(variant, inputs) -> dict"),
-                                ("min_bytes", "case -> bytes")):
+                                ("min_bytes", "case -> bytes"),
+                                ("caches_cold", "() -> bool")):
             value = getattr(r, name)
             if value is not None and not callable(value):
                 self._bad(f"recording.{name}", f"None or a callable {signature}", value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import gzip
 import json
@@ -502,3 +503,42 @@ def test_a_run_past_its_budget_answers_each_headline_and_leaves_the_rest_out_say
     said = capsys.readouterr()
     assert "2 cells left out to keep the budget" in said.out
     assert said.err.count("left out (budget)") == 2
+
+
+@pytest.mark.integration
+def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_timed(
+        tmp_path, capsys, monkeypatch, outside_the_repository):
+    """Where a finding says its compile caches are cold, its first cell is prepared once in
+    a process that times nothing, so every process that times it loads, as in a later
+    run; where they are warm (the second run), no such process starts."""
+    monkeypatch.setenv("COMPILES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COMPILES_LOG", str(tmp_path / "log"))
+    command = ["--findings-module", "tests.findings_modules.compiles", "--quick", "--budget",
+               "8", "--every-cell", "--no-profile", "--no-report"]
+
+    def first_calls() -> list[tuple[int, str, str]]:
+        lines = (tmp_path / "log").read_text().split()
+        return [(int(p), v, s) for p, v, s in zip(lines[::3], lines[1::3], lines[2::3])]
+
+    assert main([*command, "--out", str(tmp_path / "cold")]) == 0
+    calls = first_calls()
+    compiled = {(pid, variant) for pid, variant, state in calls if state == "compiled"}
+    warmer = {pid for pid, _ in compiled}
+    assert len(warmer) == 1 and {v for _, v in compiled} == {"sum", "cumsum"}
+    timing = {pid for pid, _, _ in calls} - warmer
+    # the run's process, its worker and the one-thread processes: all loaded
+    assert os.getpid() in timing and len(timing) >= 2 and warmer.isdisjoint(timing)
+    assert {state for pid, _, state in calls if pid in timing} == {"loaded"}
+    err = capsys.readouterr().err
+    assert "compile caches empty for COMPILES-first-call" in err
+    assert "COMPILES-first-call warmed in" in err
+    run = json.loads(next((tmp_path / "cold").glob("*/run.json")).read_text())
+    assert set(run["warmed_s"]) == {"COMPILES-first-call"}
+    assert load_run(None, tmp_path / "cold").summary.status.eq("ok").all()
+
+    (tmp_path / "log").unlink()
+    assert main([*command, "--out", str(tmp_path / "warm")]) == 0
+    assert {state for _, _, state in first_calls()} == {"loaded"}
+    assert "compile caches" not in capsys.readouterr().err  # no process of its own
+    assert "warmed_s" not in json.loads(
+        next((tmp_path / "warm").glob("*/run.json")).read_text())
