@@ -39,12 +39,15 @@ class Progress:
         if self._bar is not None:
             self._bar.set_description(label)
 
-    def note(self, text: str) -> None:
-        """Say what a long piece of work outside the steps is doing (one line)."""
+    def note(self, text: str, *, done: bool = False) -> None:
+        """Say what a long piece of work outside the steps is doing (one line); `done`:
+        that work has ended, and its seconds are not the next step's."""
         if self._bar is not None:
             self._bar.set_description(text)
         else:
             print(text, file=self.stream, flush=True)
+        if done:
+            self._started = time.perf_counter()
 
     def step(self, label: str, detail: str = "") -> None:
         """One step done: advance the bar, or print `[ k/total] label: seconds (detail)`."""

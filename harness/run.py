@@ -812,7 +812,8 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
         warmer.close()
     progress.note("compile caches: " + "; ".join(
         f"{key} warmed in {value:.1f} s" if isinstance(value, float)
-        else f"{key} not warmed ({value}): its processes compile it" for key, value in warmed.items()))
+        else f"{key} not warmed ({value}): its processes compile it"
+        for key, value in warmed.items()), done=True)
     return warmed
 
 
