@@ -28,7 +28,7 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "long", "ours", "recording", "reading", "about", "gated")
 #: Recording's fields: how calls are sampled and what each records beside its time
 RECORDING_FIELDS = ("paired", "budget_factor", "profile_max_s", "extra_metrics",
-                    "sample_metrics", "phases", "min_bytes")
+                    "sample_metrics", "phases", "min_bytes", "caches_cold")
 #: Reading's fields: how the report reads the measurement against the claim
 READING_FIELDS = ("answer", "headline_case", "per_iteration", "claim_factor", "claim_tolerance")
 #: About's fields: the text a report shows of a finding
@@ -109,6 +109,7 @@ def _declare(**changes) -> Finding:
     ({"ours": ("a",)}, "ours: expected variants other than the baseline and the peers"),
     ({"ours": ("z",)}, "ours: expected variants other than the baseline and the peers (a design of this project's own); got ['z']"),
     ({"recording": Recording(min_bytes=64)}, "recording.min_bytes: expected None or a callable case -> bytes; got 64"),
+    ({"recording": Recording(caches_cold=True)}, "recording.caches_cold: expected None or a callable () -> bool; got True"),
     ({"id": "my claim"}, "Finding: id: expected a str of letters, digits, '.', '_' or '-' starting "
                          "with a letter or digit, e.g. 'MY-claim-1'; got 'my claim'"),
     ({"id": ""}, "Finding: id: expected a str"),
