@@ -929,6 +929,18 @@ def min_rounds(share_s: float, round_s: float, wanted: int) -> int:
     return max(min(wanted, FEWEST_ROUNDS), min(wanted, int(share_s // round_s)))
 
 
+def one_thread_costs(keys, entries: dict, options: RunOptions, share: float,
+                     warmed: dict[str, float | str]) -> dict:
+    """Seconds the two one-thread processes are expected to take over each headline cell
+    of `keys` (`fresh_costs`, twice), and, for a finding this run warmed from empty caches
+    (`warmed`: finding id -> seconds, `_warm_caches`), those seconds again: the warm-up
+    built its compiled code for the run's threads, and a process at one thread compiles
+    its own (inductor writes the thread count into its code)."""
+    return {key: 2 * seconds + (warmed[key[0]] if isinstance(warmed.get(key[0]), float)
+                                else 0.0)
+            for key, seconds in fresh_costs(keys, entries, options, share).items()}
+
+
 def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _Workers,
                    measured: list[dict], progress: Progress) -> None:
     """Each finding's headline cell timed again at one torch thread, in two fresh
@@ -946,8 +958,8 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
     if not headlines:
         return
     share = max(FLOOR_S, left / 3 / len(headlines) / 2)
-    costs = {key: 2 * seconds for key, seconds in fresh_costs(
-        [(f.id, label) for f, label in headlines], cells, options, share).items()}
+    costs = one_thread_costs([(f.id, label) for f, label in headlines], cells, options,
+                             share, writer.metadata.get("warmed_s", {}))
     keys = affordable(costs, 2 * workers.start_s(), left)
     if not keys:  # two processes that would end past the budget are not started
         progress.note(f"at one thread: not timed: 2 fresh processes would pass the budget "

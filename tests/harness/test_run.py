@@ -437,6 +437,22 @@ def test_a_fresh_process_is_expected_to_pay_its_findings_first_calls_again():
         ("D", "1"): pytest.approx(plan.GUESS_FIXED_S + 0.3)}
 
 
+def test_one_thread_processes_are_expected_to_compile_what_the_warm_up_built_for_more():
+    """A finding warmed from empty caches (24 s here) had its code built for the run's
+    threads; two processes at one thread compile their own: that cost is foreseen, once;
+    a finding whose warm-up failed, or that was not warmed, costs its fresh processes'."""
+    from harness.run import one_thread_costs
+    from harness.runner import RunOptions
+    entries = {("A", "h"): {"seconds": {"worker_other": 6.0, "worker_time": 0.8}},
+               ("B", "h"): {"seconds": {"worker_other": 0.5, "worker_time": 0.1}},
+               ("C", "h"): {"seconds": {"worker_other": 0.5, "worker_time": 0.1}}}
+    options = RunOptions(device=torch.device("cpu"), processes=2)
+    costs = one_thread_costs([("A", "h"), ("B", "h"), ("C", "h")], entries, options, 0.3,
+                             {"A": 24.0, "B": "the warm-up process could not start"})
+    assert costs == {("A", "h"): pytest.approx(2 * 6.8 + 24.0),
+                     ("B", "h"): pytest.approx(2 * 0.8), ("C", "h"): pytest.approx(2 * 0.8)}
+
+
 @pytest.mark.integration
 def test_a_cell_whose_least_sampling_would_end_past_the_budget_is_left_out_after_its_first_calls(
         tmp_path, capsys):
