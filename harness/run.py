@@ -762,6 +762,14 @@ class _Workers:
                 worker.close()
 
 
+def preparing_threads(processes: int) -> int:
+    """torch threads of each of `processes` processes preparing a cell at once (inputs,
+    first calls): they share the cores (more torch threads than cores made a training
+    iteration's first calls take 40 s where they take 5). One formula for the cell's
+    processes and the warm-up's, whose compiled code must be keyed as theirs."""
+    return max(1, torch.get_num_threads() // processes)
+
+
 def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                  progress: Progress) -> dict[str, float | str]:
     """Before anything is timed: each finding of `cells` whose compile caches its
@@ -792,7 +800,7 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     for process in range(2, options.processes + 1):
         workers.start(process)  # they load the findings modules meanwhile
     # the threads `_measure_cell` prepares a cell at, so that the cached code is theirs
-    sharing = max(1, torch.get_num_threads() // options.processes)
+    sharing = preparing_threads(options.processes)
     warmed: dict[str, float | str] = {}
     try:
         warmer.ready()
@@ -862,9 +870,7 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
         workers.start(process)
         if isinstance(workers.started[process], replica.Worker):
             preparing[process] = workers.started[process]
-    # the processes preparing at once share the cores: more torch threads than cores made
-    # a training iteration's first calls take 40 s where they take 5
-    sharing = max(1, torch.get_num_threads() // (len(preparing) + 1))
+    sharing = preparing_threads(len(preparing) + 1)
     for worker in preparing.values():
         worker.prepare(finding.id, case.label, headline, sharing)
     with pinned_threads(sharing, compile_for=torch.get_num_threads()):
