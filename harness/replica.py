@@ -17,8 +17,9 @@ protocol pipe: `{"finding", "case", "samples": [sample rows, each with its "proc
 says it is ready (`{"ready": seconds to load the findings modules, "at": its wall clock
 then, epoch seconds}`) or why it is not (`{"error"}`). A command
 without `"timed"` comes before the run knows which variants agreed: the worker prepares
-the cell (inputs, every variant's first call, at the command's `"threads"`: the cores
-shared with the run's process) while the run's process prepares its own,
+the cell (inputs, the first call of every variant or of those its `"variants"` lists, at
+the command's `"threads"`: the cores shared with the run's process) while the run's
+process prepares its own,
 answers `{"prepared": seconds}`, and takes `{"sampling_s", "timed", "min_rounds"}` from
 the next line. The run interleaves the timing: for each cell, one process after the
 other, the order alternating, none timing while another still prepares.
@@ -104,7 +105,8 @@ def measure_cell(spec: WorkerSpec, command: dict, commands: Iterator[str] | None
         if case is None:
             raise ValueError(f"{command['finding']} has no case {command['case']!r} here")
         cell = CaseRun(finding, case, spec.options(), headline=command["headline"],
-                       process=spec.process, timed=command.get("timed"), check=False)
+                       process=spec.process, timed=command.get("timed", command.get("variants")),
+                       check=False)
         with pinned_threads(command.get("threads") or spec.threads, compile_for=spec.threads):
             cell.prepare()
         if "timed" not in command:
@@ -227,12 +229,15 @@ class Worker:
             {"finding": finding, "case": case, "headline": headline, "sampling_s": sampling_s,
              "timed": list(timed), "min_rounds": min_rounds})}
 
-    def prepare(self, finding: str, case: str, headline: bool, threads: int) -> None:
-        """Have the worker prepare one cell (inputs, first calls) at `threads` torch threads
-        while the caller goes on; `prepared` waits for it, `measure_prepared` times it."""
+    def prepare(self, finding: str, case: str, headline: bool, threads: int,
+                variants: Sequence[str] | None = None) -> None:
+        """Have the worker prepare one cell (inputs, first calls: of `variants` only, where
+        given) at `threads` torch threads while the caller goes on; `prepared` waits for
+        it, `measure_prepared` times it."""
         self._preparing = {"finding": finding, "case": case}
+        only = {} if variants is None else {"variants": list(variants)}
         # a worker that cannot take it cannot answer it either: `prepared` says why
-        self._send({**self._preparing, "headline": headline, "threads": threads})
+        self._send({**self._preparing, "headline": headline, "threads": threads, **only})
 
     def prepared(self) -> dict:
         """Wait until the cell `prepare` began is prepared: `{"prepared": seconds}`, or

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import os
 import shlex
 import sys
 import time
@@ -773,11 +774,12 @@ def preparing_threads(processes: int) -> int:
 def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                  progress: Progress) -> dict[str, float | str]:
     """Before anything is timed: each finding of `cells` whose compile caches its
-    `Recording.caches_cold` says are cold has its first cell prepared once (inputs, every
-    variant's first call, at the threads the cell's own processes will prepare it at) in
-    a process of its own, which then ends; the run's workers start meanwhile. Returns
-    finding id -> the seconds it took, or why it could not (its cell's processes then
-    compile it themselves, as without it)."""
+    `Recording.caches_cold` says are cold has its first cell prepared (inputs, first calls,
+    at the threads the cell's own processes will prepare it at) in processes of their own,
+    which then end: one per group of `Recording.compile_groups` (one for every variant
+    where it names none), as many at once as the machine has cores; the run's workers
+    start meanwhile. Returns finding id -> the seconds until its processes were done, or
+    why one could not (its cell's processes then compile that themselves, as without it)."""
     firsts: dict[str, tuple] = {}
     for finding, case, _ in cells:
         firsts.setdefault(finding.id, (finding, case))
@@ -792,32 +794,45 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                           f"{err}; its first calls compile in the processes that time it")
     if not cold:
         return {}
-    progress.note(f"compile caches empty for {', '.join(f.id for f, _ in cold)}: each "
-                  "one's first cell is prepared once in a process of its own before any "
-                  "timing, so that the processes timing it load what that one compiled")
-    warmer = replica.Worker(replica.WorkerSpec.of(options, torch.get_num_threads(),
-                                                  workers.modules, process=0))
-    for process in range(2, options.processes + 1):
-        workers.start(process)  # they load the findings modules meanwhile
+    jobs = [(finding, case, group) for finding, case in cold
+            for group in (finding.recording.compile_groups or (None,))]
+    progress.note(f"compile caches empty for {', '.join(f.id for f, _ in cold)}: "
+                  f"{len(jobs)} process{'es' if len(jobs) > 1 else ''} of their own prepare "
+                  "its first cell before any timing, so that the processes timing it load "
+                  "what they compiled")
     # the threads `_measure_cell` prepares a cell at, so that the cached code is theirs
     sharing = preparing_threads(options.processes)
+    started = time.perf_counter()
     warmed: dict[str, float | str] = {}
-    try:
-        warmer.ready()
-        for finding, case in cold:
-            started = time.perf_counter()
-            warmer.prepare(finding.id, case.label,
-                           case.label == headline_label(finding, options), sharing)
-            answer = warmer.prepared()
-            if "error" in answer:
-                warmed[finding.id] = answer["error"]
-                continue
-            warmer.measure_prepared(0.0, [])  # nothing timed: the cell is released
-            warmed[finding.id] = time.perf_counter() - started
-    except replica.WorkerError as err:
-        warmed.update({f.id: str(err) for f, _ in cold if f.id not in warmed})
-    finally:
-        warmer.close()
+    at_once = max(1, os.cpu_count() or 1)
+    for first in range(0, len(jobs), at_once):
+        batch = jobs[first:first + at_once]
+        warmers = [replica.Worker(replica.WorkerSpec.of(options, torch.get_num_threads(),
+                                                        workers.modules, process=0))
+                   for _ in batch]
+        if first == 0:
+            for process in range(2, options.processes + 1):
+                workers.start(process)  # they load the findings modules meanwhile
+        try:
+            for warmer, (finding, case, group) in zip(warmers, batch):
+                warmer.ready()
+                warmer.prepare(finding.id, case.label,
+                               case.label == headline_label(finding, options), sharing,
+                               variants=group)
+            for warmer, (finding, _, _) in zip(warmers, batch):
+                answer = warmer.prepared()
+                if "error" in answer:
+                    warmed[finding.id] = answer["error"]
+                    continue
+                warmer.measure_prepared(0.0, [])  # nothing timed: the cell is released
+                if not isinstance(warmed.get(finding.id), str):
+                    warmed[finding.id] = time.perf_counter() - started
+        except replica.WorkerError as err:
+            warmed.update({f.id: str(err) for f, _, _ in batch
+                           if not isinstance(warmed.get(f.id), str)})
+        finally:
+            for warmer in warmers:
+                warmer.close()
     progress.note("compile caches: " + "; ".join(
         f"{key} warmed in {value:.1f} s" if isinstance(value, float)
         else f"{key} not warmed ({value}): its processes compile it"

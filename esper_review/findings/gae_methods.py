@@ -196,6 +196,8 @@ register(Finding(
         min_bytes=lambda case: gae_min_bytes(case["num_envs"], case["max_steps"], torch.float32),
         profile_max_s=PROFILE_MAX_S,
         caches_cold=caches_cold,  # compiled and numba compile on their first call
+        # auto runs numba at the small shapes, where numba is installed
+        compile_groups=(("numba", "auto"), ("compiled",)),
     ),
     reading=Reading(
         headline_case=nearest_trainer_size,

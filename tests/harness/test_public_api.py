@@ -28,7 +28,7 @@ FINDING_FIELDS = ("id", "title", "claim", "variants", "baseline", "cases", "buil
                   "long", "ours", "recording", "reading", "about", "gated")
 #: Recording's fields: how calls are sampled and what each records beside its time
 RECORDING_FIELDS = ("paired", "budget_factor", "profile_max_s", "extra_metrics",
-                    "sample_metrics", "phases", "min_bytes", "caches_cold")
+                    "sample_metrics", "phases", "min_bytes", "caches_cold", "compile_groups")
 #: Reading's fields: how the report reads the measurement against the claim
 READING_FIELDS = ("answer", "headline_case", "per_iteration", "claim_factor", "claim_tolerance")
 #: About's fields: the text a report shows of a finding
@@ -110,6 +110,11 @@ def _declare(**changes) -> Finding:
     ({"ours": ("z",)}, "ours: expected variants other than the baseline and the peers (a design of this project's own); got ['z']"),
     ({"recording": Recording(min_bytes=64)}, "recording.min_bytes: expected None or a callable case -> bytes; got 64"),
     ({"recording": Recording(caches_cold=True)}, "recording.caches_cold: expected None or a callable () -> bool; got True"),
+    ({"recording": Recording(compile_groups=("a", "b"))}, "recording.compile_groups: expected a tuple of str; got 'a'"),
+    ({"recording": Recording(compile_groups=(("a", "c"),))}, "recording.compile_groups: expected names of the finding's variants (a, b); c is not one; got (('a', 'c'),)"),
+    ({"recording": Recording(compile_groups=(("a",), ("b", "a")))}, "recording.compile_groups: expected each variant in one group (a is in more)"),
+    ({"recording": Recording(compile_groups=((),))}, "recording.compile_groups: expected at least one name; got ()"),
+    ({"recording": Recording(compile_groups="ab")}, "recording.compile_groups: expected a tuple of tuples of variant names; got 'ab'"),
     ({"id": "my claim"}, "Finding: id: expected a str of letters, digits, '.', '_' or '-' starting "
                          "with a letter or digit, e.g. 'MY-claim-1'; got 'my claim'"),
     ({"id": ""}, "Finding: id: expected a str"),
@@ -124,6 +129,8 @@ def test_lists_and_numbers_are_accepted_where_a_stranger_would_write_them():
     finding = _declare(variants=["a", "b"], cases=[Case.of(n=4), Case.of(n=8)], tolerance=1e-3,
                        about=About(notes=["one note"]))
     assert finding.variants == ("a", "b") and finding.about.notes == ("one note",)
+    grouped = _declare(recording=Recording(compile_groups=[["a"], ["b"]]))
+    assert grouped.recording.compile_groups == (("a",), ("b",))
     assert [c.label for c in finding.cases(True)] == [c.label for c in finding.cases(False)] == ["n=4", "n=8"]
     assert finding.tolerance(Case.of(n=4), torch.device("cpu")) == 1e-3
     assert _declare().tolerance(Case.of(n=4), torch.device("cpu")) == 0.0  # exact by default

@@ -522,39 +522,48 @@ def test_a_run_past_its_budget_answers_each_headline_and_leaves_the_rest_out_say
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-process", "a-process-a-group"])
 def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_timed(
-        tmp_path, capsys, monkeypatch, outside_the_repository):
+        tmp_path, capsys, monkeypatch, outside_the_repository, grouped):
     """Where a finding says its compile caches are cold, its first cell is prepared once in
-    a process that times nothing, so every process that times it loads, as in a later
-    run; where they are warm (the second run), no such process starts."""
+    a process that times nothing (one per compile group, at once), so every process that
+    times it loads, as in a later run; where they are warm (the second run), no such
+    process starts."""
+    finding = "COMPILES-grouped" if grouped else "COMPILES-first-call"
     monkeypatch.setenv("COMPILES_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("COMPILES_LOG", str(tmp_path / "log"))
-    command = ["--findings-module", "tests.findings_modules.compiles", "--quick", "--budget",
+    module = "compiles_grouped" if grouped else "compiles"
+    command = ["--findings-module", f"tests.findings_modules.{module}", "--quick", "--budget",
                "8", "--every-cell", "--no-profile", "--no-report"]
 
-    def first_calls() -> list[tuple[int, str, str]]:
-        lines = (tmp_path / "log").read_text().split()
-        return [(int(p), v, s) for p, v, s in zip(lines[::3], lines[1::3], lines[2::3])]
+    def first_calls() -> list[tuple[int, str, str, float, float]]:
+        rows = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+        return [(int(p), v, s, float(began), float(ended)) for p, v, s, began, ended in rows]
 
     assert main([*command, "--out", str(tmp_path / "cold")]) == 0
-    calls = first_calls()
+    calls = [call[:3] for call in first_calls()]
     compiled = {(pid, variant) for pid, variant, state in calls if state == "compiled"}
     warmer = {pid for pid, _ in compiled}
-    assert len(warmer) == 1 and {v for _, v in compiled} == {"sum", "cumsum"}
+    assert {v for _, v in compiled} == {"sum", "cumsum"} and len(compiled) == 2
+    assert len(warmer) == (2 if grouped else 1)
+    if grouped and (os.cpu_count() or 1) >= 2:  # the groups compiled at once
+        (_, _, _, began_a, ended_a), (_, _, _, began_b, ended_b) = [
+            c for c in first_calls() if c[2] == "compiled"]
+        assert began_a < ended_b and began_b < ended_a
     timing = {pid for pid, _, _ in calls} - warmer
     # the run's process, its worker and the one-thread processes: all loaded
     assert os.getpid() in timing and len(timing) >= 2 and warmer.isdisjoint(timing)
     assert {state for pid, _, state in calls if pid in timing} == {"loaded"}
     err = capsys.readouterr().err
-    assert "compile caches empty for COMPILES-first-call" in err
-    assert "COMPILES-first-call warmed in" in err
+    assert f"compile caches empty for {finding}" in err
+    assert f"{finding} warmed in" in err
     run = json.loads(next((tmp_path / "cold").glob("*/run.json")).read_text())
-    assert set(run["warmed_s"]) == {"COMPILES-first-call"}
+    assert set(run["warmed_s"]) == {finding}
     assert load_run(None, tmp_path / "cold").summary.status.eq("ok").all()
 
     (tmp_path / "log").unlink()
     assert main([*command, "--out", str(tmp_path / "warm")]) == 0
-    assert {state for _, _, state in first_calls()} == {"loaded"}
+    assert {state for _, _, state, _, _ in first_calls()} == {"loaded"}
     assert "compile caches" not in capsys.readouterr().err  # no process of its own
     assert "warmed_s" not in json.loads(
         next((tmp_path / "warm").glob("*/run.json")).read_text())
