@@ -14,6 +14,10 @@ measured: nothing here is fitted to them.
         busy process spinning one core for the whole series) or `other-kernels`
         (ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41, one thread). `--quick`
         makes the runs `--quick` (their own series);
+    python benchmarks/verdict_stability.py firsts --condition NAME --pairs 5 OUT
+        more first pairs for NAME's series (`--quick` for the quick one's): each a fresh
+        clone with empty compile caches, run twice, so that the first-run figures (run
+        time, the first run against the second) rest on more than one machine's start;
     python benchmarks/verdict_stability.py reference --condition NAME --rows 40 OUT
         an independent reference for NAME's series: ROWS rows drawn at random from the
         series' first run, stratified by call length, plus every row whose processes
@@ -159,6 +163,31 @@ def compile_caches(folder: Path) -> dict[str, str]:
             "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
+def _measured_run(clone: Path, results: Path, extra: tuple[str, ...],
+                  environment: dict[str, str]) -> dict:
+    """One `harness.run` of `clone` into `results`: its seconds, exit status, reduced rows
+    and calibration. A run that neither succeeded nor found a finding stops the benchmark."""
+    started = time.perf_counter()
+    done = _python("-m", "harness.run", "--out", str(results), *extra, cwd=clone,
+                   env=environment)
+    seconds = time.perf_counter() - started
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{results.name} failed ({done.returncode}): {done.stderr[-2000:]}")
+    rows, level = _summary_rows(results)
+    return {"seconds": seconds, "exit": done.returncode, "rows": rows,
+            "calibration": level.get("calibration")}
+
+
+def _run_setup(args, clone: Path, caches: Path) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The environment (the condition's, the clone first on the path, compile caches in
+    `caches`) and the harness.run options of `args`' condition."""
+    condition = CONDITIONS[args.condition]
+    environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone),
+                   **compile_caches(caches)}
+    return environment, condition.run_args + (("--quick",) if args.quick else ()) + tuple(
+        args.run_args)
+
+
 def series(args) -> None:
     """`args.runs` runs of HEAD under `args.condition`, the first from a fresh clone with
     empty compile caches; saved after each run."""
@@ -172,23 +201,43 @@ def series(args) -> None:
             raise SystemExit(f"{folder}: its clone is gone; remove {name}.json to start over")
         clone = _fresh_clone(folder)
         saved.update(commit=_head(clone), description=condition.description)
-    environment = {**os.environ, **condition.environment, "PYTHONPATH": str(clone),
-                   **compile_caches(folder / "caches")}
-    extra = condition.run_args + (("--quick",) if args.quick else ()) + tuple(args.run_args)
+    environment, extra = _run_setup(args, clone, folder / "caches")
     with _co_runner(condition.co_runner):
         for index in range(len(saved["runs"]), args.runs):
-            results = folder / f"run{index}"
-            started = time.perf_counter()
-            done = _python("-m", "harness.run", "--out", str(results), *extra, cwd=clone,
-                           env=environment)
-            seconds = time.perf_counter() - started
-            if done.returncode not in (0, 1):
-                raise SystemExit(f"run {index} failed ({done.returncode}): "
-                                 f"{done.stderr[-2000:]}")
-            rows, level = _summary_rows(results)
-            saved["runs"].append({"seconds": seconds, "exit": done.returncode, "rows": rows,
-                                  "calibration": level.get("calibration")})
-            print(f"{name}: run {index + 1}/{args.runs} in {seconds:.0f} s", file=sys.stderr)
+            saved["runs"].append(_measured_run(clone, folder / f"run{index}", extra,
+                                               environment))
+            print(f"{name}: run {index + 1}/{args.runs} in "
+                  f"{saved['runs'][-1]['seconds']:.0f} s", file=sys.stderr)
+            _save(args.out, name, saved)
+
+
+def _firsts_name(condition: str, quick: bool) -> str:
+    return "firsts-" + _series_name(condition, quick).removeprefix("series-")
+
+
+def firsts(args) -> None:
+    """`args.pairs` more first pairs under `args.condition`: each a fresh clone of HEAD
+    with empty compile caches, run twice (a machine's first run and its second); saved
+    after each pair. A series has one first pair; these make the first-run figures rest
+    on more than one."""
+    condition = CONDITIONS[args.condition]
+    name = _firsts_name(args.condition, args.quick)
+    saved = _load(args.out, name) or {"condition": args.condition, "pairs": []}
+    with _co_runner(condition.co_runner):
+        for index in range(len(saved["pairs"]), args.pairs):
+            folder = args.out / name / f"pair{index}"
+            clone = _fresh_clone(folder)
+            commit = _head(clone)
+            if saved.setdefault("commit", commit) != commit:
+                raise SystemExit(f"{name}.json holds pairs of {saved['commit'][:10]}, HEAD is "
+                                 f"{commit[:10]}: remove it to start over")
+            saved["description"] = condition.description
+            environment, extra = _run_setup(args, clone, folder / "caches")
+            pair = [_measured_run(clone, folder / f"run{run}", extra, environment)
+                    for run in range(2)]
+            saved["pairs"].append(pair)
+            print(f"{name}: pair {index + 1}/{args.pairs} in "
+                  f"{pair[0]['seconds']:.0f} s and {pair[1]['seconds']:.0f} s", file=sys.stderr)
             _save(args.out, name, saved)
 
 
@@ -247,12 +296,15 @@ def z_summary(z: list[float], level: float = 0.95) -> dict:
             "beyond_4": sum(abs(x) > 4 for x in z)}
 
 
-def stability(runs: list[dict]) -> dict:
-    """Consecutive pairs of runs: z of every row worded in both, the first pair (a
-    machine's first run against its second) apart from the others."""
+def stability(runs: list[dict], more_firsts: list[list[dict]] = ()) -> dict:
+    """Consecutive pairs of runs: z of every row worded in both, the first pairs (a
+    machine's first run against its second: the series' own and `more_firsts`) apart from
+    the others."""
     pairs = list(zip(runs, runs[1:]))
     later = [x for first, second in pairs[1:] for x in pair_z(first, second)]
-    return {"pairs": len(pairs), "first": z_summary(pair_z(*pairs[0]) if pairs else []),
+    firsts = pairs[:1] + [tuple(pair) for pair in more_firsts]
+    return {"pairs": len(pairs), "first_pairs": len(firsts),
+            "first": z_summary([x for first, second in firsts for x in pair_z(first, second)]),
             "later": z_summary(later)}
 
 
@@ -570,6 +622,12 @@ def _measured_series(folder: Path, condition: str) -> tuple[str, dict | None, bo
     return _series_name(condition, False), None, False
 
 
+def _more_firsts(folder: Path, condition: str, quick: bool) -> dict:
+    """The `firsts` pairs measured for a condition's series of that kind (none: empty)."""
+    document = _load(folder, _firsts_name(condition, quick)) or {}
+    return {"pairs": document.get("pairs") or [], "commit": document.get("commit", "")}
+
+
 def _reference(folder: Path, name: str) -> dict | None:
     """The reference measured for the series `name`, if any."""
     return _load(folder, "reference-" + name.removeprefix("series-"))
@@ -582,15 +640,19 @@ def _condition_table(folder: Path, condition: str) -> list[str]:
     if document is None:
         return [f"(not measured: run `series --condition {condition}`)"]
     runs = document["runs"]
-    s = stability(runs)
+    more = _more_firsts(folder, condition, quick)
+    s = stability(runs, more["pairs"])
     kind, bar = ("`--quick` runs", "at most 40 s") if quick else ("default runs", "at most 150 s")
+    also = (f" {len(more['pairs'])} more fresh clones of {more['commit'][:10]}, each run "
+            "twice, add their first pairs." if more["pairs"] else "")
     lines = [f"{CONDITIONS[condition].description}: {len(runs)} {kind} of "
              f"{document['commit'][:10]}, the first from a fresh clone with empty compile "
-             "caches.", "",
+             f"caches.{also}", "",
              "| claim | bar | measured |", "|---|---|---|",
              *_z_rows(f"consecutive runs after the first ({max(s['pairs'] - 1, 0)} pairs)",
                       s["later"]),
-             *_z_rows("the first run against the second", s["first"])]
+             *_z_rows(f"a machine's first run against its second ({s['first_pairs']} "
+                      f"pair{'s' * (s['first_pairs'] > 1)})", s["first"])]
     ref = _reference(folder, name)
     if ref and ref.get("processes"):
         held = words_held(runs, reference_ratios(ref))
@@ -608,6 +670,11 @@ def _condition_table(folder: Path, condition: str) -> list[str]:
     lines.append(f"| run time, report included | {bar} | first {seconds[0]:.0f} s, "
                  f"then median {statistics.median(seconds[1:] or seconds):.0f} s, most "
                  f"{max(seconds):.0f} s |")
+    if more["pairs"]:
+        cold = [pair[0]["seconds"] for pair in more["pairs"]]
+        lines.append(f"| a machine's first run, empty compile caches ({len(cold)} fresh "
+                     f"clones of {more['commit'][:10]}) | {bar} | median "
+                     f"{statistics.median(cold):.0f} s, most {max(cold):.0f} s |")
     quick_runs = None if quick else (_load(folder, _series_name(condition, True)) or {}).get("runs")
     if quick_runs:
         q = [r["seconds"] for r in quick_runs]
@@ -652,7 +719,7 @@ def _conditions_table(folder: Path) -> list[str]:
             lines.append(f"| {condition} | 0 | (not measured: run `series --condition "
                          f"{condition}`) | | | | | | |")
             continue
-        s = stability(runs)
+        s = stability(runs, _more_firsts(folder, condition, quick)["pairs"])
         later, first = s["later"], s["first"]
         ref = _reference(folder, name)
         held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
@@ -911,16 +978,17 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
     sub = p.add_subparsers(dest="part", required=True)
-    for name in ("series", "reference", "planted", "gate", "duet", "table"):
+    for name in ("series", "firsts", "reference", "planted", "gate", "duet", "table"):
         part = sub.add_parser(name)
         part.add_argument("out", type=Path)
-        if name in ("series", "planted"):
+        if name in ("series", "firsts", "planted"):
             part.add_argument("--run-args", nargs=argparse.REMAINDER, default=[],
                               help="more options for harness.run")
-        if name in ("series", "reference"):
+        if name in ("series", "firsts", "reference"):
             part.add_argument("--condition", choices=CONDITIONS, default="here")
     sub.choices["series"].add_argument("--runs", type=int, default=10)
-    for part in ("series", "reference"):
+    sub.choices["firsts"].add_argument("--pairs", type=int, default=5)
+    for part in ("series", "firsts", "reference"):
         sub.choices[part].add_argument("--quick", action="store_true",
                                        help="the --quick runs' series")
     sub.choices["reference"].add_argument("--rows", type=int, default=40)
@@ -938,7 +1006,7 @@ def main(argv=None) -> int:
                                      help="gate runs per slowdown per saved chunk")
     args = p.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(REPO))
-    {"series": series, "reference": reference, "planted": planted, "gate": gate,
+    {"series": series, "firsts": firsts, "reference": reference, "planted": planted, "gate": gate,
      "duet": duet, "table": table}[args.part](args)
     return 0
 

@@ -56,6 +56,17 @@ def test_the_first_pair_is_reduced_apart_from_the_later_ones():
     assert s["later"]["beyond_level"] == 0 and s["later"]["rows"] == 100
 
 
+def test_more_first_pairs_join_the_series_own_and_never_the_later_ones():
+    """Fresh clones' pairs (a machine's first run, its second) pool with the series' first
+    pair; a shifted first run in each reads beyond 4 in every pair, the later runs not."""
+    runs = _runs([[0.1] * 50] + [[0.0] * 50] * 3, 0.02)
+    more = [_runs([[0.0] * 50, [0.2] * 50], 0.02), _runs([[0.0] * 50, [0.0] * 50], 0.02)]
+    s = vs.stability(runs, more)
+    assert s["first_pairs"] == 3 and s["first"]["rows"] == 150
+    assert s["first"]["beyond_4"] == 100 and s["later"]["rows"] == 100
+    assert s["later"]["beyond_level"] == 0
+
+
 def test_z_reads_each_interval_at_its_own_level():
     """A 99% interval as wide as another run's 95% one carries a smaller standard error."""
     a = {"rows": [_row("F", "v", "same", 1.0, halfwidth=0.0258)]}
