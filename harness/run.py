@@ -798,8 +798,8 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
             for group in (finding.recording.compile_groups or (None,))]
     progress.note(f"compile caches empty for {', '.join(f.id for f, _ in cold)}: "
                   f"{len(jobs)} process{'es' if len(jobs) > 1 else ''} of their own prepare "
-                  "its first cell before any timing, so that the processes timing it load "
-                  "what they compiled")
+                  f"{'its first cell' if len(cold) == 1 else 'their first cells'} before any "
+                  "timing, so that the processes that time them load what they compiled")
     # the threads `_measure_cell` prepares a cell at, so that the cached code is theirs
     sharing = preparing_threads(options.processes)
     started = time.perf_counter()
