@@ -1139,7 +1139,7 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     inflation = (level.get("calibration") or {}).get("inflation", 1.0)
     if inflation > 1.0:
         print(f"widened: more rows' processes disagreed than chance allows, so every "
-              f"interval was widened x{inflation ** 0.5:.2g} (see the processes line above)",
+              f"interval was widened x{inflation ** 0.5:.3g} (see the processes line above)",
               file=sys.stderr)
 
 

@@ -170,7 +170,7 @@ def process_line(summary: pd.DataFrame, level: dict | None) -> str | None:
             f"{calibration['disagreeing']} of {calibration['rows']} rows' processes "
             f"disagreed (chance allows {calibration['expected']})")
     if calibration["inflation"] > 1.0:
-        line += (f": too many, every interval widened x{calibration['inflation'] ** 0.5:.2g} "
+        line += (f": too many, every interval widened x{calibration['inflation'] ** 0.5:.3g} "
                  "(this machine's processes vary more than the model they are pooled by)")
     return line
 

@@ -75,6 +75,8 @@ def test_the_process_line_says_what_the_run_measured_of_its_processes():
                            "other lengths (3 df, the run's 20 rows together)")
     assert "6 of 20 rows' processes disagreed (chance allows 3): too many, every interval " \
            "widened x1.5" in line
+    slightly = {**level, "calibration": {**level["calibration"], "inflation": 1.05}}
+    assert "every interval widened x1.02 " in process_line(rows, slightly)  # never "x1"
     assert process_line(rows, None) is None  # a run that assumed its process level
 
 
