@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import multiprocessing
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -63,8 +64,17 @@ def torchrl_inputs(rewards: Tensor, values: Tensor, dones: Tensor, truncated: Te
 
 @functools.cache
 def _torchrl_function(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
-    """`torchrl.objectives.value.functional.<name>`, imported once (seconds, on first use)."""
-    return getattr(importlib.import_module("torchrl.objectives.value.functional"), name)
+    """`torchrl.objectives.value.functional.<name>`, imported once (seconds, on first use).
+
+    TorchRL's import sets the process's multiprocessing start method to spawn; the one
+    the process had is put back, so that a peer's import changes nothing else in the
+    process timing it (under spawn, a lock torch.compile's progress bar makes later is a
+    named semaphore, reported as leaked when the run's process ends)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    module = importlib.import_module("torchrl.objectives.value.functional")
+    if multiprocessing.get_start_method(allow_none=True) != method:
+        multiprocessing.set_start_method(method, force=True)
+    return getattr(module, name)
 
 
 def _torchrl_gae(name: str, inputs: dict[str, Tensor], gamma: float,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -83,3 +86,19 @@ def test_peers_are_b4_cr_03_variants_but_not_gated():
     assert finding.peers == ("torchrl", "torchrl_vec", "sb3_numpy")
     assert not set(finding.peers) & set(own_variants(finding))
     assert set(own_variants(finding)) == set(METHODS)
+
+
+def test_importing_torchrl_leaves_the_process_start_method_as_it_was():
+    """TorchRL's import sets multiprocessing's start method to spawn; the peer's first call
+    puts back what the process had (here none set: fork's default on Linux), in a fresh
+    interpreter, as a run's process is."""
+    _needs("torchrl")
+    program = ("import multiprocessing as mp, torch\n"
+               "from esper_review.findings import peers\n"
+               "peers._torchrl_function('generalized_advantage_estimate')\n"
+               "assert 'torchrl' in __import__('sys').modules\n"
+               "print(mp.get_start_method(allow_none=True))\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "None"
