@@ -128,6 +128,13 @@ def busy_cores(window_s: float = BUSY_WINDOW_S) -> float | None:
     return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS says: a container
+    or `taskset` may allow fewer than the machine has), at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
 def free_threads(threads: int) -> int:
     """`threads`, less one for each core other processes keep busy (`busy_cores`, a core
     from BUSY_CORE of one), at least 1. More torch threads than free cores make every
@@ -137,8 +144,7 @@ def free_threads(threads: int) -> int:
     if busy is None:
         return threads
     taken = int(busy + (1.0 - BUSY_CORE))  # 0.7 of a core counts as one
-    free = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(threads, (free or 1) - taken))
+    return max(1, min(threads, usable_cores() - taken))
 
 
 #: what torchrun sets in each rank's environment (a child that inherits them would try to

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 import time
@@ -777,7 +776,7 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     `Recording.caches_cold` says are cold has its first cell prepared (inputs, first calls,
     at the threads the cell's own processes will prepare it at) in processes of their own,
     which then end: one per group of `Recording.compile_groups` (one for every variant
-    where it names none), as many at once as the machine has cores; the run's workers
+    where it names none), as many at once as the run may use cores; the run's workers
     start meanwhile. Returns finding id -> the seconds until its processes were done, or
     why one could not (its cell's processes then compile that themselves, as without it)."""
     firsts: dict[str, tuple] = {}
@@ -804,7 +803,7 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     sharing = preparing_threads(options.processes)
     started = time.perf_counter()
     warmed: dict[str, float | str] = {}
-    at_once = max(1, os.cpu_count() or 1)
+    at_once = ranks.usable_cores()
     for first in range(0, len(jobs), at_once):
         batch = jobs[first:first + at_once]
         warmers = [replica.Worker(replica.WorkerSpec.of(options, torch.get_num_threads(),

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from harness.gate.quality import busy_processes
-from harness.ranks import busy_cores, free_threads
+from harness.ranks import busy_cores, free_threads, usable_cores
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
 
@@ -30,3 +30,19 @@ def test_without_proc_stat_the_count_is_kept(monkeypatch, tmp_path):
     monkeypatch.setattr("harness.ranks.PROC_STAT", str(tmp_path / "absent"))
     assert busy_cores() is None
     assert free_threads(3) == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_usable_cores_are_the_affinity_s_not_the_machine_s():
+    """A process allowed one core (as `taskset` or a container's cpuset leaves it) counts one,
+    however many the machine has; run in a child, so this process keeps its cores."""
+    import subprocess
+    import sys
+
+    program = ("import os\nos.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
+               "from harness.ranks import usable_cores\nprint(usable_cores())\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "1"
+    assert usable_cores() == len(os.sched_getaffinity(0))
