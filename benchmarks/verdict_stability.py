@@ -124,15 +124,28 @@ ROW_FIELDS = ("finding", "case", "variant", "verdict", "placebo", "headline", "r
               "process_p", "processes", "median_s", "first_output_s")
 
 
-def _summary_rows(results: Path) -> tuple[list[dict], dict]:
-    """The reduced rows of the run in `results` and its process level (run.json)."""
+def _summary_rows(results: Path) -> tuple[list[dict], dict, int | None]:
+    """The reduced rows of the run in `results`, its process level and the torch threads
+    it timed at (run.json)."""
     sys.path.insert(0, str(REPO))
     from harness.results import load_run
 
     run = load_run(None, results)
     rows = run.summary.astype(object).where(run.summary.notna(), None).to_dict("records")
     return ([{k: r.get(k) for k in ROW_FIELDS} for r in rows],
-            run.metadata.get("process_level") or {})
+            run.metadata.get("process_level") or {}, run.metadata.get("threads"))
+
+
+def reference_threads(runs: list[dict], condition: Condition) -> int:
+    """The torch threads a series' reference times at: those its first run timed at (a run
+    beside a busy process leaves it a core: `harness.ranks.free_threads`), else the
+    condition's `--threads`, else the machine's cores (series saved before runs kept it)."""
+    recorded = runs[0].get("threads") if runs else None
+    if recorded:
+        return int(recorded)
+    if "--threads" in condition.run_args:
+        return int(condition.run_args[condition.run_args.index("--threads") + 1])
+    return os.cpu_count() or 1
 
 
 def _series_name(condition: str, quick: bool) -> str:
@@ -173,9 +186,9 @@ def _measured_run(clone: Path, results: Path, extra: tuple[str, ...],
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):
         raise SystemExit(f"{results.name} failed ({done.returncode}): {done.stderr[-2000:]}")
-    rows, level = _summary_rows(results)
+    rows, level, threads = _summary_rows(results)
     return {"seconds": seconds, "exit": done.returncode, "rows": rows,
-            "calibration": level.get("calibration")}
+            "calibration": level.get("calibration"), "threads": threads}
 
 
 def _run_setup(args, clone: Path, caches: Path) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -432,7 +445,7 @@ def reference(args) -> None:
                          "run `series` first")
     saved = _load(args.out, f"reference-{name.removeprefix('series-')}") or {
         "rows": [list(r) for r in draw_rows(runs, args.rows)], "processes": []}
-    threads = "1" if "--threads" in condition.run_args else str(os.cpu_count())
+    threads = str(reference_threads(runs, condition))
     clone = args.out / name / "clone"
     # compile caches of the condition's own, as its series had: inductor's default cache,
     # shared with other kernel paths, gave C++ the other path's vector code to compile

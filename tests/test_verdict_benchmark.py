@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -65,6 +66,16 @@ def test_more_first_pairs_join_the_series_own_and_never_the_later_ones():
     assert s["first_pairs"] == 3 and s["first"]["rows"] == 150
     assert s["first"]["beyond_4"] == 100 and s["later"]["rows"] == 100
     assert s["later"]["beyond_level"] == 0
+
+
+def test_the_reference_times_at_the_threads_its_series_timed_at():
+    """A series beside a busy process ran at one thread (the run leaves the busy core): its
+    reference does too, not at the machine's cores; older series fall back to the
+    condition's --threads, else the cores."""
+    co_runner, other = vs.CONDITIONS["co-runner"], vs.CONDITIONS["other-kernels"]
+    assert vs.reference_threads([{"threads": 1}], co_runner) == 1
+    assert vs.reference_threads([{"rows": []}], other) == 1
+    assert vs.reference_threads([{"rows": []}], co_runner) == (os.cpu_count() or 1)
 
 
 def test_z_reads_each_interval_at_its_own_level():
