@@ -1,53 +1,9 @@
-"""COMPILES-first-call: a finding whose variants "compile" on their first call into a disk
-cache (a file per variant in the folder `COMPILES_CACHE` names), for the tests of a run's
-warm step (`Recording.caches_cold`). Each first call appends `pid variant compiled|loaded`
-to the file `COMPILES_LOG` names (with the wall clock before and after it): compiled where
-the cache held nothing yet, which takes 0.3 s. `compiles_grouped` registers it again with
-each variant a compile group of its own (`Recording.compile_groups`)."""
+"""COMPILES-first-call: `compiling`'s finding, every variant's first call in one warm-up
+process (no compile groups)."""
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
+from harness.findings import register
+from tests.findings_modules.compiling import compiling_finding
 
-import torch
-
-from harness.findings import Case, Finding, Recording, max_abs_difference, register
-
-
-def _cached(variant: str) -> Path:
-    return Path(os.environ["COMPILES_CACHE"]) / variant
-
-
-def _make_call(variant: str, x: torch.Tensor):
-    cache = _cached(variant)
-    began = time.time()
-    state = "loaded" if cache.exists() else "compiled"
-    if state == "compiled":
-        time.sleep(0.3)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.touch()
-    with open(os.environ["COMPILES_LOG"], "a", encoding="utf-8") as log:
-        log.write(f"{os.getpid()} {variant} {state} {began} {time.time()}\n")
-    if variant == "sum":
-        return lambda: x.sum()
-    return lambda: x.cumsum(0)[-1]
-
-
-FINDING = Finding(
-    id="COMPILES-first-call",
-    title="sum() vs the last entry of cumsum(), each compiled on its first call",
-    claim="cumsum()[-1] is as fast as sum()",
-    variants=("sum", "cumsum"),
-    baseline="sum",
-    cases=lambda quick: [Case.of(n=256), Case.of(n=512)],
-    build=lambda case, device, seed: torch.arange(case["n"], dtype=torch.float64, device=device),
-    make_call=_make_call,
-    check=max_abs_difference,
-    tolerance=lambda case: 1e-6,
-    recording=Recording(caches_cold=lambda: not _cached("sum").exists()),
-)
-
-if __name__.endswith(".compiles"):  # not when `compiles_grouped` imports it
-    register(FINDING)
+register(compiling_finding("COMPILES-first-call"))
