@@ -477,12 +477,10 @@ def reference_ratios(document: dict) -> dict[tuple, float]:
 # ----------------------------------------------------------------------------- planted
 
 def planted(args) -> None:
-    results = args.out / "planted"
-    done = _python("-m", "harness.run", "--findings-module", "benchmarks.planted_findings",
-                   "--out", str(results), "--no-report", "--no-profile", *args.run_args)
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"planted run failed ({done.returncode}): {done.stderr[-2000:]}")
-    _save(args.out, "planted", _summary_rows(results)[0])
+    run = _measured_run(REPO, args.out / "planted",
+                        ("--findings-module", "benchmarks.planted_findings", "--no-report",
+                         "--no-profile", *args.run_args), dict(os.environ))
+    _save(args.out, "planted", run["rows"])
 
 
 def planted_table(rows: list[dict]) -> list[dict]:
