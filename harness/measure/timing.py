@@ -44,8 +44,10 @@ __all__ = [
     "calibrate",
     "call_overhead",
     "make_clock",
+    "SETTLE_UNDER_S",
     "measure_interleaved",
     "pinned_threads",
+    "settling_calls",
 ]
 
 
@@ -481,6 +483,8 @@ class _Prepared:
     warmup_calls: int
     warmup_seconds: float
     number: int
+    call_seconds: float
+    """One call's seconds: the last warm-up call's, else the first call's."""
 
 
 def _prepare(name: str, fn: Callable[[], object], clock: Clock, sampling: Sampling) -> _Prepared:
@@ -504,7 +508,26 @@ def _prepare(name: str, fn: Callable[[], object], clock: Clock, sampling: Sampli
         with _attributed(name, "calibration"):
             number = calibrate(fn, clock, min_sample_time=target)
     return _Prepared(first_call_seconds=first, warmup_calls=calls, warmup_seconds=warm,
-                     number=number)
+                     number=number, call_seconds=first if last is None else last)
+
+
+#: A sample of one call this long or longer follows no untimed call: what a switch leaves
+#: to pay (measured on the 2-core CPU: 75-190 us more on the first call of 0.5-4 ms calls)
+#: is then within about 2% of it, and an untimed call would double a long cell's seconds.
+SETTLE_UNDER_S = 10e-3
+
+
+def settling_calls(number: int, call_seconds: float, *, paired: bool) -> int:
+    """Untimed calls of a variant right before each of its samples of `number` calls of
+    about `call_seconds` each: as many as the sample has (what another variant's code
+    left in the caches, the allocator and the branch predictors is paid over tens of
+    calls, not by the first alone), one before a sample of one call shorter than
+    SETTLE_UNDER_S, none for a paired cell (its calls advance state)."""
+    if paired:
+        return 0
+    if number > 1:
+        return number
+    return int(call_seconds < SETTLE_UNDER_S)
 
 
 def _empty() -> None:
@@ -622,15 +645,17 @@ def measure_interleaved(
     measured with an empty function and removed from every sample. Then rounds of one
     sample per variant still sampling, in an order shuffled per round, until every
     variant has stopped (`Sampling`: decided, precise enough, the round cap or the
-    budget, which counts sampling seconds only). A sample of more than one call follows
-    one untimed call of its own variant: the first call after another variant's code pays
-    for the caches, allocator and branch state that code left (on one CPU: a 0.26 ms call
-    read 15% slower beside four other variants than beside its baseline alone), so a
-    sample is the steady per-call cost, whichever variants share the cell. The untimed
-    call goes through the clock, so that a device's stream is idle when the sample starts.
-    A sample of one call (a call as long as `min_sample_time`) and a paired cell's (whose
-    calls advance state) take none. Ratios are taken against `reference` (default: the
-    first variant), which samples while any other does.
+    budget, which counts sampling seconds, untimed calls included). Each sample follows
+    untimed calls of its own variant (`settling_calls`: as many as it has; one before a
+    sample of one call under SETTLE_UNDER_S; none in a paired cell, whose calls advance
+    state): the calls after another variant's code pay for the caches, allocator and
+    branch state it left, over tens of calls (on the 2-core CPU, a torch.compile'd GAE's
+    calls after a switch took 4.7, 1.6, 1.3, 1.2 and 1.1 times a steady call, and after
+    one untimed call its samples of 32 calls read 7-11% slower than
+    `torch.utils.benchmark`'s back-to-back blocks), so a sample is the steady per-call
+    cost, whichever variants share the cell. The untimed calls go through the clock, so
+    that a device's stream is idle when the sample starts. Ratios are taken against
+    `reference` (default: the first variant), which samples while any other does.
 
     `after_sample(name)`, when given, runs after each sample of `name`, outside the
     clock (to read what that call did). Returns name -> Measurement, keyed by `finding`,
@@ -643,6 +668,8 @@ def measure_interleaved(
     reference = reference if reference in fns else names[0]
     prepared = {name: _prepare(name, fn, clock, sampling) for name, fn in fns.items()}
     overhead = call_overhead(clock, max(p.number for p in prepared.values()))
+    settling = {name: settling_calls(p.number, p.call_seconds, paired=sampling.paired)
+                for name, p in prepared.items()}
     samples: dict[str, list[float]] = {name: [] for name in names}
     positions: dict[str, list[int]] = {name: [] for name in names}
     order_rng = np.random.default_rng(sampling.seed)
@@ -655,8 +682,8 @@ def measure_interleaved(
         for position, name in enumerate(order):
             number = prepared[name].number
             with _attributed(name, "sampling"):
-                if number > 1 and not sampling.paired:  # the switch is not billed to it
-                    clock.time(fns[name], 1)  # untimed: through the clock, so a device idles
+                if settling[name]:  # the switch is not billed to the sample
+                    clock.time(fns[name], settling[name])  # through the clock: a device idles
                 samples[name].append(_timed(clock, fns[name], number, overhead))
                 positions[name].append(position)
                 if after_sample is not None:  # outside the clock

@@ -19,6 +19,7 @@ import torch
 from harness.measure.decision import Looks, Word, decide
 from harness.measure.estimate import rounds_estimate
 from harness.measure.timing import (
+    SETTLE_UNDER_S,
     CpuClock,
     CudaEventClock,
     CudaUnavailableError,
@@ -31,6 +32,7 @@ from harness.measure.timing import (
     make_clock,
     measure_interleaved,
     pinned_threads,
+    settling_calls,
 )
 
 MS = 2.0**-10  # ~1 ms, exact in binary
@@ -323,13 +325,13 @@ def test_samples_are_exact_per_call_costs_with_calibrated_numbers():
 
 def rounds_of(log: list[str], prepared: int, numbers: dict[str, int]) -> list[list[str]]:
     """The order of the variants in each round, read from a clock's call log after the
-    first `prepared` calls (each sample is `numbers[name]` calls in a row, after one
-    untimed call of its own where it has more than one)."""
+    first `prepared` calls (each sample is `numbers[name]` calls in a row, after as many
+    untimed calls of its own: these fake calls are all shorter than SETTLE_UNDER_S)."""
     order, rest = [], log[prepared:]
     while rest:
         name = rest[0]
-        block = numbers[name] + (numbers[name] > 1)
-        assert rest[:block] == [name] * block  # a sample is one block
+        block = 2 * numbers[name]
+        assert rest[:block] == [name] * block  # a sample and its settling calls are one block
         order.append(name)
         rest = rest[block:]
     size = len(numbers)
@@ -368,7 +370,7 @@ def test_the_garbage_collector_is_off_inside_timed_samples_only():
     assert gc.isenabled()
     measure({"A": call}, clock, warmup=0, min_rounds=3, max_rounds=3, sequential=False)
     assert seen[0] is True  # the first call, timed alone, is not a sample
-    assert seen[-3:] == [False, False, False]
+    assert seen[-6:] == [True, False] * 3  # each sample after its untimed settling call
     assert gc.isenabled()
 
 
@@ -424,36 +426,70 @@ class SwitchClock(FakeClock):
         return call
 
 
+class FadingSwitchClock(FakeClock):
+    """A fake clock where the k-th call of a variant after another variant's call costs
+    `penalty / k**2` more: what the other variant's code left in the caches, the allocator
+    and the branch predictors is paid over several calls, not the first alone (measured
+    on the 2-core CPU: a torch.compile'd GAE's calls after a switch at 4.7, 1.6, 1.3, 1.2,
+    1.1 times a steady call)."""
+
+    def __init__(self, penalty: float) -> None:
+        super().__init__()
+        self.penalty = penalty
+        self.numbers: list[int] = []
+        self.since_switch = 0
+
+    def time(self, fn, number):
+        self.numbers.append(number)
+        return super().time(fn, number)
+
+    def variant(self, name, costs):
+        def call() -> None:
+            self.since_switch = (self.since_switch + 1
+                                 if self.log and self.log[-1] == name else 1)
+            self.now += self.penalty / self.since_switch**2
+            self.log.append(name)
+            self.now += next(costs)
+
+        return call
+
+
 def test_a_sample_is_not_billed_for_the_switch_from_another_variant():
-    """Samples of four calls, the first after a switch 50% dearer: each sample of more than
-    one call follows one untimed call of its own variant, so the samples are the warm
-    per-call costs, and a variant's ratio does not depend on which others share its cell
-    (without it, `fast` read 1.125 of its cost, and more beside more variants)."""
-    quarter = MS / 4
-    clock = SwitchClock(penalty=quarter / 2)
+    """Samples of 8 calls of 125 us, a switch costing 300 us spread over the calls after
+    it: each sample follows as many untimed calls of its own variant, so it reads within
+    2% of the steady cost (+1.7%) whichever variants share its cell (after one untimed
+    call, as before, its 8 calls carried 162 us more: +16%). A 1-call sample of a 2 ms
+    call follows one untimed call: the 300 us would be +15% of it; after one, 75 us."""
+    eighth = MS / 8
+    clock = FadingSwitchClock(penalty=2.4 * eighth)
     fns = {"slow": clock.variant("slow", constant(2 * MS)),
-           "fast": clock.variant("fast", constant(quarter)),
-           "other": clock.variant("other", constant(quarter))}
+           "fast": clock.variant("fast", constant(eighth)),
+           "other": clock.variant("other", constant(eighth))}
     result = measure(fns, clock, min_rounds=6, max_rounds=6, sequential=False)
-    assert result["fast"].number_per_sample == 4 and result["slow"].number_per_sample == 1
-    assert result["fast"].samples == (quarter,) * 6
-    assert result["other"].samples == (quarter,) * 6
-    # the untimed call goes through the clock (a device's stream idles before the sample):
-    # 6 rounds of (1, 4) twice and slow's (1), every sample of 4 right after a clock's 1
-    rounds = clock.numbers[-6 * 5:]
-    assert rounds.count(4) == 12 and rounds.count(1) == 18
-    assert all(rounds[i - 1] == 1 for i, number in enumerate(rounds) if number == 4)
+    assert result["fast"].number_per_sample == 8 and result["slow"].number_per_sample == 1
+    for name in ("fast", "other"):
+        assert all(eighth < s < 1.02 * eighth for s in result[name].samples)
+    # its sample is the call after its settling call (or later, where it also ended the
+    # round before): at most a quarter of the switch's cost
+    assert all(2 * MS < s <= (2 * MS + 2.4 * eighth / 4) * (1 + 1e-12)
+               for s in result["slow"].samples)
+    # the untimed calls go through the clock (a device's stream idles before the sample):
+    # 6 rounds of (8, 8) twice and slow's (1, 1), every sample right after its settling
+    rounds = clock.numbers[-6 * 6:]
+    assert rounds.count(8) == 24 and rounds.count(1) == 12
+    assert all(rounds[i] == rounds[i + 1] for i in range(0, len(rounds), 2))
 
 
-@pytest.mark.parametrize("sampling", [
-    {"min_sample_time": None},  # one call per sample, uncalibrated
-    {"min_sample_time": MS / 2},  # a call long enough for a sample of its own
-    {"min_sample_time": MS / 2, "paired": True},  # the calls advance state
+@pytest.mark.parametrize("sampling, cost, settling", [
+    ({"min_sample_time": None}, MS, 1),  # one call per sample, uncalibrated, short calls
+    ({"min_sample_time": MS / 2}, MS, 1),  # a call long enough for a sample of its own
+    ({"min_sample_time": MS / 2}, 2 * SETTLE_UNDER_S, 0),  # long enough to need no settling
+    ({"min_sample_time": MS / 2, "paired": True}, MS / 4, 0),  # the calls advance state
 ])
-def test_a_sample_of_one_call_and_a_paired_cells_take_no_untimed_call(sampling):
-    """Exactly the first call and the samples' calls: no untimed call before a sample."""
+def test_a_sample_of_one_call_settles_only_under_a_long_call_and_a_paired_cell_never(
+        sampling, cost, settling):
+    """Exactly the first call, the settling calls and the samples' calls."""
     clock = FakeClock()
-    cost = MS / 4 if sampling.get("paired") else MS
     fns = {"A": clock.variant("A", constant(cost)), "B": clock.variant("B", constant(cost))}
     result = measure(fns, clock, warmup=0, min_rounds=3, max_rounds=3, sequential=False,
                      **sampling)
@@ -461,7 +497,17 @@ def test_a_sample_of_one_call_and_a_paired_cells_take_no_untimed_call(sampling):
         number = result[name].number_per_sample
         calibrated = sampling["min_sample_time"] is not None
         calibration = 2 * number - 1 if calibrated else 0  # calibrate's doublings
-        assert clock.log.count(name) == 1 + calibration + 3 * number
+        assert clock.log.count(name) == 1 + calibration + 3 * (number + settling)
+
+
+def test_settling_calls():
+    """As many as the sample's calls; one before a 1-call sample of a short call; none
+    for a long call or a paired cell."""
+    assert settling_calls(16, 60e-6, paired=False) == 16
+    assert settling_calls(1, 2e-3, paired=False) == 1
+    assert settling_calls(1, SETTLE_UNDER_S, paired=False) == 0
+    assert settling_calls(16, 60e-6, paired=True) == 0
+    assert settling_calls(1, 2e-3, paired=True) == 0
 
 
 def test_first_call_and_warm_up_are_reported_apart_from_samples():
@@ -474,15 +520,16 @@ def test_first_call_and_warm_up_are_reported_apart_from_samples():
 
 
 def test_the_budget_counts_sampling_seconds_only():
-    """A 5 s first call (a compile) and a slow warm-up do not eat a 0.1 s budget."""
+    """A 5 s first call (a compile) and a slow warm-up do not eat a 0.1 s budget; the
+    samples' settling calls do (one untimed call before each 1-call sample)."""
     clock = FakeClock()
     fns = {"A": clock.variant("A", constant(MS, first=5.0)),
            "B": clock.variant("B", constant(MS))}
     result = measure(fns, clock, warmup=2, min_rounds=2, max_rounds=10_000,
                      time_budget_s=0.1, sequential=False)
-    sampled = sum(sum(m.samples) * m.number_per_sample for m in result.values())
+    sampled = 2 * sum(sum(m.samples) * m.number_per_sample for m in result.values())
     assert result["A"].stopped_by is StopReason.TIME_BUDGET
-    assert 0.1 <= sampled < 0.1 + 2 * 2 * MS  # the budget, and at most the round in progress
+    assert 0.1 <= sampled < 0.1 + 2 * 4 * MS  # the budget, and at most the round in progress
 
 
 def test_stops_at_max_rounds_without_sequential_checks():
@@ -542,7 +589,9 @@ def test_each_variant_settles_on_its_own_and_stops_being_called():
     assert 5 <= fast.n < noisy.n == loop.n
     sampled_fast = [name for name in clock.log if name == "fast"]
     prepared_calls = 1 + fast.warmup_calls
-    assert len(sampled_fast) == prepared_calls + calibration_calls(fast) + fast.n * fast.number_per_sample
+    settled = fast.n * settling_calls(fast.number_per_sample, MS, paired=False)
+    assert (len(sampled_fast)
+            == prepared_calls + calibration_calls(fast) + fast.n * fast.number_per_sample + settled)
     assert loop.precision_reached == noisy.precision_reached  # the cell's widest
 
 
