@@ -246,12 +246,16 @@ def test_time_bisect_finds_the_commit_that_made_a_variant_30x_slower(tmp_path):
         "    return x / x.abs().max()\n",
         "    for _ in range(30):\n        x.abs().max()\n    return x / x.abs().max()\n")})
     _commit(repo, "notes", {"notes.txt": "1\n"})
-    done = _bisect(repo, "--good", good, "--bad", "main", "--findings", "MY-scale", "--time")
+    # a 20% margin: the commits between hold the good commit's code, and each must read
+    # wholly within the margin to be GOOD; 5% failed once in a full parallel test run,
+    # whose load spreads a microseconds call's sessions wider than that
+    done = _bisect(repo, "--good", good, "--bad", "main", "--findings", "MY-scale", "--time",
+                   "--margin", "0.2")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"first changed commit: {slow[:8]} scale(): 30 times the work"
     assert lines[1].startswith(f"  MY-scale mylib [n=64]: time vs {good[:8]} +")
-    assert "(regression, margin 5%)" in lines[1]
+    assert "(regression, margin 20%)" in lines[1]
     assert lines[2].startswith("runs: ") and lines[2].endswith(" of the 2 between)")
     assert lines[3] == "counters that changed with it:"
     assert "allocations 3 -> 63: +30 aten::abs at mylib/ops.py:6,7 in scale()" in lines[4]
