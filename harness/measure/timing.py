@@ -32,6 +32,7 @@ from harness.measure.estimate import PairedEstimate, rounds_estimate
 from harness.measure.numbers import is_whole
 
 __all__ = [
+    "SETTLE_UNDER_S",
     "Clock",
     "CpuClock",
     "CudaEventClock",
@@ -44,7 +45,6 @@ __all__ = [
     "calibrate",
     "call_overhead",
     "make_clock",
-    "SETTLE_UNDER_S",
     "measure_interleaved",
     "pinned_threads",
     "settling_calls",
