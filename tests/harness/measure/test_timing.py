@@ -403,29 +403,6 @@ def test_the_loops_own_cost_is_measured_with_an_empty_call_and_removed():
     assert result["fast"].samples == (2 * loop,) * 4
 
 
-class SwitchClock(FakeClock):
-    """A fake clock where a call right after another variant's call costs `penalty` more
-    (caches, allocator and branch state that the other variant's code left behind)."""
-
-    def __init__(self, penalty: float) -> None:
-        super().__init__()
-        self.penalty = penalty
-        self.numbers: list[int] = []
-
-    def time(self, fn, number):
-        self.numbers.append(number)
-        return super().time(fn, number)
-
-    def variant(self, name, costs):
-        def call() -> None:
-            if self.log and self.log[-1] != name:
-                self.now += self.penalty
-            self.log.append(name)
-            self.now += next(costs)
-
-        return call
-
-
 class FadingSwitchClock(FakeClock):
     """A fake clock where the k-th call of a variant after another variant's call costs
     `penalty / k**2` more: what the other variant's code left in the caches, the allocator
