@@ -38,6 +38,7 @@ from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, interruption, loading,
     signals_deferred, version,
 )
+from harness.isa_checks import IsaChecks
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
 from harness.measure.machine import (
@@ -802,6 +803,8 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     # the threads `_measure_cell` prepares a cell at, so that the cached code is theirs
     sharing = preparing_threads(options.processes)
     started = time.perf_counter()
+    # inductor's CPU build checks overlap the warm-up processes' imports and tracing
+    isa_checks = IsaChecks() if torch.device(options.device).type == "cpu" else None
     warmed: dict[str, float | str] = {}
     at_once = ranks.usable_cores()
     for first in range(0, len(jobs), at_once):
@@ -832,6 +835,10 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
         finally:
             for warmer in warmers:
                 warmer.close()
+    failed = isa_checks.wait() if isa_checks is not None else None
+    if failed:
+        progress.note(f"inductor's vector-ISA build checks failed in this process ({failed}): "
+                      "a process that compiles runs them itself")
     progress.note("compile caches: " + "; ".join(
         f"{key} warmed in {value:.1f} s" if isinstance(value, float)
         else f"{key} not warmed ({value}): its processes compile it"

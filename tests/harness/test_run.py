@@ -541,7 +541,12 @@ def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_tim
         rows = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
         return [(int(p), v, s, float(began), float(ended)) for p, v, s, began, ended in rows]
 
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    valid_vec_isa_list.cache_clear()  # whatever this process answered before
     assert main([*command, "--out", str(tmp_path / "cold")]) == 0
+    # inductor's CPU build checks ran in the run's own process, beside the warm-up
+    assert valid_vec_isa_list.cache_info().currsize == 1
     calls = [call[:3] for call in first_calls()]
     compiled = {(pid, variant) for pid, variant, state in calls if state == "compiled"}
     warmer = {pid for pid, _ in compiled}
@@ -563,7 +568,9 @@ def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_tim
     assert load_run(None, tmp_path / "cold").summary.status.eq("ok").all()
 
     (tmp_path / "log").unlink()
+    valid_vec_isa_list.cache_clear()
     assert main([*command, "--out", str(tmp_path / "warm")]) == 0
+    assert valid_vec_isa_list.cache_info().currsize == 0  # no warm step, no checks
     assert {state for _, _, state, _, _ in first_calls()} == {"loaded"}
     assert "compile caches" not in capsys.readouterr().err  # no process of its own
     assert "warmed_s" not in json.loads(
