@@ -73,7 +73,8 @@ class WorkerSpec:
     placebo: str = "headline"
     threads: int = 1
     process: int = 2
-    """Which of the run's processes it is, in its sample rows."""
+    """Which of the run's processes it is, in its sample rows; 0: a warm-up process,
+    which fills compile caches and times nothing (`harness.run`'s warm step)."""
     parent: int | None = None
     """The run's pid: the worker stops when that process is gone."""
 
@@ -109,6 +110,8 @@ def measure_cell(spec: WorkerSpec, command: dict, commands: Iterator[str] | None
                        check=False)
         with pinned_threads(command.get("threads") or spec.threads, compile_for=spec.threads):
             cell.prepare()
+        if spec.process:  # a warm-up process times nothing: the trace would be for no one
+            cell.trace_at_timed_threads()
         if "timed" not in command:
             _say(protocol, {"prepared": time.perf_counter() - started})
             asked = time.perf_counter()

@@ -896,6 +896,7 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
         worker.prepare(finding.id, case.label, headline, sharing)
     with pinned_threads(sharing, compile_for=torch.get_num_threads()):
         cell = CaseRun(finding, case, options, headline=headline, sampling_s=share).prepare()
+    cell.trace_at_timed_threads()
     cell.min_rounds = min_rounds(share, cell.round_s(), options.min_samples)
     timed = cell.timed_variants()
     least_s = cell.min_rounds * cell.round_s() * options.processes

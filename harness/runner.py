@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import sys
 import tempfile
 import time
 import traceback
@@ -148,6 +149,13 @@ PROFILER_SLOWDOWN = 20.0
 PROFILE_ALWAYS_S = 1.0
 
 
+def _dynamo_frames() -> int:
+    """Frames torch.compile (dynamo) has traced in this process so far; 0 before it is
+    imported (it is not imported here: a second)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else int(utils.counters["frames"]["total"])
+
+
 class CaseRun:
     """Everything measured for one finding x case; `summary` and `samples` are the rows."""
 
@@ -185,6 +193,8 @@ class CaseRun:
         """Wall seconds per stage of `run` (build, check, time, profile, extra)."""
         self.sample_metrics: dict[str, list[dict[str, float]]] = {}
         """variant -> `Recording.sample_metrics` of each sample, in sample order."""
+        self.traced_at: dict[str, int] = {}
+        """variant -> torch's thread count when torch.compile traced its first call."""
 
     # ------------------------------------------------------------------ steps
 
@@ -226,6 +236,25 @@ class CaseRun:
             except Exception as err:  # the placebo is the baseline's code: said, not fatal
                 self._fail(PLACEBO, err, "building the placebo's inputs or its first call")
         return self
+
+    def trace_at_timed_threads(self) -> None:
+        """Call once more, at torch's thread count now (the one the cell is timed at), each
+        variant whose first call torch.compile traced at another (the processes' first
+        calls share the cores, `pinned_threads`): dynamo guards a graph on the thread count,
+        so the first timed round would trace it again (0.5-1 s for a scan graph
+        here) inside the timing, which the processes take in turn; here they take it at
+        once. Not for a paired finding, whose calls advance its state in lockstep."""
+        if self.finding.recording.paired:
+            return
+        threads = torch.get_num_threads()
+        for variant, traced_at in self.traced_at.items():
+            if traced_at == threads or variant not in self._active():
+                continue
+            try:
+                with self._stage("check"):
+                    self._call(variant)()
+            except Exception as err:  # as a first call that crashed
+                self._fail(variant, err, f"a second call, at {threads} threads")
 
     def round_s(self) -> float:
         """Seconds of one round of the prepared cell, foreseen from the first calls (one
@@ -341,12 +370,14 @@ class CaseRun:
         for variant in self._active():
             if variant == PLACEBO:
                 continue
-            started = time.perf_counter()
+            started, frames = time.perf_counter(), _dynamo_frames()
             try:
                 output = self._call(variant)()
             except Exception as err:  # a crashing variant is a row, not the end of the run
                 self._fail(variant, err, "first call")
                 continue
+            if _dynamo_frames() > frames:
+                self.traced_at[variant] = torch.get_num_threads()
             # where compiling happens (torch.compile, numba): a cold cache shows here
             self.cells[variant]["first_output_s"] = time.perf_counter() - started
             if taken is not None and not isinstance(output, taken):

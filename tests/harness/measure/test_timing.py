@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import os
 from collections.abc import Callable, Iterator
 
@@ -197,6 +198,94 @@ def test_kernels_compiled_while_threads_are_pinned_are_built_for_the_timing_thre
         timeout=300, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["['num_threads(2)']", "-1", "2"], result.stdout
+
+
+_NESTED = """
+import json, sys, torch
+from harness.measure.timing import pinned_threads
+seen = []
+with pinned_threads(2):  # a worker's whole life
+    with pinned_threads(1, compile_for=2):  # a cell's first calls
+        import torch._inductor.config as config  # first imported here
+        seen.append(config.cpp.threads)
+    seen.append(config.cpp.threads)  # the outer body's again
+    with pinned_threads(1):  # imported now: set and restored directly
+        seen.append(config.cpp.threads)
+    seen.append(config.cpp.threads)
+seen.append(config.cpp.threads)  # inductor's default: follow torch's count
+print(json.dumps({"seen": seen, "finders": [type(f).__name__ for f in sys.meta_path]}))
+"""
+
+
+@pytest.mark.integration  # a fresh interpreter: torch._inductor not imported yet
+def test_inductor_threads_nest_when_inductor_is_imported_inside_the_inner_body():
+    """A worker pins its threads for its whole life and again, for the first calls,
+    around each cell: inductor imported inside both bodies takes the inner count, gets
+    the outer's back when the inner body ends and its default after both; the import
+    finder is gone after."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _NESTED], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said["seen"] == [2, 2, 1, 2, -1]
+    assert "_AfterImport" not in said["finders"]
+
+
+_TRACED_AGAIN = """
+import json, torch
+import torch._dynamo.utils as dynamo
+from harness.findings import Case, Finding, max_abs_difference
+from harness.measure.timing import pinned_threads
+from harness.runner import CaseRun, RunOptions
+
+torch.set_num_threads(2)
+doubled = torch.compile(lambda x: (x * 2).sum(1))
+finding = Finding(
+    id="TEST-compiled", title="t", claim="c", variants=("eager", "compiled"),
+    baseline="eager", cases=[Case.of(n=256)],
+    build=lambda case, device, seed: torch.randn(case["n"], 64),
+    make_call=lambda variant, x: (lambda: (x * 2).sum(1)) if variant == "eager"
+    else (lambda: doubled(x)),
+    check=max_abs_difference, tolerance=1e-4)
+frames = lambda: int(dynamo.counters["frames"]["total"])
+cell = CaseRun(finding, Case.of(n=256), RunOptions(device=torch.device("cpu")))
+with pinned_threads(1, compile_for=2):  # the cores shared while processes prepare
+    cell.prepare()
+prepared = frames()
+with pinned_threads(2):  # the timing processes' threads
+    cell.trace_at_timed_threads()
+    traced = frames()
+    cell._call("compiled")()  # the first timed call: nothing left to trace
+print(json.dumps({"traced_at": cell.traced_at, "frames": [prepared, traced, frames()],
+                  "cache": {k: v for k, v in dynamo.counters["inductor"].items()
+                            if k.startswith("fxgraph_cache")}}))
+"""
+
+
+@pytest.mark.slow  # one cold torch.compile: 5-15 s
+@pytest.mark.integration  # a fresh interpreter and an empty inductor cache
+def test_a_graph_traced_again_at_the_timing_threads_loads_its_code_and_is_traced_before_timing(
+        tmp_path):
+    """Dynamo guards a graph on torch's thread count, so a variant first called while the
+    processes share the cores (1 thread, compiled for 2) is traced again at the 2 it is
+    timed at. That trace happens in `trace_at_timed_threads` (the cell's preparation,
+    which the processes take at once), not in the first timed round (which they take in
+    turn), and it loads what the first call compiled: one compile, one cache hit."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _TRACED_AGAIN], capture_output=True, text=True,
+        timeout=300, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said["traced_at"] == {"compiled": 1}
+    prepared, traced, timed = said["frames"]
+    assert traced == prepared + 1 and timed == traced
+    assert said["cache"] == {"fxgraph_cache_miss": 1, "fxgraph_cache_hit": 1}
 
 
 @pytest.mark.parametrize("n", [0, -2, 1.0])
