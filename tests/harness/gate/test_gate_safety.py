@@ -616,7 +616,9 @@ def test_a_terminated_quality_run_leaves_no_busy_process(tmp_path):
     children = _wait_for(started, 120, "two busy processes and a gate", quality)
     quality.send_signal(signal.SIGTERM)
     assert quality.wait(timeout=60) == 143, (tmp_path / "quality.log").read_text()
-    assert _survivors(children) == []
+    # its gate child stops at the quality run's signal; under a full parallel test run it
+    # outlived a 5 s grace once (gone within it when run alone)
+    assert _survivors(children, grace_s=15.0) == []
 
 
 @pytest.mark.integration
