@@ -29,6 +29,11 @@ import sys
 import time
 from pathlib import Path
 
+#: when this run started (the plan counts the run's wall seconds from here): the process's
+#: start, the imports below included (torch and pandas: seconds, which the user waits for
+#: as for the rest), or the call's for a later run in one process (`_main`)
+STARTED = time.perf_counter()
+
 import pandas as pd
 import torch
 
@@ -706,9 +711,6 @@ def _measure_cells(writer: RunWriter, selected, options: RunOptions, mine, launc
     return None
 
 
-#: when this run started (the plan counts the run's wall seconds from here): the process's
-#: start, its imports included, or the call's for a later run in one process (`_main`)
-STARTED = time.perf_counter()
 #: runs this process has started
 _COMMANDS = 0
 

@@ -575,3 +575,18 @@ def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_tim
     assert "compile caches" not in capsys.readouterr().err  # no process of its own
     assert "warmed_s" not in json.loads(
         next((tmp_path / "warm").glob("*/run.json")).read_text())
+
+
+def test_a_runs_budget_counts_from_before_its_imports():
+    """The budget counts the run's wall seconds from the process's start: the seconds of
+    importing torch, pandas and the harness, which the user waits for as for the rest,
+    are spent from it. In a fresh interpreter, the run's clock starts in the first tenth
+    of the seconds its module takes to import (it started at their end before)."""
+    code = ("import time; t0 = time.perf_counter(); import harness.run as r; "
+            "t1 = time.perf_counter(); print(r.STARTED - t0, t1 - t0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before_clock, importing = map(float, done.stdout.split())
+    assert importing > 0
+    assert 0 <= before_clock < 0.1 * importing, (before_clock, importing)
