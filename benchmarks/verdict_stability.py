@@ -170,10 +170,15 @@ def _head(repository: Path) -> str:
 
 
 def compile_caches(folder: Path) -> dict[str, str]:
-    """The environment that keeps numba's, inductor's and Triton's caches in `folder`."""
+    """The environment that keeps numba's, inductor's and Triton's caches in `folder`, and
+    the temp dir too (made here): inductor keeps its precompiled C++ headers (150 MB each)
+    in a folder of the temp dir whatever TORCHINDUCTOR_CACHE_DIR says, so with the
+    machine's temp dir a fresh clone's first run would find them built by earlier ones."""
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)
     return {"NUMBA_CACHE_DIR": str(folder / "numba"),
             "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
-            "TRITON_CACHE_DIR": str(folder / "triton")}
+            "TRITON_CACHE_DIR": str(folder / "triton"),
+            "TMPDIR": str(folder / "tmp")}
 
 
 def _measured_run(clone: Path, results: Path, extra: tuple[str, ...],

@@ -275,3 +275,18 @@ def test_the_reference_times_at_the_threads_it_is_given_and_leaves_out_its_loop(
     assert 0.001 <= kept < 0.015  # 0.015: a sleep 14 ms late
     floor = vs.reference_per_call(call, 1, 1.0, min_run_time=0.05)  # a loop dearer than it
     assert 0.05 * 0.02 <= floor < 0.05 * 0.1
+
+
+def test_a_fresh_clones_caches_include_the_temp_dir_where_inductor_keeps_its_headers(tmp_path):
+    """Inductor keeps its precompiled headers under the temp dir, whatever
+    TORCHINDUCTOR_CACHE_DIR says: a run given `compile_caches` has its temp dir (and so
+    inductor's default cache folder) in the caches folder, empty for each fresh clone."""
+    environment = {**os.environ, **vs.compile_caches(tmp_path / "caches")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import tempfile; from torch._inductor.runtime.cache_dir_utils "
+         "import default_cache_dir; print(tempfile.gettempdir()); print(default_cache_dir())"],
+        capture_output=True, text=True, env=environment, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    temp, inductor_default = done.stdout.split()
+    assert temp == str(tmp_path / "caches" / "tmp")
+    assert inductor_default.startswith(temp)
