@@ -61,6 +61,11 @@ def log_ratios(variant: Sequence[float], baseline: Sequence[float]) -> np.ndarra
     return np.log(v) - np.log(b)
 
 
+#: |log| of the widest ratio an interval states (exp(690) is about 1e300; floats end at
+#: exp(709.78))
+MAX_LOG_BOUND = 690.0
+
+
 @dataclass(frozen=True)
 class PairedEstimate:
     """A log ratio with its standard error and degrees of freedom: enough for an interval
@@ -98,9 +103,14 @@ class PairedEstimate:
         return float(scipy_special.stdtrit(self.df, 0.5 + confidence / 2.0))
 
     def interval(self, confidence: float = 0.95) -> tuple[float, float]:
-        """(low, high) of the ratio at `confidence`, two-sided."""
-        half = self.quantile(confidence) * self.se
-        return math.exp(self.log_ratio - half), math.exp(self.log_ratio + half)
+        """(low, high) of the ratio at `confidence`, two-sided. Bounds past what floats
+        hold (one degree of freedom at a level raised for many looks: t quantiles in the
+        tens of thousands) stop at exp(+-MAX_LOG_BOUND): positive and finite, as every
+        interval the results keep, and far past any margin."""
+        half = self.quantile(confidence) * self.se if self.se > 0 else 0.0
+        low = max(self.log_ratio - half, -MAX_LOG_BOUND)
+        high = min(self.log_ratio + half, MAX_LOG_BOUND)
+        return math.exp(low), math.exp(high)
 
     def p_above(self, log_boundary: float) -> float:
         """One-sided p-value of "theta > log_boundary" (small: the data say it is above)."""

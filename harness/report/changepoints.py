@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import ruptures
-from scipy import stats
+
+from harness.measure.estimate import PairedEstimate
 
 #: runs on each side of a change point, at least
 MIN_SIZE = 2
@@ -82,9 +83,9 @@ def _size(before: np.ndarray, after: np.ndarray, sigma: float, confidence: float
     va = max(float(np.var(before, ddof=1)), sigma ** 2) / before.size
     vb = max(float(np.var(after, ddof=1)), sigma ** 2) / after.size
     dof = (va + vb) ** 2 / (va ** 2 / (before.size - 1) + vb ** 2 / (after.size - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, dof)) * math.sqrt(va + vb)
-    shift = float(after.mean() - before.mean())
-    return math.exp(shift), math.exp(shift - half), math.exp(shift + half)
+    shift = PairedEstimate(float(after.mean() - before.mean()), math.sqrt(va + vb), dof,
+                           rounds=before.size + after.size)
+    return (shift.ratio, *shift.interval(confidence))
 
 
 def change_points(values: Sequence[float], *, beta: float = PENALTY_BETA,

@@ -26,8 +26,8 @@ import numbers
 from dataclasses import dataclass
 
 import pandas as pd
-from scipy import stats as scipy_stats
 
+from harness.measure.estimate import PairedEstimate
 from harness.measure.stats import Verdict
 from harness.report.summary import signed_seconds
 from harness.report.verdicts import case_phrase, present
@@ -393,9 +393,8 @@ def fastest(at: dict[str, dict], compared: list[str], variant: str) -> tuple[str
         """(low, high) of the speed-up at `level`."""
         row = at[name]
         if present(row.get("log_se")) and present(row.get("df")):
-            half = float(scipy_stats.t.ppf(0.5 + level / 2.0, row["df"])) * row["log_se"]
-            centre = -math.log(row["ratio"])
-            return math.exp(centre - half), math.exp(centre + half)
+            return PairedEstimate(-math.log(row["ratio"]), row["log_se"], row["df"],
+                                  rounds=1).interval(level)
         return 1.0 / row["ci_high"], 1.0 / row["ci_low"]
 
     best = max((v for v in candidates if v != variant), key=lambda v: bounds(v)[0])

@@ -109,3 +109,18 @@ def test_log_estimate_of_one_runs_samples():
 def test_log_ratios_reject_what_is_not_paired_seconds(variant, baseline, message):
     with pytest.raises(ValueError, match=message):
         log_ratios(variant, baseline)
+
+
+@pytest.mark.parametrize("log_ratio", [0.0, -3.0, 3.0])
+def test_an_interval_wider_than_floats_is_bounded_not_an_error(log_ratio):
+    """One degree of freedom at a level raised for many looks (t quantile 63,662 at
+    0.99999): half a width of 31,800 in log units, past what exp can return. The interval
+    stays a pair of positive finite ratios around the estimate, at the floats' bound, and
+    reads inconclusive; it was an OverflowError that ended the run (exit 3)."""
+    from harness.measure.decision import Word, decide
+
+    estimate = PairedEstimate(log_ratio, 0.5, 1.0, 3)
+    low, high = estimate.interval(0.99999)
+    assert 0.0 < low < estimate.ratio < high < math.inf
+    assert low < 1e-299 and high > 1e299
+    assert decide(low, high, 0.05) is Word.INCONCLUSIVE
