@@ -14,14 +14,21 @@ dependencies suffice.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 pytestmark = pytest.mark.integration  # builds a wheel and starts a dozen processes
 
@@ -54,14 +61,42 @@ def row_sums(x):
 SLOWER = OPS.replace("row.sum()", "(row + 0).sum()")
 
 
+def build_wheel(folder: Path) -> Path:
+    """Builds the wheel of this tree into `folder`/dist and returns its path.
+
+    setuptools builds in the source tree (build/, *.egg-info), so two builds of one tree
+    at once break each other; xdist's workers each run a module fixture. The build
+    therefore runs on a private copy of what the wheel is made of.
+    """
+    source = folder / "source"
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {pattern.split(".")[0]
+                for pattern in config["tool"]["setuptools"]["packages"]["find"]["include"]}
+    for name in sorted(packages):
+        shutil.copytree(REPO / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(folder / "dist"), str(source)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, f"pip wheel failed ({built.returncode}):\n{built.stderr}"
+    (wheel,) = (folder / "dist").glob("esper_bench-*.whl")
+    return wheel
+
+
+def test_two_builds_at_once_both_succeed(tmp_path):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        wheels = list(pool.map(build_wheel, [tmp_path / "a", tmp_path / "b"]))
+    names = [sorted(zipfile.ZipFile(wheel).namelist()) for wheel in wheels]
+    assert names[0] == names[1] and "harness/__init__.py" in names[0]
+
+
 @pytest.fixture(scope="module")
 def wheel_site(tmp_path_factory) -> Path:
     """The wheel of this tree, unpacked into a folder for PYTHONPATH."""
     folder = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(folder / "dist"), str(REPO)],
-                   check=True, capture_output=True)
-    (wheel,) = (folder / "dist").glob("esper_bench-*.whl")
+    wheel = build_wheel(folder)
     names = zipfile.ZipFile(wheel).namelist()
     for data in ("harness/report/templates/run.html.j2", "esper_review/invariants.json",
                  "esper_review/__init__.py", "esper/__init__.py"):
