@@ -44,7 +44,7 @@ from harness.combine import word_fields
 from harness.measure.estimate import rounds_estimate
 from harness.measure.stats import Verdict, paired_difference_ci
 from harness.measure.timing import (
-    Measurement, Sampling, VariantError, make_clock, measure_interleaved,
+    Measurement, Sampling, VariantError, make_clock, measure_interleaved, pinned_threads,
 )
 from harness.measure.trace import merge_traces
 from harness.plan import BUDGET_UNPROFILED
@@ -243,7 +243,12 @@ class CaseRun:
         calls share the cores, `pinned_threads`): dynamo guards a graph on the thread count,
         so the first timed round would trace it again (0.5-1 s for a scan graph
         here) inside the timing, which the processes take in turn; here they take it at
-        once. Not for a paired finding, whose calls advance its state in lockstep."""
+        once. Not for a paired finding, whose calls advance its state in lockstep.
+
+        The trace is pinned at those threads (`pinned_threads`) wherever it is called:
+        inductor's cpp.threads is a key of its disk cache, and the run's own process, which
+        nothing else pins, compiled the graph again under its default (4 s of a cold
+        run's first cell) instead of loading what the first call compiled."""
         if self.finding.recording.paired:
             return
         threads = torch.get_num_threads()
@@ -251,7 +256,7 @@ class CaseRun:
             if traced_at == threads or variant not in self._active():
                 continue
             try:
-                with self._stage("check"):
+                with self._stage("check"), pinned_threads(threads):
                     self._call(variant)()
             except Exception as err:  # as a first call that crashed
                 self._fail(variant, err, f"a second call, at {threads} threads")
