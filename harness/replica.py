@@ -21,7 +21,10 @@ the cell (inputs, the first call of every variant or of those its `"variants"` l
 the command's `"threads"`: the cores shared with the run's process) while the run's
 process prepares its own,
 answers `{"prepared": seconds}`, and takes `{"sampling_s", "timed", "min_rounds"}` from
-the next line. The run interleaves the timing: for each cell, one process after the
+the next line. `{"inductor_checks": true}` (no answer) has it load torch.compile's
+machinery and run inductor's vector-ISA checks (`harness.isa_checks`) while it waits: a
+cold run sends it once a warm-up process has ended and left a core idle, so that the
+worker's first compiled call does not pay them (2-3 s) while the run's process waits. The run interleaves the timing: for each cell, one process after the
 other, the order alternating, none timing while another still prepares.
 
 Nothing the findings print reaches the protocol (the worker's stdout goes to its stderr).
@@ -47,6 +50,7 @@ import torch
 from harness import findings as registry
 from harness.exits import UsageError, command, die_with_parent, kill_group
 from harness.measure.decision import DEFAULT_MARGIN
+from harness.isa_checks import IsaChecks
 from harness.measure.timing import pinned_threads
 from harness.ranks import solo_environment
 from harness.runner import CaseRun, RunOptions
@@ -150,8 +154,14 @@ def serve(spec: WorkerSpec, commands: Iterator[str], protocol: TextIO) -> None:
     with pinned_threads(spec.threads):
         commands = iter(commands)
         for line in commands:
-            if line.strip():
-                _say(protocol, measure_cell(spec, json.loads(line), commands, protocol))
+            if not line.strip():
+                continue
+            command = json.loads(line)
+            if command.get("inductor_checks"):
+                # a failure is the compiling call's to meet: it runs the checks itself
+                IsaChecks().wait()
+                continue
+            _say(protocol, measure_cell(spec, command, commands, protocol))
 
 
 class WorkerError(RuntimeError):
@@ -231,6 +241,11 @@ class Worker:
         return {"finding": finding, "case": case, **self._ask(
             {"finding": finding, "case": case, "headline": headline, "sampling_s": sampling_s,
              "timed": list(timed), "min_rounds": min_rounds})}
+
+    def run_inductor_checks(self) -> None:
+        """Have the worker run inductor's vector-ISA checks while it waits for its first
+        cell (no answer; a worker that failed says so at its next command)."""
+        self._send({"inductor_checks": True})
 
     def prepare(self, finding: str, case: str, headline: bool, threads: int,
                 variants: Sequence[str] | None = None) -> None:

@@ -780,7 +780,8 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     at the threads the cell's own processes will prepare it at) in processes of their own,
     which then end: one per group of `Recording.compile_groups` (one for every variant
     where it names none), as many at once as the run may use cores; the run's workers
-    start meanwhile. Returns finding id -> the seconds until its processes were done, or
+    start meanwhile and, on the CPU, run inductor's vector-ISA checks once the first
+    warm-up process has ended (`replica.Worker.run_inductor_checks`). Returns finding id -> the seconds until its processes were done, or
     why one could not (its cell's processes then compile that themselves, as without it)."""
     firsts: dict[str, tuple] = {}
     for finding, case, _ in cells:
@@ -823,8 +824,14 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                 warmer.prepare(finding.id, case.label,
                                case.label == headline_label(finding, options), sharing,
                                variants=group)
-            for warmer, (finding, _, _) in zip(warmers, batch):
+            for index, (warmer, (finding, _, _)) in enumerate(zip(warmers, batch)):
                 answer = warmer.prepared()
+                if isa_checks is not None and index == 0 and first == 0:
+                    # a core is free from now on: the workers load what compiled calls
+                    # need, instead of in their first cell while this process waits
+                    for worker in workers.started.values():
+                        if isinstance(worker, replica.Worker):
+                            worker.run_inductor_checks()
                 if "error" in answer:
                     warmed[finding.id] = answer["error"]
                     continue

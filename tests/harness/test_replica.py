@@ -68,6 +68,29 @@ def test_a_worker_times_only_the_variants_the_runs_process_found_correct():
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # builds inductor's ISA check libraries into an empty cache: 5-10 s
+def test_a_worker_told_to_run_inductors_checks_runs_them_and_then_its_next_cell(
+        tmp_path, monkeypatch):
+    """`run_inductor_checks` (sent in a cold run once a warm-up process has ended): the
+    worker builds inductor's vector-ISA check libraries into its cache while it waits, says
+    nothing for it, and answers the next command as ever. (That its first compiled call
+    is then seconds shorter is a timing, measured in a cold run, not here.)"""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    worker = Worker(_spec())
+    try:
+        worker.run_inductor_checks()
+        done = worker.measure("NOISE-tiny", "n=64", False, 0.02, ["sum"])
+    finally:
+        worker.close()
+    assert {r["variant"] for r in done["samples"]} == {"sum"} and done["failed"] == {}
+    from torch._inductor.cpu_vec_isa import x86_isa_checker
+
+    if sys.platform.startswith("linux") and x86_isa_checker():  # a CPU inductor checks
+        assert list(cache.rglob("*.so")), "the worker built no ISA check library"
+
+
+@pytest.mark.integration
 def test_a_worker_loads_while_the_run_goes_on_and_is_ready_when_asked():
     """The run starts its worker before preparing its first cell: the worker's imports
     (seconds) overlap the run's, and nothing is timed until it is ready."""
