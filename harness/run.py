@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import importlib
 import json
 import shlex
 import sys
@@ -495,14 +496,29 @@ def code_state(modules: list[str]) -> dict:
 RENDER_FILE = "render.json"
 
 
+#: seconds `load_report_modules` took, where a cold run loaded them while a core was idle
+_report_loaded_s: list[float] = []
+
+
+def load_report_modules() -> float:
+    """Import the report's modules (matplotlib, jinja2: a second or more); returns the
+    seconds it took (near 0 when they were imported already)."""
+    started = time.perf_counter()
+    with loading():
+        importlib.import_module("harness.report.cli")  # matplotlib and jinja2 load only now
+    return time.perf_counter() - started
+
+
 def _report(folder: Path, reports: Path, findings: int) -> None:
     """Render reports/<run-id>/ and the index, and record the seconds it took
-    (`RENDER_FILE`); a report problem never fails the run."""
+    (`RENDER_FILE`: its modules' import where it happened, for the next run's reserve); a
+    report problem never fails the run."""
     later = f"render it with: python -m harness.report {shlex.quote(str(folder))}"
-    started = time.perf_counter()
     try:
-        with loading():
-            from harness.report.cli import render  # matplotlib and jinja2 load only now
+        import_s = load_report_modules() + sum(_report_loaded_s)
+        _report_loaded_s.clear()
+        from harness.report.cli import render
+
         imported = time.perf_counter()
         page = render(folder, out=reports / folder.name)
     except UsageError as err:  # the report's input errors (ReportError is one)
@@ -515,7 +531,7 @@ def _report(folder: Path, reports: Path, findings: int) -> None:
     print(f"report: {page}")
     try:
         atomic_write_text(page.parent / RENDER_FILE, json.dumps(
-            {"import_s": imported - started, "render_s": time.perf_counter() - imported,
+            {"import_s": import_s, "render_s": time.perf_counter() - imported,
              "findings": findings}))
     except OSError as err:  # it only costs the next run's estimate
         print(f"report time not recorded ({err}): the next run guesses it", file=sys.stderr)
@@ -826,12 +842,16 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                                variants=group)
             for index, (warmer, (finding, _, _)) in enumerate(zip(warmers, batch)):
                 answer = warmer.prepared()
-                if isa_checks is not None and index == 0 and first == 0:
+                if index == 0 and first == 0 and len(batch) > 1:
                     # a core is free from now on: the workers load what compiled calls
-                    # need, instead of in their first cell while this process waits
-                    for worker in workers.started.values():
-                        if isinstance(worker, replica.Worker):
-                            worker.run_inductor_checks()
+                    # need, instead of in their first cell while this process waits, and
+                    # this process the report's modules, instead of after the last cell
+                    if isa_checks is not None:
+                        for worker in workers.started.values():
+                            if isinstance(worker, replica.Worker):
+                                worker.run_inductor_checks()
+                    if options.report_s > 0:
+                        _report_loaded_s[:] = [load_report_modules()]
                 if "error" in answer:
                     warmed[finding.id] = answer["error"]
                     continue

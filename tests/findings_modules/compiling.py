@@ -2,13 +2,15 @@
 variant in the folder `COMPILES_CACHE` names), for the tests of a run's warm step
 (`Recording.caches_cold`, `Recording.compile_groups`). Each first call appends `pid variant
 compiled|loaded` to the file `COMPILES_LOG` names (with the wall clock before and after
-it): compiled where the cache held nothing yet, which takes 0.3 s. This module registers
+it, and 1 or 0: whether the report's modules were imported then): compiled where the
+cache held nothing yet, which takes 0.3 s. This module registers
 nothing: `compiles` and `compiles_grouped` each register one such finding, so that loading
 either runs only its own."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +32,8 @@ def _make_call(variant: str, x: torch.Tensor):
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.touch()
     with open(os.environ["COMPILES_LOG"], "a", encoding="utf-8") as log:
-        log.write(f"{os.getpid()} {variant} {state} {began} {time.time()}\n")
+        report = int("harness.report.cli" in sys.modules)
+        log.write(f"{os.getpid()} {variant} {state} {began} {time.time()} {report}\n")
     if variant == "sum":
         return lambda: x.sum()
     return lambda: x.cumsum(0)[-1]
