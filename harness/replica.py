@@ -24,8 +24,9 @@ answers `{"prepared": seconds}`, and takes `{"sampling_s", "timed", "min_rounds"
 the next line. `{"inductor_checks": true}` (no answer) has it load torch.compile's
 machinery and run inductor's vector-ISA checks (`harness.isa_checks`) while it waits: a
 cold run sends it once a warm-up process has ended and left a core idle, so that the
-worker's first compiled call does not pay them (2-3 s) while the run's process waits. The run interleaves the timing: for each cell, one process after the
-other, the order alternating, none timing while another still prepares.
+worker's first compiled call does not pay them (2-3 s) while the run's process waits.
+The run interleaves the timing: for each cell, one process after the other, the order
+alternating, none timing while another still prepares.
 
 Nothing the findings print reaches the protocol (the worker's stdout goes to its stderr).
 A worker ends at the end of its input, and with the run that started it, even one killed
@@ -49,8 +50,8 @@ import torch
 
 from harness import findings as registry
 from harness.exits import UsageError, command, die_with_parent, kill_group
-from harness.measure.decision import DEFAULT_MARGIN
 from harness.isa_checks import IsaChecks
+from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.timing import pinned_threads
 from harness.ranks import solo_environment
 from harness.runner import CaseRun, RunOptions

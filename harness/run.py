@@ -524,6 +524,10 @@ def _report(folder: Path, reports: Path, findings: int) -> None:
     except UsageError as err:  # the report's input errors (ReportError is one)
         print(f"report not written: {err}; {later}", file=sys.stderr)
         return
+    except ImportError as err:  # an environment that cannot load matplotlib or jinja2
+        print(f"report not written: its modules did not load ({err}); {later}",
+              file=sys.stderr)
+        return
     except BaseException as err:
         if interruption(err) is not None:  # stopped while rendering: the run itself is kept
             print(f"report not written (interrupted); {later}", file=sys.stderr)
@@ -796,9 +800,11 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     at the threads the cell's own processes will prepare it at) in processes of their own,
     which then end: one per group of `Recording.compile_groups` (one for every variant
     where it names none), as many at once as the run may use cores; the run's workers
-    start meanwhile and, on the CPU, run inductor's vector-ISA checks once the first
-    warm-up process has ended (`replica.Worker.run_inductor_checks`). Returns finding id -> the seconds until its processes were done, or
-    why one could not (its cell's processes then compile that themselves, as without it)."""
+    start meanwhile. Once the first of two or more has ended, leaving a core idle, the
+    workers run inductor's vector-ISA checks (on the CPU: `Worker.run_inductor_checks`)
+    and this process imports the report's modules (`load_report_modules`). Returns
+    finding id -> the seconds until its processes were done, or why one could not (its
+    cell's processes then compile that themselves, as without it)."""
     firsts: dict[str, tuple] = {}
     for finding, case, _ in cells:
         firsts.setdefault(finding.id, (finding, case))
@@ -851,7 +857,11 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                             if isinstance(worker, replica.Worker):
                                 worker.run_inductor_checks()
                     if options.report_s > 0:
-                        _report_loaded_s[:] = [load_report_modules()]
+                        try:
+                            _report_loaded_s[:] = [load_report_modules()]
+                        except ImportError as err:  # the report meets it again, and says so
+                            progress.note(f"the report's modules did not load ({err}): "
+                                          "the run goes on without its report")
                 if "error" in answer:
                     warmed[finding.id] = answer["error"]
                     continue

@@ -604,6 +604,35 @@ def test_a_cold_run_loads_its_reports_modules_while_a_warm_up_process_still_comp
     assert json.loads(render.read_text())["import_s"] > 0.2
 
 
+@pytest.mark.integration
+@pytest.mark.skipif(usable_cores() < 2, reason="one warm-up process at a time: no core "
+                    "is idle while another compiles")
+def test_report_modules_that_cannot_load_during_the_warm_step_leave_the_run_to_measure(
+        tmp_path, outside_the_repository):
+    """A report module that raises ImportError (jinja2 shadowed by a broken one) while the
+    warm step loads them: said, and the run measures every cell as without the early
+    load; the report then meets the same error and is not written, which the run says
+    without failing (exit 0: a report problem never fails the run; it ended with an
+    internal error, 3, before)."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "jinja2.py").write_text("raise ImportError('a broken jinja2')\n")
+    env = {**os.environ, "COMPILES_CACHE": str(tmp_path / "cache"),
+           "COMPILES_LOG": str(tmp_path / "log"),
+           "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.run", "--findings-module",
+         "tests.findings_modules.compiles_grouped", "--quick", "--budget", "20",
+         "--no-profile", "--out", str(tmp_path / "results")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert "the report's modules did not load (a broken jinja2)" in done.stderr, done.stderr[-2000:]
+    run = load_run(None, tmp_path / "results")
+    assert run.metadata["status"] == "complete" and run.summary.status.eq("ok").all()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "report not written: its modules did not load (a broken jinja2)" in done.stderr
+    assert not (tmp_path / "reports").exists() or not list((tmp_path / "reports").glob("*/"))
+
+
 def test_a_runs_budget_counts_from_before_its_imports():
     """The budget counts the run's wall seconds from the process's start: the seconds of
     importing torch, pandas and the harness, which the user waits for as for the rest,
