@@ -331,7 +331,7 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     reports = args.reports or args.out.parent / "reports"
     if not args.no_report:
         check_writable_folder(reports, "--reports")
-    options = dataclasses.replace(options, report_s=report_s(
+    options = dataclasses.replace(options, report=not args.no_report, report_s=report_s(
         None if args.no_report else earlier_report(reports),
         0 if args.no_report else len(selected), options.budget_s))
     if resumed is not None:
@@ -856,7 +856,7 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                         for worker in workers.started.values():
                             if isinstance(worker, replica.Worker):
                                 worker.run_inductor_checks()
-                    if options.report_s > 0:
+                    if options.report:
                         try:
                             _report_loaded_s[:] = [load_report_modules()]
                         except ImportError as err:  # the report meets it again, and says so

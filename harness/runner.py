@@ -84,6 +84,9 @@ class RunOptions:
     report_s: float = 0.0
     """Seconds the run keeps at its end to combine its rows and render its report
     (`harness.plan.report_s`)."""
+    report: bool = False
+    """Whether the run renders its report after its last cell (`harness.run` without
+    --no-report): a cold run then loads the report's modules while a core is idle."""
     every_cell: bool = False
     """Measure every cell, however long: the budget shares out sampling and profiles only
     (else a cell past the budget, not a headline, is left out: `harness.plan`)."""

@@ -580,28 +580,33 @@ def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_tim
 @pytest.mark.integration
 @pytest.mark.skipif(usable_cores() < 2, reason="one warm-up process at a time: no core "
                     "is idle while another compiles")
+@pytest.mark.parametrize("report", [True, False], ids=["report", "no-report"])
 def test_a_cold_run_loads_its_reports_modules_while_a_warm_up_process_still_compiles(
-        tmp_path, outside_the_repository):
+        tmp_path, outside_the_repository, report):
     """Two compile groups warm at once; once the first has ended, a core is idle while the
     other compiles, and the run's process imports the report's modules then (a second or
     more), not after its last cell: its first calls, right after the warm step, find them
     imported. The report records that import's seconds for the next run's reserve (not
-    the near 0 its own import then takes)."""
+    the near 0 its own import then takes). A run with --no-report imports none."""
     env = {**os.environ, "COMPILES_CACHE": str(tmp_path / "cache"),
            "COMPILES_LOG": str(tmp_path / "log")}
     done = subprocess.run(
         [sys.executable, "-m", "harness.run", "--findings-module",
          "tests.findings_modules.compiles_grouped", "--quick", "--budget", "20",
-         "--no-profile", "--out", str(tmp_path / "results")],
+         "--no-profile", "--out", str(tmp_path / "results"),
+         *([] if report else ["--no-report"])],
         env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
     warmers = {pid for pid, _, state, *_ in rows if state == "compiled"}
-    loaded = {pid: report for pid, _, _, _, _, report in rows if pid not in warmers}
+    loaded = {pid: imported for pid, _, _, _, _, imported in rows if pid not in warmers}
     # the run's process, whose first calls found them, and its worker, which never loads them
-    assert sorted(loaded.values()) == ["0", "1"], rows
-    (render,) = (tmp_path / "reports").glob("*/render.json")
-    assert json.loads(render.read_text())["import_s"] > 0.2
+    assert sorted(loaded.values()) == (["0", "1"] if report else ["0", "0"]), rows
+    if report:
+        (render,) = (tmp_path / "reports").glob("*/render.json")
+        assert json.loads(render.read_text())["import_s"] > 0.2
+    else:
+        assert not (tmp_path / "reports").exists()
 
 
 @pytest.mark.integration
