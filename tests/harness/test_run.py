@@ -630,7 +630,7 @@ def test_report_modules_that_cannot_load_during_the_warm_step_leave_the_run_to_m
            "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "harness.run", "--findings-module",
-         "tests.findings_modules.compiles_grouped", "--quick", "--budget", "20",
+         "tests.findings_modules.compiles_grouped", "--quick", "--budget", "20", "--every-cell",
          "--no-profile", "--out", str(tmp_path / "results")],
         env=env, capture_output=True, text=True, timeout=300)
     assert "the report's modules did not load (a broken jinja2)" in done.stderr, done.stderr[-2000:]
