@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import importlib
 import json
 import shlex
@@ -496,13 +497,11 @@ def code_state(modules: list[str]) -> dict:
 RENDER_FILE = "render.json"
 
 
-#: seconds `load_report_modules` took, where a cold run loaded them while a core was idle
-_report_loaded_s: list[float] = []
-
-
+@functools.cache
 def load_report_modules() -> float:
     """Import the report's modules (matplotlib, jinja2: a second or more); returns the
-    seconds it took (near 0 when they were imported already)."""
+    seconds that import took, wherever it happened (a cold run's warm step, while a core
+    was idle, or the report): what a fresh process pays, for the next run's reserve."""
     started = time.perf_counter()
     with loading():
         importlib.import_module("harness.report.cli")  # matplotlib and jinja2 load only now
@@ -515,8 +514,7 @@ def _report(folder: Path, reports: Path, findings: int) -> None:
     report problem never fails the run."""
     later = f"render it with: python -m harness.report {shlex.quote(str(folder))}"
     try:
-        import_s = load_report_modules() + sum(_report_loaded_s)
-        _report_loaded_s.clear()
+        import_s = load_report_modules()
         from harness.report.cli import render
 
         imported = time.perf_counter()
@@ -858,7 +856,7 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                                 worker.run_inductor_checks()
                     if options.report:
                         try:
-                            _report_loaded_s[:] = [load_report_modules()]
+                            load_report_modules()
                         except ImportError as err:  # the report meets it again, and says so
                             progress.note(f"the report's modules did not load ({err}): "
                                           "the run goes on without its report")
