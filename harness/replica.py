@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing.connection
 import os
 import subprocess
 import sys
@@ -163,6 +164,21 @@ def serve(spec: WorkerSpec, commands: Iterator[str], protocol: TextIO) -> None:
                 IsaChecks().wait()
                 continue
             _say(protocol, measure_cell(spec, command, commands, protocol))
+
+
+def answering_order(workers: Sequence["Worker"]) -> Iterator[int]:
+    """The indices of `workers`, each yielded once that worker's next answer (or its end)
+    can be read, the first to answer first: for workers each asked one thing at once,
+    whose answers come in no known order. (An answer the worker's pipe had read ahead
+    would not be seen: each has been read up to its last answer, as `ready` and every
+    question leave it.)"""
+    pending = list(range(len(workers)))
+    while pending:
+        readable = multiprocessing.connection.wait(
+            [workers[index].process.stdout for index in pending])
+        for index in [i for i in pending if workers[i].process.stdout in readable]:
+            pending.remove(index)
+            yield index
 
 
 class WorkerError(RuntimeError):

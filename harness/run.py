@@ -501,11 +501,13 @@ RENDER_FILE = "render.json"
 def load_report_modules() -> float:
     """Import the report's modules (matplotlib, jinja2: a second or more); returns the
     seconds that import took, wherever it happened (a cold run's warm step, while a core
-    was idle, or the report): what a fresh process pays, for the next run's reserve."""
-    started = time.perf_counter()
+    was idle, or the report): what a fresh process pays, for the next run's reserve. Its
+    CPU seconds: its wall seconds beside a cold run's compiling processes were about four
+    times what the import costs alone, which the next run kept of its budget for nothing."""
+    started = time.thread_time()
     with loading():
         importlib.import_module("harness.report.cli")  # matplotlib and jinja2 load only now
-    return time.perf_counter() - started
+    return time.thread_time() - started
 
 
 def _report(folder: Path, reports: Path, findings: int) -> None:
@@ -797,8 +799,12 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     `Recording.caches_cold` says are cold has its first cell prepared (inputs, first calls,
     at the threads the cell's own processes will prepare it at) in processes of their own,
     which then end: one per group of `Recording.compile_groups` (one for every variant
-    where it names none), as many at once as the run may use cores; the run's workers
-    start meanwhile. Once the first of two or more has ended, leaving a core idle, the
+    where it names none), as many at once as the run may use cores, the first group
+    first; the run's workers start meanwhile. On the CPU this process runs inductor's
+    vector-ISA checks (`IsaChecks`) from the start, and they hold a core: the process of
+    the first batch's last group (the second of two) prepares once they have ended (a
+    third process beside them had slowed the first group's compile, which waits for
+    them). Once the first of two or more has ended, leaving a core idle, the
     workers run inductor's vector-ISA checks (on the CPU: `Worker.run_inductor_checks`)
     and this process imports the report's modules (`load_report_modules`). Returns
     finding id -> the seconds until its processes were done, or why one could not (its
@@ -839,14 +845,19 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
             for process in range(2, options.processes + 1):
                 workers.start(process)  # they load the findings modules meanwhile
         try:
-            for warmer, (finding, case, group) in zip(warmers, batch):
+            for index, (warmer, (finding, case, group)) in enumerate(zip(warmers, batch)):
+                if isa_checks is not None and first == 0 and index == at_once - 1 and index:
+                    # the checks hold a core until they end: the first group's compile
+                    # waits for them, the longer the more processes share the cores
+                    isa_checks.wait()
                 warmer.ready()
                 warmer.prepare(finding.id, case.label,
                                case.label == headline_label(finding, options), sharing,
                                variants=group)
-            for index, (warmer, (finding, _, _)) in enumerate(zip(warmers, batch)):
+            for ended, index in enumerate(replica.answering_order(warmers)):
+                warmer, (finding, _, _) = warmers[index], batch[index]
                 answer = warmer.prepared()
-                if index == 0 and first == 0 and len(batch) > 1:
+                if ended == 0 and first == 0 and len(batch) > 1:
                     # a core is free from now on: the workers load what compiled calls
                     # need, instead of in their first cell while this process waits, and
                     # this process the report's modules, instead of after the last cell

@@ -230,13 +230,15 @@ class Recording:
     objects here, other memory), and a first run's rows of the finding had read
     differently from the next run's, together."""
     compile_groups: tuple[tuple[str, ...], ...] = ()
-    """The variants whose first calls compile, grouped by the disk cache they compile into
-    (e.g. `(("numba", "auto"), ("compiled",))`: a variant that calls another's compiled code
-    goes in its group). Where `caches_cold` says the caches are cold, each group's first
-    calls are made in a process of its own, the groups at once, as many as the run may
-    use cores (on 2 cores a numba and a torch.compile group took 21 s at once where one
-    process took 30 s); the variants in no group are not called there. Empty: every
-    variant's first call, in one process."""
+    """The variants whose first calls compile, grouped by the disk cache they compile into,
+    the slowest to compile first (e.g. `(("compiled",), ("numba", "auto"))`: a variant
+    that calls another's compiled code goes in its group). Where `caches_cold` says the
+    caches are cold, each group's first calls are made in a process of its own, the groups
+    at once, as many as the run may use cores (on 2 cores a numba and a torch.compile
+    group took 21 s at once where one process took 30 s), the first first: on a CPU run
+    whose inductor checks still run, the last of those waits for them (`harness.run`).
+    The variants in no group are not called there. Empty: every variant's first call, in
+    one process."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from harness.combine import combine
-from harness.replica import Worker, WorkerError, WorkerSpec
+from harness.replica import Worker, WorkerError, WorkerSpec, answering_order
 from harness.results import load_run, read_cells
 from harness.run import main
 from harness.runner import RunOptions
@@ -342,3 +342,25 @@ def test_a_worker_imports_only_the_modules_that_registered_the_runs_findings():
     assert registry.owners(["TINY-sums"], both) == ("tests.findings_modules.tiny",)
     assert registry.owners(["TINY-sums", "B4-CR-03"], both) == tuple(both)
     assert registry.owners(["NOPE"], both) == ()
+
+
+def test_answers_are_taken_in_the_order_they_come_not_the_order_asked():
+    """Three processes (standing in for workers: only their answer pipes are read) answer
+    after 1.5 s, at once, and never (they end): the second and third come first (an end
+    can be read at once), then the first."""
+    scripts = ["import time; time.sleep(1.5); print('{}', flush=True)",
+               "print('{}', flush=True)", "pass"]
+    workers = [dataclasses.make_dataclass("Answering", ["process"])(subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True))
+        for script in scripts]
+    try:
+        order = []
+        for index in answering_order(workers):
+            order.append(index)
+            workers[index].process.stdout.readline()
+        assert sorted(order[:2]) == [1, 2] and order[2] == 0, order
+    finally:
+        for worker in workers:
+            worker.process.kill()
+            worker.process.wait()
+            worker.process.stdout.close()

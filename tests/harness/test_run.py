@@ -19,6 +19,7 @@ import torch
 
 from harness import findings as registry, plan
 from harness.findings import Case, Finding, Recording
+from harness.isa_checks import IsaChecks
 from harness.ranks import usable_cores
 from harness.results import SCHEMA_VERSION, load_run
 from harness.run import main
@@ -543,6 +544,10 @@ def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_tim
 
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
+    # each ISA's answer is kept in the process: the run's checks then end at once and hold
+    # no core, so the groups compile at once (a CPU run's second group otherwise waits for
+    # them: test_a_cold_cpu_runs_later_compile_group_starts_once_inductors_isa_checks...)
+    assert IsaChecks().wait() is None
     valid_vec_isa_list.cache_clear()  # whatever this process answered before
     assert main([*command, "--out", str(tmp_path / "cold")]) == 0
     # inductor's CPU build checks ran in the run's own process, beside the warm-up
@@ -639,6 +644,62 @@ def test_report_modules_that_cannot_load_during_the_warm_step_leave_the_run_to_m
     assert done.returncode == 0, done.stderr[-2000:]
     assert "report not written: its modules did not load (a broken jinja2)" in done.stderr
     assert not (tmp_path / "reports").exists() or not list((tmp_path / "reports").glob("*/"))
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_the_report_import_records_its_cpu_seconds_not_its_wall_time_beside_busy_processes():
+    """The seconds a run records for importing the report's modules (the next run keeps
+    them of its budget) are what the import costs, not the wall time it took sharing its
+    core: in a fresh interpreter on one core beside two busy processes, the import took
+    about three times as long as its CPU seconds, and the recorded seconds are those."""
+    code = """if True:
+        import os, subprocess, sys, time
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        from harness.run import load_report_modules
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            wall = time.perf_counter()
+            recorded = load_report_modules()
+            wall = time.perf_counter() - wall
+        finally:
+            for process in busy:
+                process.kill()
+        print(recorded, wall)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded, wall = map(float, done.stdout.split())
+    assert 0.05 < recorded < 0.6 * wall, (recorded, wall)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(usable_cores() < 2, reason="one warm-up process at a time")
+def test_a_cold_cpu_runs_later_compile_group_starts_once_inductors_isa_checks_have_ended(
+        tmp_path, outside_the_repository):
+    """On 2 cores inductor's vector-ISA checks (run by the run's process from an empty
+    inductor cache) hold one core until they end: the first compile group's process starts
+    at once, the second's first calls only after the checks' last library was built (it
+    started beside them before, and the three slowed the first group's compile, which
+    waits for the checks)."""
+    inductor = tmp_path / "inductor"
+    env = {**os.environ, "COMPILES_CACHE": str(tmp_path / "cache"),
+           "COMPILES_LOG": str(tmp_path / "log"), "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.run", "--findings-module",
+         "tests.findings_modules.compiles_grouped", "--quick", "--budget", "20", "--device",
+         "cpu", "--no-profile", "--no-report", "--out", str(tmp_path / "results")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    began = {variant: float(start) for _, variant, state, start, _, _ in
+             (line.split() for line in (tmp_path / "log").read_text().splitlines())
+             if state == "compiled"}
+    checks_built = [path.stat().st_mtime for path in inductor.rglob("*.so")]
+    assert checks_built, "the checks built nothing in an empty inductor cache"
+    assert began["sum"] < began["cumsum"]
+    assert began["cumsum"] >= max(checks_built), (began, max(checks_built))
 
 
 def test_a_runs_budget_counts_from_before_its_imports():
