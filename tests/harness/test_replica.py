@@ -346,9 +346,9 @@ def test_a_worker_imports_only_the_modules_that_registered_the_runs_findings():
 
 def test_answers_are_taken_in_the_order_they_come_not_the_order_asked():
     """Three processes (standing in for workers: only their answer pipes are read) answer
-    after 1.5 s, at once, and never (they end): the second and third come first (an end
+    after 4 s, at once, and never (they end): the second and third come first (an end
     can be read at once), then the first."""
-    scripts = ["import time; time.sleep(1.5); print('{}', flush=True)",
+    scripts = ["import time; time.sleep(4); print('{}', flush=True)",
                "print('{}', flush=True)", "pass"]
     workers = [dataclasses.make_dataclass("Answering", ["process"])(subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True))
