@@ -846,9 +846,10 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                 workers.start(process)  # they load the findings modules meanwhile
         try:
             for index, (warmer, (finding, case, group)) in enumerate(zip(warmers, batch)):
-                if isa_checks is not None and first == 0 and index == at_once - 1 and index:
-                    # the checks hold a core until they end: the first group's compile
-                    # waits for them, the longer the more processes share the cores
+                if isa_checks is not None and at_once > 1 and index == at_once - 1:
+                    # the checks hold a core until they end (at once in a later batch):
+                    # the first group's compile waits for them, the longer the more
+                    # processes share the cores
                     isa_checks.wait()
                 warmer.ready()
                 warmer.prepare(finding.id, case.label,
