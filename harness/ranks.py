@@ -147,22 +147,6 @@ def free_threads(threads: int) -> int:
     return max(1, min(threads, usable_cores() - taken))
 
 
-#: what torchrun sets in each rank's environment (a child that inherits them would try to
-#: join the launch's process group and wait for ever)
-TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                      "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
-
-
-def solo_environment(environ: dict | None = None) -> dict:
-    """A copy of the environment without torchrun's variables: for a child process that
-    must be a world of its own (a gate run started by the quality runner on a rank)."""
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k not in TORCHRUN_VARIABLES}
-
-
 def start(launch: Launch, device: torch.device):
     """Initialise torch.distributed (nccl on CUDA, gloo on the CPU); returns the group for
     Python objects (gloo: it needs no device memory), or None in a world of one."""

@@ -28,12 +28,25 @@ worker's first compiled call does not pay them (2-3 s) while the run's process w
 The run interleaves the timing: for each cell, one process after the other, the order
 alternating, none timing while another still prepares.
 
+`python -m harness.replica --spare PARENT_PID` (`harness.spawn`, started before the run's
+own imports) loads torch and the harness, then reads its spec as the first line of stdin;
+at the end of its input before a spec it ends, having done nothing.
+
 Nothing the findings print reaches the protocol (the worker's stdout goes to its stderr).
 A worker ends at the end of its input, and with the run that started it, even one killed
-outright (PR_SET_PDEATHSIG).
+outright (PR_SET_PDEATHSIG, set before its imports).
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__":  # the kernel ends this process with the run, from its imports on
+    import sys
+
+    from harness.exits import die_with_parent
+    from harness.spawn import SPARE
+
+    die_with_parent(int(sys.argv[2]) if sys.argv[1:2] == [SPARE] and sys.argv[2:3]
+                    and sys.argv[2].isdigit() else None, "the run")
 
 import dataclasses
 import json
@@ -41,7 +54,6 @@ import multiprocessing.connection
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -54,8 +66,8 @@ from harness.exits import UsageError, command, die_with_parent, kill_group
 from harness.isa_checks import IsaChecks
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.timing import pinned_threads
-from harness.ranks import solo_environment
 from harness.runner import CaseRun, RunOptions
+from harness.spawn import SPARE, launch, take_spare
 
 #: the `RunOptions` fields a worker takes from the run as they are; of the others it takes
 #: the device by name and leaves profiling, sources and the bandwidth floor off (its
@@ -191,16 +203,17 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         """Start the worker; it loads the findings modules while the caller goes on (the
-        run prepares its first cell meanwhile), and `ready` waits for it."""
+        run prepares its first cell meanwhile), and `ready` waits for it. The first worker
+        of a `python -m harness.run` is the spare it started before its imports
+        (`harness.spawn`), told its spec now."""
         self.spec = spec
-        self.errors = tempfile.TemporaryFile(mode="w+")
-        self._launched = time.time()
-        # a session of its own: a Ctrl-C at the terminal is the run's to handle, and the
-        # worker's group is killed with whatever it started
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "harness.replica", json.dumps(dataclasses.asdict(spec))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
-            env=solo_environment(), start_new_session=True)
+        spec_json = json.dumps(dataclasses.asdict(spec))
+        spare = take_spare()
+        launched = spare or launch(spec_json)
+        self.process, self.errors, self._launched = launched.process, launched.errors, launched.at
+        if spare is not None:
+            # a spare that died meanwhile says why at `ready`, as a worker that could not start
+            self._send({"spec": spec_json})
         self.startup_s: float | None = None
         """Wall seconds from the worker's launch until it was ready: the interpreter, torch
         and the findings modules (None until `ready`). What one more fresh process costs
@@ -320,7 +333,17 @@ def _spec(argv: list[str]) -> WorkerSpec:
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    spec = _spec(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [SPARE]:  # its spec comes first on stdin: `{"spec": SPEC_JSON}`
+        line = sys.stdin.readline()
+        if not line:  # the run ended without needing it
+            return 0
+        try:
+            argv = [json.loads(line)["spec"]]
+        except (ValueError, KeyError, TypeError) as err:
+            raise UsageError(f"{SPARE}: expected a first line {{\"spec\": SPEC_JSON}} on stdin; "
+                             f"got {line[:200]!r}") from err
+    spec = _spec(argv)
     die_with_parent(spec.parent, "the run")
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the findings print goes to stderr, never into the protocol

@@ -13,9 +13,14 @@ if __name__ == "__main__":  # `python -m harness.run`: this module again, under 
     # so that Ctrl-C while its imports load (torch: seconds) is exit 130, not a traceback
     import sys
 
+    from harness import spawn
     from harness.exits import run_module
 
-    _status = run_module("harness.run")
+    spawn.start_spare(sys.argv[1:])  # the first worker imports beside this process
+    try:
+        _status = run_module("harness.run")
+    finally:
+        spawn.discard_spare()
     _ranks = sys.modules.get("harness.ranks")  # absent when the imports were interrupted
     (_ranks.exit_process if _ranks else sys.exit)(_status)
 

@@ -24,7 +24,7 @@ from harness.bisect.search import Decision
 from harness.exits import run_group
 from harness.gate.ab import worktree
 from harness.measure.sources import Sources
-from harness.ranks import solo_environment
+from harness.spawn import solo_environment
 
 CHILD_SOURCE = Path(__file__).with_name("child.py")
 Key = tuple[str, str, str]

@@ -60,7 +60,8 @@ from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.estimate import RowProcesses, pool_spread, row_estimate
 from harness.measure.numbers import is_whole
 from harness.measure.stats import RatioCI
-from harness.ranks import Spread, solo_environment, timing_threads
+from harness.ranks import Spread, timing_threads
+from harness.spawn import solo_environment
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 #: the fewest sessions: the spread of three processes' estimates can say they disagree

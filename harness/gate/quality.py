@@ -48,8 +48,9 @@ from harness.gate import ab as gate_ab, cli as gate_cli
 from harness.gate.plant import plant_lines
 from harness.gate.table import rows_document
 from harness.project import load_findings
-from harness.ranks import Launch, Spread, exit_process, solo_environment
+from harness.ranks import Launch, Spread, exit_process
 from harness.results import atomic_write_text
+from harness.spawn import solo_environment
 
 SMALL_SLOWDOWN = 1.25
 LARGE_SLOWDOWN = 5.0

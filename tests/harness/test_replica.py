@@ -276,11 +276,14 @@ def test_a_run_stopped_while_its_worker_measures_leaves_no_worker_behind(tmp_pat
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("w"), text=True)
     deadline = time.monotonic() + 60
     workers = []
-    while not workers and time.monotonic() < deadline and run.poll() is None:
+    # a worker starts with the run's imports (a spare, `harness.spawn`): the signal comes
+    # once the run has journaled a cell, its worker measuring the next
+    while (not workers or not list(tmp_path.glob("*/cells/*.json"))) \
+            and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.05)
         workers = _workers_of(run.pid)
     assert workers, "no worker process started"
-    time.sleep(0.5)
+    assert list(tmp_path.glob("*/cells/*.json")), "no cell was journaled"
     run.send_signal(signum)
     run.wait(timeout=60)
     err = (tmp_path / "stderr").read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ranks
+from harness import ranks, spawn
 from harness.gate.table import Outcome
 from harness.plan import BUDGET_UNPROFILED
 from harness.results import load_run, read_cells
@@ -206,8 +206,8 @@ def test_assignment_is_deterministic_longest_first_and_balanced():
 def test_a_child_process_does_not_inherit_the_launch():
     environ = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
                "LOCAL_RANK": "1", "PATH": "/bin", "TORCHELASTIC_RUN_ID": "x"}
-    assert ranks.solo_environment(environ) == {"PATH": "/bin"}
-    assert not ranks.Launch.from_environment(ranks.solo_environment(environ)).distributed
+    assert spawn.solo_environment(environ) == {"PATH": "/bin"}
+    assert not ranks.Launch.from_environment(spawn.solo_environment(environ)).distributed
 
 
 def test_a_command_exits_without_finalization():

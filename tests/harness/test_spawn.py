@@ -1,0 +1,118 @@
+"""The spare worker (`harness.spawn`): started before the run's imports, taken by the run's
+first worker, and never left behind. Real processes throughout."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import spawn
+from harness.replica import Worker, WorkerSpec
+from harness.runner import RunOptions
+
+MODULE = "tests.findings_modules.noisy_cells"
+
+
+@pytest.fixture(autouse=True)
+def no_spare_left():
+    """Each test starts and ends without a spare of this process."""
+    spawn.discard_spare()
+    yield
+    spawn.discard_spare()
+
+
+def _spec() -> WorkerSpec:
+    options = RunOptions(device=torch.device("cpu"), quick=True, min_samples=5)
+    return dataclasses.replace(WorkerSpec.of(options, 1, [MODULE], 2))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.integration
+def test_the_first_worker_is_the_spare_and_measures_as_a_fresh_one(outside_the_repository):
+    spawn.start_spare([])
+    spare = spawn._spare
+    assert spare is not None
+    worker = Worker(_spec())
+    try:
+        assert worker.process is spare.process and spawn.take_spare() is None
+        done = worker.measure("NOISE-tiny", "n=64", False, 0.05, ["sum", "double"])
+        worker.ready()
+        assert worker.startup_s is not None and worker.startup_s > 0
+    finally:
+        worker.close()
+    assert done["failed"] == {} and {r["variant"] for r in done["samples"]} == {"sum", "double"}
+    assert all(r["process"] == 2 for r in done["samples"])
+    second = Worker(_spec())  # the spare is taken once: the next worker is launched anew
+    try:
+        assert second.process is not spare.process
+    finally:
+        second.close()
+
+
+@pytest.mark.parametrize("flag", spawn.MEASURES_NOTHING)
+def test_a_run_that_measures_nothing_starts_no_spare(flag):
+    spawn.start_spare(["--quick", flag])
+    assert spawn.take_spare() is None
+
+
+def test_a_spare_nothing_takes_is_killed_and_one_whose_input_ends_exits_0():
+    spawn.start_spare([])
+    spare = spawn._spare
+    spawn.discard_spare()
+    assert spare.process.returncode is not None and spawn.take_spare() is None
+    # a spare whose run ended (its stdin closed) before a spec came does nothing, exits 0
+    ended = spawn.launch(spawn.SPARE)
+    ended.process.stdin.close()
+    assert ended.process.wait(timeout=60) == 0
+    assert ended.process.stdout.read() == ""
+
+
+def test_a_spare_told_no_spec_exits_2_naming_what_it_expected():
+    bad = spawn.launch(spawn.SPARE)
+    out, _ = bad.process.communicate("not json\n", timeout=60)
+    bad.errors.seek(0)
+    assert bad.process.returncode == 2 and out == ""
+    assert '--spare: expected a first line {"spec": SPEC_JSON} on stdin' in bad.errors.read()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG, /proc")
+def test_a_spare_dies_with_a_run_killed_during_its_imports(tmp_path):
+    """A run killed outright while it and its spare still import leaves nothing behind
+    (the spare's parent-death signal is set before its imports; this test does not tell
+    that from one set after them, which ends the orphan a second or two later)."""
+    pid_file = tmp_path / "spare.pid"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from harness import spawn
+        spawn.start_spare([])
+        open({str(pid_file)!r}, "w").write(str(spawn._spare.process.pid))
+        time.sleep(60)
+    """)], cwd=Path(spawn.__file__).parents[1])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.02)
+    spare = int(pid_file.read_text())
+    time.sleep(0.3)  # into its imports (torch: seconds)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(spare) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(spare), "the spare outlived its run"
