@@ -29,8 +29,9 @@ The run interleaves the timing: for each cell, one process after the other, the 
 alternating, none timing while another still prepares.
 
 `python -m harness.replica --spare PARENT_PID` (`harness.spawn`, started before the run's
-own imports) loads torch and the harness, then reads its spec as the first line of stdin;
-at the end of its input before a spec it ends, having done nothing.
+own imports) loads torch and the harness, then reads its first line of stdin, `{"spec":
+SPEC_JSON, "environ": the run's environment then}`, and goes on as a worker started with
+them; at the end of its input before that line it ends, having done nothing.
 
 Nothing the findings print reaches the protocol (the worker's stdout goes to its stderr).
 A worker ends at the end of its input, and with the run that started it, even one killed
@@ -67,7 +68,7 @@ from harness.isa_checks import IsaChecks
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.timing import pinned_threads
 from harness.runner import CaseRun, RunOptions
-from harness.spawn import SPARE, launch, take_spare
+from harness.spawn import SPARE, launch, solo_environment, take_spare
 
 #: the `RunOptions` fields a worker takes from the run as they are; of the others it takes
 #: the device by name and leaves profiling, sources and the bandwidth floor off (its
@@ -212,8 +213,11 @@ class Worker:
         launched = spare or launch(spec_json)
         self.process, self.errors, self._launched = launched.process, launched.errors, launched.at
         if spare is not None:
-            # a spare that died meanwhile says why at `ready`, as a worker that could not start
-            self._send({"spec": spec_json})
+            # with the environment as it is now: the run sets some after the spare started
+            # (`isolate_compile_cache`: inductor's folder, which inductor reads when it is
+            # imported, after this). A spare that died meanwhile says why at `ready`, as a
+            # worker that could not start.
+            self._send({"spec": spec_json, "environ": solo_environment()})
         self.startup_s: float | None = None
         """Wall seconds from the worker's launch until it was ready: the interpreter, torch
         and the findings modules (None until `ready`). What one more fresh process costs
@@ -331,18 +335,33 @@ def _spec(argv: list[str]) -> WorkerSpec:
                          f"got {argv[0][:200]!r} ({type(err).__name__}: {err})") from err
 
 
+def _spare_start(line: str) -> tuple[list[str], dict[str, str]]:
+    """A spare's first line, `{"spec": SPEC_JSON, "environ": {name: value}}`: the argument
+    a worker is started with and the environment it would have inherited; UsageError
+    naming what is wrong."""
+    try:
+        first = json.loads(line)
+        spec, environ = first["spec"], first["environ"]
+        if not isinstance(spec, str) or not isinstance(environ, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
+            raise TypeError("spec must be a string, environ an object of strings")
+    except (ValueError, KeyError, TypeError) as err:
+        raise UsageError(f'{SPARE}: expected a first line {{"spec": SPEC_JSON, "environ": '
+                         f"{{NAME: VALUE}}}} on stdin; got {line[:200]!r} "
+                         f"({type(err).__name__}: {err})") from err
+    return [spec], environ
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [SPARE]:  # its spec comes first on stdin: `{"spec": SPEC_JSON}`
+    if argv[:1] == [SPARE]:  # its spec comes first on stdin, with the run's environment
         line = sys.stdin.readline()
         if not line:  # the run ended without needing it
             return 0
-        try:
-            argv = [json.loads(line)["spec"]]
-        except (ValueError, KeyError, TypeError) as err:
-            raise UsageError(f"{SPARE}: expected a first line {{\"spec\": SPEC_JSON}} on stdin; "
-                             f"got {line[:200]!r}") from err
+        argv, environ = _spare_start(line)
+        os.environ.clear()
+        os.environ.update(environ)
     spec = _spec(argv)
     die_with_parent(spec.parent, "the run")
     protocol = os.fdopen(os.dup(1), "w")

@@ -4,11 +4,13 @@
 busy, the other idle on a machine of two; its first worker then spent as long again
 importing the same before it could take anything (on a cold run, beside the compile
 warm-up, on the cores that warm-up needs). `start_spare`, called before the run's own
-imports, launches that process at once: it imports beside the run, then waits for its
-`WorkerSpec`, the first line of its stdin, which the first `replica.Worker` the run
-creates writes (`take_spare`). A spare the run never takes (nothing to measure, a
-usage error) is killed when the run ends (`discard_spare`), and the kernel kills it
-with the run (PR_SET_PDEATHSIG, set before its imports).
+imports, launches that process at once: it imports beside the run, then waits for the
+first line of its stdin, which the first `replica.Worker` the run creates writes
+(`take_spare`): its `WorkerSpec` and the run's environment as it is then (the run sets
+variables after its start: `isolate_compile_cache`; the spare's imports leave inductor,
+which reads them when imported, unloaded). A spare the run never takes (nothing to
+measure, a usage error) is killed when the run ends (`discard_spare`), and the kernel
+kills it with the run (PR_SET_PDEATHSIG, set before its imports).
 
 Light on purpose: imported before torch.
 """

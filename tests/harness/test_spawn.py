@@ -88,7 +88,39 @@ def test_a_spare_told_no_spec_exits_2_naming_what_it_expected():
     out, _ = bad.process.communicate("not json\n", timeout=60)
     bad.errors.seek(0)
     assert bad.process.returncode == 2 and out == ""
-    assert '--spare: expected a first line {"spec": SPEC_JSON} on stdin' in bad.errors.read()
+    assert '--spare: expected a first line {"spec": SPEC_JSON, "environ": {NAME: VALUE}} on ' \
+        "stdin; got 'not json\\n'" in bad.errors.read()
+
+
+@pytest.mark.integration
+def test_a_spare_takes_the_environment_the_run_has_when_it_is_taken(outside_the_repository,
+                                                                     monkeypatch):
+    """The run sets variables after its spare started (`isolate_compile_cache`: inductor's
+    folder on another kernel path): the spare's worker has them, as a worker started then
+    would."""
+    spawn.start_spare([])
+    spare = spawn._spare
+    log = outside_the_repository / "threads.log"
+    monkeypatch.setenv("NOISE_THREADS_LOG", str(log))  # the finding's build writes to it
+    worker = Worker(_spec())
+    try:
+        assert worker.process is spare.process
+        done = worker.measure("NOISE-tiny", "n=64", False, 0.01, ["sum"])
+    finally:
+        worker.close()
+    assert done["failed"] == {}, done
+    assert log.read_text().split()[0] == str(worker.process.pid)
+
+
+def test_a_workers_imports_leave_inductor_unloaded_so_it_reads_the_runs_environment():
+    """Inductor reads its variables when imported: a spare, whose environment comes after
+    its imports, has not imported it by then."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, harness.replica; "
+         "print(sorted(m for m in sys.modules if m.startswith('torch._inductor')))"],
+        capture_output=True, text=True, cwd=Path(spawn.__file__).parents[1], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG, /proc")
