@@ -18,6 +18,7 @@ import torch
 from harness import spawn
 from harness.replica import Worker, WorkerSpec
 from harness.runner import RunOptions
+from tests.harness.test_replica import _alive
 
 MODULE = "tests.findings_modules.noisy_cells"
 
@@ -33,14 +34,6 @@ def no_spare_left():
 def _spec() -> WorkerSpec:
     options = RunOptions(device=torch.device("cpu"), quick=True, min_samples=5)
     return dataclasses.replace(WorkerSpec.of(options, 1, [MODULE], 2))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.integration
