@@ -117,15 +117,30 @@ def _cpu_times() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
-def busy_cores(window_s: float = BUSY_WINDOW_S) -> float | None:
+def _process_ticks(pid: int) -> int | None:
+    """Clock ticks process `pid` has run (user and system, its threads together), from
+    /proc/PID/stat; None where it is gone or cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def busy_cores(window_s: float = BUSY_WINDOW_S, own: Sequence[int] = ()) -> float | None:
     """How many cores the machine's processes kept busy over the next `window_s` seconds
-    (this one sleeps through it), in cores; None where /proc/stat cannot be read."""
-    before = _cpu_times()
+    (this one sleeps through it), in cores, less what the processes `own` (pids: the run's
+    spare worker, importing then) ran meanwhile; None where /proc/stat cannot be read."""
+    before, own_before = _cpu_times(), [_process_ticks(pid) for pid in own]
     time.sleep(window_s)
-    after = _cpu_times()
+    after, own_after = _cpu_times(), [_process_ticks(pid) for pid in own]
     if before is None or after is None or after[1] <= before[1]:
         return None
-    return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
+    mine = sum(b - a for a, b in zip(own_before, own_after)
+               if a is not None and b is not None and b >= a)
+    busy = max(0, after[0] - before[0] - mine)
+    return busy / (after[1] - before[1]) * (os.cpu_count() or 1)
 
 
 def usable_cores() -> int:
@@ -135,12 +150,13 @@ def usable_cores() -> int:
     return max(1, cores or 1)
 
 
-def free_threads(threads: int) -> int:
+def free_threads(threads: int, own: Sequence[int] = ()) -> int:
     """`threads`, less one for each core other processes keep busy (`busy_cores`, a core
-    from BUSY_CORE of one), at least 1. More torch threads than free cores make every
-    parallel region wait for a thread the scheduler has put aside: on 2 cores beside one
-    busy process, a training iteration took 5-9x longer at 2 threads than at 1."""
-    busy = busy_cores()
+    from BUSY_CORE of one; the processes `own` are the run's and not counted), at least 1.
+    More torch threads than free cores make every parallel region wait for a thread the
+    scheduler has put aside: on 2 cores beside one busy process, a training iteration took
+    5-9x longer at 2 threads than at 1."""
+    busy = busy_cores(own=own)
     if busy is None:
         return threads
     taken = int(busy + (1.0 - BUSY_CORE))  # 0.7 of a core counts as one

@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 from harness import explain, findings as registry
-from harness import lock, options, ranks, replica
+from harness import lock, options, ranks, replica, spawn
 from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, interruption, loading,
     signals_deferred, version,
@@ -350,7 +350,7 @@ def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     if threads is None:
         threads = ranks.timing_threads(launch)
         if not launch.distributed:
-            free = ranks.free_threads(threads)
+            free = ranks.free_threads(threads, own=spawn.spare_pids())
             if free < threads:
                 print(f"threads: {free}, not {threads}: other processes keep "
                       f"{threads - free} of the cores busy, and a torch thread more than the "

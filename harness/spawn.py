@@ -94,6 +94,12 @@ def take_spare() -> Launched | None:
     return taken
 
 
+def spare_pids() -> tuple[int, ...]:
+    """The pid of the spare while nothing has taken it (the run's own process, busy with
+    its imports when the run looks at how busy the machine is), else ()."""
+    return () if _spare is None else (_spare.process.pid,)
+
+
 def discard_spare() -> None:
     """Kill the spare if nothing took it."""
     taken = take_spare()

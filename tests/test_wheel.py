@@ -204,7 +204,7 @@ register(Finding(
 
 
 def test_sum_is_faster(claim):
-    claim("WHEEL-rowsums", word="faster", budget=5, counters={"host_syncs": 0})
+    claim("WHEEL-rowsums", word="faster", budget=15, counters={"host_syncs": 0})
 '''
 
 

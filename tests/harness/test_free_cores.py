@@ -26,6 +26,23 @@ def test_a_process_spinning_a_core_is_seen_and_leaves_the_run_one_thread_fewer()
     assert free_threads(1) == 1
 
 
+@linux_only
+def test_the_runs_own_processes_are_not_counted_busy():
+    """The run's spare worker imports while the run looks (`harness.spawn`): a core it
+    keeps busy is not another process's. Windows taken in turn, three each: the spinner's
+    core is in every one; what else runs beside the test moves both kinds alike."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    with busy_processes(1) as (spinner,):
+        counted, left_out = [], []
+        for _ in range(3):
+            counted.append(busy_cores())
+            left_out.append(busy_cores(own=[spinner.pid]))
+    assert None not in counted + left_out
+    assert sum(counted) / 3 - sum(left_out) / 3 >= 0.6  # about one core, the spinner's
+    assert min(left_out) >= 0.0
+
+
 def test_without_proc_stat_the_count_is_kept(monkeypatch, tmp_path):
     monkeypatch.setattr("harness.ranks.PROC_STAT", str(tmp_path / "absent"))
     assert busy_cores() is None

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness import spawn
+from harness.exits import kill_group
 from harness.replica import Worker, WorkerSpec
 from harness.runner import RunOptions
 from tests.harness.test_replica import _alive
@@ -56,6 +57,21 @@ def test_the_first_worker_is_the_spare_and_measures_as_a_fresh_one(outside_the_r
         assert second.process is not spare.process
     finally:
         second.close()
+
+
+def test_the_spare_is_the_runs_own_process_until_taken():
+    """What the run leaves out of the machine's busy cores (`ranks.free_threads`): the
+    spare imports then, and it is the run's."""
+    assert spawn.spare_pids() == ()
+    spawn.start_spare([])
+    pid = spawn._spare.process.pid
+    assert spawn.spare_pids() == (pid,)
+    taken = spawn.take_spare()
+    try:
+        assert spawn.spare_pids() == ()
+    finally:
+        kill_group(taken.process)
+        taken.errors.close()
 
 
 @pytest.mark.parametrize("flag", spawn.MEASURES_NOTHING)
