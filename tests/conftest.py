@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Every test leaves SIGINT, SIGTERM and SIGHUP as it found them: a handler one test
+    left behind would change how a later test's command answers a signal, and that test,
+    not this one, would fail."""
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.getsignal(signum) for signum in watched}
+    yield
+    changed = {signal.Signals(signum).name: (before[signum], signal.getsignal(signum))
+               for signum in watched if signal.getsignal(signum) != before[signum]}
+    assert not changed, f"signal handlers left changed (before, after): {changed}"
 
 
 @pytest.fixture(scope="module")
