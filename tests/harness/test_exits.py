@@ -72,7 +72,13 @@ def _interrupted_then(error: str):
 
 @pytest.mark.parametrize("error", ["while unwinding", "with no chain"])
 def test_an_error_a_library_raises_as_the_interrupt_unwinds_it_is_still_exit_130(error, capsys):
-    assert _interrupted_then(error)([]) == 130
+    # Ctrl-C as an interactive shell leaves it: a job a script starts in the background
+    # (a CI runner's, say) begins with SIGINT ignored, which a command leaves alone
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert _interrupted_then(error)([]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
     assert err.startswith("SIGINT: stopped, after cleaning up") and "RuntimeError" in err
     assert "internal error" not in err and "Traceback" not in err
