@@ -485,6 +485,15 @@ def die_with_parent(parent: int | None, started_by: str) -> None:
         sys.exit(f"{started_by} that started this process (pid {parent}) is gone")
 
 
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (the state, field 3, first),
+    or None where the process is gone or /proc cannot say."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def kill_group(process: subprocess.Popen) -> None:
     """Kill the process group `process` leads (it and anything it started), then reap it."""
     with contextlib.suppress(ProcessLookupError):  # the whole group has already exited

@@ -26,7 +26,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from harness.exits import ignore_signals
+from harness.exits import ignore_signals, process_stat
 from harness.measure.machine import device_name
 
 #: a rank may measure for hours while another waits at the final gather
@@ -120,11 +120,10 @@ def _cpu_times() -> tuple[int, int] | None:
 def _process_ticks(pid: int) -> int | None:
     """Clock ticks process `pid` has run (user and system, its threads together), from
     /proc/PID/stat; None where it is gone or cannot be read."""
+    fields = process_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else int(fields[11]) + int(fields[12])
+    except (ValueError, IndexError):
         return None
 
 

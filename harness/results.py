@@ -49,7 +49,7 @@ import pandas as pd
 
 from harness import lock
 from harness.combine import combine
-from harness.exits import UsageError, elided, read_json, too_long
+from harness.exits import UsageError, elided, process_stat, read_json, too_long
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.numbers import is_real, is_whole
 from harness.measure.stats import Verdict
@@ -359,11 +359,8 @@ def cell_file_name(finding: str, case: str) -> str:
 def _process_start(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, /proc), to tell a reused pid
     from the process that wrote a run; None where /proc cannot say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+    fields = process_stat(pid)
+    return None if fields is None else fields[19]  # field 22
 
 
 def _alive(pid: int, started: str | None) -> bool:

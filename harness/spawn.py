@@ -61,16 +61,15 @@ class Launched:
     """Its launch, epoch seconds."""
 
 
-def launch(argument: str) -> Launched:
-    """Start `python -m harness.replica ARGUMENT` (a spec as JSON, or `SPARE` and this
-    process's pid): in a session of its own (a Ctrl-C at the terminal is the run's to
+def launch(*arguments: str) -> Launched:
+    """Start `python -m harness.replica ARGUMENTS` (a spec as JSON, or `SPARE` and the
+    run's pid): in a session of its own (a Ctrl-C at the terminal is the run's to
     handle, and the worker's group is killed with whatever it started), torchrun's
     variables left out, stdin and stdout pipes (its commands and answers)."""
     errors = tempfile.TemporaryFile(mode="w+")
     at = time.time()
-    args = [argument] if argument != SPARE else [SPARE, str(os.getpid())]
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.replica", *args],
+        [sys.executable, "-m", "harness.replica", *arguments],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
         env=solo_environment(), start_new_session=True)
     return Launched(process, errors, at)
@@ -83,7 +82,7 @@ def start_spare(argv: list[str]) -> None:
     """Launch the spare, unless `argv` (the run's arguments) asks for nothing measured."""
     global _spare
     if _spare is None and not any(arg in MEASURES_NOTHING for arg in argv):
-        _spare = launch(SPARE)
+        _spare = launch(SPARE, str(os.getpid()))
 
 
 def take_spare() -> Launched | None:

@@ -3,7 +3,6 @@ first worker, and never left behind. Real processes throughout."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -13,16 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness import spawn
 from harness.exits import kill_group
-from harness.replica import Worker, WorkerSpec
-from harness.runner import RunOptions
-from tests.harness.test_replica import _alive
-
-MODULE = "tests.findings_modules.noisy_cells"
-
+from harness.replica import Worker
+from tests.harness.test_replica import _alive, _spec
 
 @pytest.fixture(autouse=True)
 def no_spare_left():
@@ -30,11 +24,6 @@ def no_spare_left():
     spawn.discard_spare()
     yield
     spawn.discard_spare()
-
-
-def _spec() -> WorkerSpec:
-    options = RunOptions(device=torch.device("cpu"), quick=True, min_samples=5)
-    return dataclasses.replace(WorkerSpec.of(options, 1, [MODULE], 2))
 
 
 @pytest.mark.integration
