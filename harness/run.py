@@ -798,12 +798,6 @@ def preparing_threads(processes: int) -> int:
     return max(1, torch.get_num_threads() // processes)
 
 
-def _start_workers(workers: _Workers, options: RunOptions) -> None:
-    """Start the run's workers (processes 2, 3, ...) without waiting for them to load."""
-    for process in range(2, options.processes + 1):
-        workers.start(process)
-
-
 def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                  progress: Progress) -> dict[str, float | str]:
     """Before anything is timed: each finding of `cells` whose compile caches its
@@ -811,14 +805,12 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
     at the threads the cell's own processes will prepare it at) in processes of their own,
     which then end: one per group of `Recording.compile_groups` (one for every variant
     where it names none), as many at once as the run may use cores, the first group
-    first. The run's workers start beside them where a core is left to them, else once
-    the first of the batch has ended (their imports had slowed the compiles that the
-    first cell waits for). On the CPU this process runs inductor's
+    first; the run's workers start meanwhile. On the CPU this process runs inductor's
     vector-ISA checks (`IsaChecks`) from the start, and they hold a core: the process of
     the first batch's last group (the second of two) prepares once they have ended (a
     third process beside them had slowed the first group's compile, which waits for
     them). Once the first of two or more has ended, leaving a core idle, the
-    workers start and run inductor's vector-ISA checks (on the CPU: `Worker.run_inductor_checks`)
+    workers run inductor's vector-ISA checks (on the CPU: `Worker.run_inductor_checks`)
     and this process imports the report's modules (`load_report_modules`). Returns
     finding id -> the seconds until its processes were done, or why one could not (its
     cell's processes then compile that themselves, as without it)."""
@@ -854,10 +846,9 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
         warmers = [replica.Worker(replica.WorkerSpec.of(options, torch.get_num_threads(),
                                                         workers.modules, process=0))
                    for _ in batch]
-        if first == 0 and (len(batch) < at_once or len(batch) == 1):
-            # a core the warm-up leaves, or none that it would leave sooner: they load
-            # the findings modules meanwhile
-            _start_workers(workers, options)
+        if first == 0:
+            for process in range(2, options.processes + 1):
+                workers.start(process)  # they load the findings modules meanwhile
         try:
             for index, (warmer, (finding, case, group)) in enumerate(zip(warmers, batch)):
                 if isa_checks is not None and at_once > 1 and index == at_once - 1:
@@ -873,10 +864,9 @@ def _warm_caches(cells: list[tuple], options: RunOptions, workers: _Workers,
                 warmer, (finding, _, _) = warmers[index], batch[index]
                 answer = warmer.prepared()
                 if ended == 0 and first == 0 and len(batch) > 1:
-                    # a core is free from now on: the workers start and load what compiled
-                    # calls need, instead of in their first cell while this process waits,
-                    # and this process the report's modules, instead of after the last cell
-                    _start_workers(workers, options)
+                    # a core is free from now on: the workers load what compiled calls
+                    # need, instead of in their first cell while this process waits, and
+                    # this process the report's modules, instead of after the last cell
                     if isa_checks is not None:
                         for worker in workers.started.values():
                             if isinstance(worker, replica.Worker):

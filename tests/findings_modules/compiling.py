@@ -3,9 +3,7 @@ variant in the folder `COMPILES_CACHE` names), for the tests of a run's warm ste
 (`Recording.caches_cold`, `Recording.compile_groups`). Each first call appends `pid variant
 compiled|loaded` to the file `COMPILES_LOG` names (with the wall clock before and after
 it, and 1 or 0: whether the report's modules were imported then): compiled where the
-cache held nothing yet, which takes 0.3 s. Where `COMPILES_IMPORTS` names a file, each
-process that imports this module appends `pid` and the wall clock then (a worker imports
-it as it starts). This module registers
+cache held nothing yet, which takes 0.3 s. This module registers
 nothing: `compiles` and `compiles_grouped` each register one such finding, so that loading
 either runs only its own."""
 
@@ -19,10 +17,6 @@ from pathlib import Path
 import torch
 
 from harness.findings import Case, Finding, Recording, max_abs_difference
-
-if os.environ.get("COMPILES_IMPORTS"):
-    with open(os.environ["COMPILES_IMPORTS"], "a", encoding="utf-8") as imports:
-        imports.write(f"{os.getpid()} {time.time()}\n")
 
 
 def _cached(variant: str) -> Path:
