@@ -627,15 +627,16 @@ def _z_rows(pairs: str, summary: dict) -> list[str]:
             f"({_pct(summary['beyond_4'], rows, 2)}) |"]
 
 
-def _measured_series(folder: Path, condition: str) -> tuple[str, dict | None, bool]:
-    """The series a table reads for `condition`: its default runs where measured, else its
-    `--quick` runs: (name, document or None, quick)."""
+def _measured_series(folder: Path, condition: str) -> list[tuple[str, dict, bool]]:
+    """The series measured for `condition`, its default runs' first, then its `--quick`
+    runs': (name, document, quick) of each kind that has runs."""
+    found = []
     for quick in (False, True):
         name = _series_name(condition, quick)
         document = _load(folder, name)
         if document and document.get("runs"):
-            return name, document, quick
-    return _series_name(condition, False), None, False
+            found.append((name, document, quick))
+    return found
 
 
 def _more_firsts(folder: Path, condition: str, quick: bool) -> dict:
@@ -650,11 +651,21 @@ def _reference(folder: Path, name: str) -> dict | None:
 
 
 def _condition_table(folder: Path, condition: str) -> list[str]:
-    """One simulated machine's table: run-to-run z (the first pair apart), the reference
-    held, run times, and what the runs' own processes said."""
-    name, document, quick = _measured_series(folder, condition)
-    if document is None:
+    """One simulated machine's tables, one per kind of series measured (default runs,
+    `--quick` runs): run-to-run z (the first pair apart), the reference held, run times,
+    and what the runs' own processes said."""
+    measured = _measured_series(folder, condition)
+    if not measured:
         return [f"(not measured: run `series --condition {condition}`)"]
+    lines: list[str] = []
+    for name, document, quick in measured:
+        lines += ([""] if lines else []) + _series_table(folder, condition, name, document, quick)
+    return lines
+
+
+def _series_table(folder: Path, condition: str, name: str, document: dict,
+                  quick: bool) -> list[str]:
+    """The table of one series (`name`) of `condition`."""
     runs = document["runs"]
     more = _more_firsts(folder, condition, quick)
     s = stability(runs, more["pairs"])
@@ -691,12 +702,6 @@ def _condition_table(folder: Path, condition: str) -> list[str]:
         lines.append(f"| a machine's first run, empty compile caches ({len(cold)} fresh "
                      f"clones of {more['commit'][:10]}) | {bar} | median "
                      f"{statistics.median(cold):.0f} s, most {max(cold):.0f} s |")
-    quick_runs = None if quick else (_load(folder, _series_name(condition, True)) or {}).get("runs")
-    if quick_runs:
-        q = [r["seconds"] for r in quick_runs]
-        lines.append(f"| `--quick` run time ({len(q)} runs) | at most 40 s | first "
-                     f"{q[0]:.0f} s, then median {statistics.median(q[1:] or q):.0f} s, "
-                     f"most {max(q):.0f} s |")
     calibrations = [r["calibration"] for r in runs if r.get("calibration")]
     if calibrations:
         disagreeing = sum(c["disagreeing"] for c in calibrations)
@@ -729,31 +734,36 @@ def _conditions_table(folder: Path) -> list[str]:
              "contradicted (2.5%) | run time (150 s; `--quick` 40 s) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for condition in CONDITIONS:
-        name, document, quick = _measured_series(folder, condition)
-        runs = (document or {}).get("runs")
-        if not runs:
+        measured = _measured_series(folder, condition)
+        if not measured:
             lines.append(f"| {condition} | 0 | (not measured: run `series --condition "
                          f"{condition}`) | | | | | | |")
-            continue
-        more = _more_firsts(folder, condition, quick)["pairs"]
-        s = stability(runs, more)
-        later, first = s["later"], s["first"]
-        ref = _reference(folder, name)
-        held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
-        seconds = [r["seconds"] for r in runs]
-        cold = [seconds[0]] + [pair[0]["seconds"] for pair in more]
-        cells = [condition, f"{len(runs)}{' `--quick`' * quick}",
-                 _pct(later["beyond_level"], later["rows"]) if later.get("rows") else "-",
-                 f"{later['robust_sd']:.2f}" if later.get("rows") else "-",
-                 _pct(later["beyond_4"], later["rows"], 2) if later.get("rows") else "-",
-                 _pct(first["beyond_level"], first["rows"]) if first.get("rows") else "-",
-                 _pct(held["held"], held["intervals"]) if held else "-",
-                 _pct(held["contradicted"], held["decisive"]) if held else "-",
-                 f"{statistics.median(cold):.0f} s first" + (f" (median of {len(cold)})" if
-                                                              len(cold) > 1 else "")
-                 + f", {statistics.median(seconds[1:] or seconds):.0f} s"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines += [_conditions_row(folder, condition, *series) for series in measured]
     return lines
+
+
+def _conditions_row(folder: Path, condition: str, name: str, document: dict,
+                    quick: bool) -> str:
+    """One series' row of the conditions table."""
+    runs = document["runs"]
+    more = _more_firsts(folder, condition, quick)["pairs"]
+    s = stability(runs, more)
+    later, first = s["later"], s["first"]
+    ref = _reference(folder, name)
+    held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
+    seconds = [r["seconds"] for r in runs]
+    cold = [seconds[0]] + [pair[0]["seconds"] for pair in more]
+    cells = [condition, f"{len(runs)} {'`--quick`' if quick else 'default'}",
+             _pct(later["beyond_level"], later["rows"]) if later.get("rows") else "-",
+             f"{later['robust_sd']:.2f}" if later.get("rows") else "-",
+             _pct(later["beyond_4"], later["rows"], 2) if later.get("rows") else "-",
+             _pct(first["beyond_level"], first["rows"]) if first.get("rows") else "-",
+             _pct(held["held"], held["intervals"]) if held else "-",
+             _pct(held["contradicted"], held["decisive"]) if held else "-",
+             f"{statistics.median(cold):.0f} s first" + (f" (median of {len(cold)})" if
+                                                          len(cold) > 1 else "")
+             + f", {statistics.median(seconds[1:] or seconds):.0f} s"]
+    return "| " + " | ".join(cells) + " |"
 
 
 #: the gate's bars (issue: a gate that holds on any machine): false alarms on unchanged code,

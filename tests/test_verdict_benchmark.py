@@ -149,6 +149,28 @@ def test_a_condition_table_gives_its_bars_and_what_was_measured(tmp_path):
     assert "not measured: run `reference --condition here`" in table
 
 
+def test_a_condition_with_default_and_quick_series_shows_both(tmp_path):
+    """Each kind of series measured for a condition has its own table and its own row of
+    the conditions table, the default runs' first, each with its own run times."""
+    rng = np.random.default_rng(4)
+    for quick, seconds in ((False, 140.0), (True, 34.0)):
+        runs = _runs(rng.normal(0, 0.01, (3, 20)).tolist(), 0.02)
+        for run in runs:
+            run["seconds"] = seconds
+        (tmp_path / f"series-here{'-quick' * quick}.json").write_text(json.dumps(
+            {"condition": "here", "commit": ("b" if quick else "a") * 12, "runs": runs}))
+    table = vs.markdown("condition", tmp_path, "here")
+    default, quick = table.index("3 default runs of aaaaaaaaaa"), table.index(
+        "3 `--quick` runs of bbbbbbbbbb")
+    assert default < quick
+    assert "| run time, report included | at most 150 s | first 140 s" in table[:quick]
+    assert "| run time, report included | at most 40 s | first 34 s" in table[quick:]
+    rows = [line for line in vs.markdown("conditions", tmp_path).splitlines()
+            if line.startswith("| here |")]
+    assert [row.split(" | ")[1] for row in rows] == ["3 default", "3 `--quick`"]
+    assert rows[0].endswith("| 140 s first, 140 s |") and rows[1].endswith("| 34 s first, 34 s |")
+
+
 def test_gate_chunks_merge_by_condition_and_the_table_counts_them(tmp_path):
     first = [{"check": "c", "condition": "unchanged", "expect_flag": False,
               "exit_codes": [0], "seconds": [90.0], "ranks": [0], "rows": [[]]}]
