@@ -204,7 +204,9 @@ register(Finding(
 
 
 def test_sum_is_faster(claim):
-    claim("WHEEL-rowsums", word="faster", budget=15, counters={"host_syncs": 0})
+    # four processes: with two, one process whose first rounds a busy machine slowed leaves
+    # the process level one degree of freedom, and a 58x speed-up read inconclusive
+    claim("WHEEL-rowsums", word="faster", budget=15, processes=4, counters={"host_syncs": 0})
 '''
 
 
