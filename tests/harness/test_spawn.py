@@ -18,6 +18,7 @@ from harness.exits import kill_group
 from harness.replica import Worker
 from tests.harness.test_replica import _alive, _spec
 
+
 @pytest.fixture(autouse=True)
 def no_spare_left():
     """Each test starts and ends without a spare of this process."""
