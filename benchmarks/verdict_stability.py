@@ -124,16 +124,16 @@ ROW_FIELDS = ("finding", "case", "variant", "verdict", "placebo", "headline", "r
               "process_p", "processes", "median_s", "first_output_s")
 
 
-def _summary_rows(results: Path) -> tuple[list[dict], dict, int | None]:
-    """The reduced rows of the run in `results`, its process level and the torch threads
-    it timed at (run.json)."""
+def _summary_rows(results: Path) -> tuple[list[dict], dict, dict]:
+    """The reduced rows of the run in `results`, its process level, and its metadata
+    (run.json: the torch threads it timed at, the CPU)."""
     sys.path.insert(0, str(REPO))
     from harness.results import load_run
 
     run = load_run(None, results)
     rows = run.summary.astype(object).where(run.summary.notna(), None).to_dict("records")
     return ([{k: r.get(k) for k in ROW_FIELDS} for r in rows],
-            run.metadata.get("process_level") or {}, run.metadata.get("threads"))
+            run.metadata.get("process_level") or {}, run.metadata)
 
 
 def reference_threads(runs: list[dict], condition: Condition) -> int:
@@ -191,9 +191,17 @@ def _measured_run(clone: Path, results: Path, extra: tuple[str, ...],
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):
         raise SystemExit(f"{results.name} failed ({done.returncode}): {done.stderr[-2000:]}")
-    rows, level, threads = _summary_rows(results)
+    rows, level, metadata = _summary_rows(results)
     return {"seconds": seconds, "exit": done.returncode, "rows": rows,
-            "calibration": level.get("calibration"), "threads": threads}
+            "calibration": level.get("calibration"), "threads": metadata.get("threads"),
+            "cpu": machine_label(metadata)}
+
+
+def machine_label(metadata: dict) -> str | None:
+    """The CPU a run measured on and the vector ISA its ATen kernels ran ("Intel(R)
+    Xeon(R) Processor, AVX512"); None for a run that recorded neither."""
+    parts = [metadata.get("cpu_model"), metadata.get("aten_cpu_capability")]
+    return ", ".join(p for p in parts if p) or None
 
 
 def _run_setup(args, clone: Path, caches: Path) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -672,8 +680,10 @@ def _series_table(folder: Path, condition: str, name: str, document: dict,
     kind, bar = ("`--quick` runs", "at most 40 s") if quick else ("default runs", "at most 150 s")
     also = (f" {len(more['pairs'])} more fresh clones of {more['commit'][:10]}, each run "
             "twice, add their first pairs." if more["pairs"] else "")
+    cpus = sorted({r["cpu"] for r in runs if r.get("cpu")})
     lines = [f"{CONDITIONS[condition].description}: {len(runs)} {kind} of "
-             f"{document['commit'][:10]}, the first from a fresh clone with empty compile "
+             f"{document['commit'][:10]}{' on ' + ' and '.join(cpus) if cpus else ''}, "
+             "the first from a fresh clone with empty compile "
              f"caches.{also}", "",
              "| claim | bar | measured |", "|---|---|---|",
              *_z_rows(f"consecutive runs after the first ({max(s['pairs'] - 1, 0)} pairs)",

@@ -149,6 +149,22 @@ def test_a_condition_table_gives_its_bars_and_what_was_measured(tmp_path):
     assert "not measured: run `reference --condition here`" in table
 
 
+def test_a_series_says_the_cpu_its_runs_measured_on_where_they_recorded_it(tmp_path):
+    assert vs.machine_label({"cpu_model": "Intel(R) Xeon(R) Processor",
+                             "aten_cpu_capability": "AVX512"}) == \
+        "Intel(R) Xeon(R) Processor, AVX512"
+    assert vs.machine_label({"threads": 2}) is None
+    runs = _runs(np.zeros((3, 10)).tolist(), 0.02)
+    document = {"condition": "here", "commit": "c" * 12, "runs": runs}
+    (tmp_path / "series-here.json").write_text(json.dumps(document))
+    assert "3 default runs of cccccccccc, the first" in vs.markdown("condition", tmp_path, "here")
+    for run in runs:
+        run["cpu"] = "Intel(R) Xeon(R) Processor, AVX512"
+    (tmp_path / "series-here.json").write_text(json.dumps(document))
+    assert "3 default runs of cccccccccc on Intel(R) Xeon(R) Processor, AVX512, the first" in \
+        vs.markdown("condition", tmp_path, "here")
+
+
 def test_a_condition_with_default_and_quick_series_shows_both(tmp_path):
     """Each kind of series measured for a condition has its own table and its own row of
     the conditions table, the default runs' first, each with its own run times."""
