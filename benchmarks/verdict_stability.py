@@ -39,7 +39,9 @@ measured: nothing here is fitted to them.
         and the spread of fresh processes' estimates against their standard errors;
     python benchmarks/verdict_stability.py table OUT
         the tables (`docs/generate.py` puts them into the docs from the copy of OUT's
-        JSON files committed in benchmarks/results/).
+        JSON files committed in benchmarks/results/). Sets measured on another machine
+        go into OUT/machines/NAME/ (the same files): they get rows of their own in the
+        conditions table, named with the CPU their runs recorded.
 
 Each series is measured on an otherwise idle machine (the co-runner being the one
 exception, on purpose); the tables say how many runs each figure rests on.
@@ -334,16 +336,32 @@ def stability(runs: list[dict], more_firsts: list[list[dict]] = ()) -> dict:
             "later": z_summary(later)}
 
 
+def _baselines(rows: list[dict]) -> dict[tuple[str, str], str]:
+    """(finding, case) -> the variant a run compared that case's rows with: the finding's
+    baseline, or the variant standing in for it where it was not timed (the loop at
+    sizes where it would take minutes)."""
+    return {(r["finding"], r["case"]): r["variant"] for r in rows
+            if r.get("verdict") == "baseline"}
+
+
 def words_held(runs: list[dict], reference: dict[tuple, float], margin: float = 0.05) -> dict:
-    """Of the runs' intervals of the reference's rows, how many hold its ratio; of their
-    decisive words, how many it contradicts (faster over a reference at or above 1, slower
-    at or below 1, same with the reference beyond the margin)."""
-    held = total = decisive = contradicted = 0
+    """Of the runs' intervals of the reference's rows (`reference_ratios`: keyed by
+    finding, case, variant and the baseline the reference timed it against), how many
+    hold its ratio; of their decisive words, how many it contradicts (faster over a
+    reference at or above 1, slower at or below 1, same with the reference beyond the
+    margin). A run's row compared with another baseline than the reference's is not
+    comparable: counted apart (`other_baseline`), never as held or missed."""
+    held = total = decisive = contradicted = other_baseline = 0
+    drawn = {key[:3] for key in reference}
     for run in runs:
+        baselines = _baselines(run["rows"])
         for key, row in _worded(run["rows"]).items():
-            if key not in reference:
+            if key not in drawn:
                 continue
-            truth = reference[key]
+            truth = reference.get((*key, baselines.get(key[:2])))
+            if truth is None:
+                other_baseline += 1
+                continue
             total += 1
             held += row["ci_low"] <= truth <= row["ci_high"]
             word = row["verdict"]
@@ -353,7 +371,7 @@ def words_held(runs: list[dict], reference: dict[tuple, float], margin: float = 
                                  or (word == "slower" and truth <= 1.0)
                                  or (word == "same" and not 1 / (1 + margin) <= truth <= 1 + margin))
     return {"intervals": total, "held": held, "decisive": decisive,
-            "contradicted": contradicted}
+            "contradicted": contradicted, "other_baseline": other_baseline}
 
 
 # -------------------------------------------------------------------------- reference
@@ -385,10 +403,11 @@ def reference_per_call(fn, threads: int, loop_s: float, min_run_time: float = 0.
     return max(raw - loop_s, 0.05 * raw)
 
 
-#: one reference process: argv[1] the rows as JSON [[finding, case, variant], ...], argv[2]
-#: torch's threads; each row's baseline and variant built from seed 0 and timed by
-#: `reference_per_call`, interleaved five times, the rows in a shuffled order; prints
-#: {"finding/case/variant": ratio of the median times} as JSON
+#: one reference process: argv[1] the rows as JSON [[finding, case, variant, baseline],
+#: ...], argv[2] torch's threads; each row's baseline (the variant its series compared it
+#: with) and variant built from seed 0 and timed by `reference_per_call`, interleaved five
+#: times, the rows in a shuffled order; prints {"finding/case/variant": ratio of the
+#: median times} as JSON
 REFERENCE_WORKER = r"""
 import json, random, sys
 import torch
@@ -402,14 +421,14 @@ quick = sys.argv[3] == "quick"  # the series' cases: a quick run's are its own
 random.shuffle(rows)
 loop_s = reference_loop_s(torch.get_num_threads())
 ratios = {}
-for finding_id, case_label, variant in rows:
+for finding_id, case_label, variant, baseline in rows:
     if variant == "placebo":  # the baseline against itself: its true ratio is 1
         ratios["/".join((finding_id, case_label, variant))] = 1.0
         continue
     finding = registry.planned(registry.select([finding_id])[0], quick)
     case = next(c for c in finding.cases(quick) if c.label == case_label)
     inputs = finding.build(case, torch.device("cpu"), 0)
-    calls = {"baseline": finding.make_call(finding.baseline, inputs),
+    calls = {"baseline": finding.make_call(baseline, inputs),
              "variant": finding.make_call(variant, inputs)}
     seconds = {name: [] for name in calls}
     for _ in range(5):
@@ -427,9 +446,10 @@ print(json.dumps(ratios))
 STRATA = (20e-6, 2e-3)
 
 
-def draw_rows(runs: list[dict], count: int, seed: int = 0) -> list[tuple[str, str, str]]:
+def draw_rows(runs: list[dict], count: int, seed: int = 0) -> list[tuple[str, str, str, str]]:
     """`count` rows of the first run drawn at random, as many from each call-length
-    stratum as it allows, plus every row whose processes disagreed in any run."""
+    stratum as it allows, plus every row whose processes disagreed in any run: (finding,
+    case, variant, the variant the first run compared it with)."""
     first = [r for r in _worded(runs[0]["rows"]).values() if r.get("median_s")]
     strata: list[list[dict]] = [[] for _ in range(len(STRATA) + 1)]
     for row in first:
@@ -444,7 +464,9 @@ def draw_rows(runs: list[dict], count: int, seed: int = 0) -> list[tuple[str, st
                 drawn.append(_key(stratum.pop()))
     two_mode = {_key(r) for run in runs for r in run["rows"]
                 if r.get("process_p") is not None and r["process_p"] < 0.05}
-    return sorted(set(drawn) | (two_mode & {_key(r) for r in first}))
+    baselines = _baselines(runs[0]["rows"])
+    return [(*key, baselines[key[:2]])
+            for key in sorted(set(drawn) | (two_mode & {_key(r) for r in first}))]
 
 
 def reference(args) -> None:
@@ -478,10 +500,16 @@ def reference(args) -> None:
 
 
 def reference_ratios(document: dict) -> dict[tuple, float]:
-    """Each row's reference: the median over processes of the process's ratio."""
+    """Each row's reference, keyed by (finding, case, variant, the baseline it was timed
+    against): the median over processes of the process's ratio."""
     out = {}
     for row in document["rows"]:
-        ratios = [p["/".join(row)] for p in document["processes"] if "/".join(row) in p]
+        if len(row) != 4:
+            raise ValueError(f"reference row {row}: expected [finding, case, variant, "
+                             "baseline]; a reference saved without the baseline it timed "
+                             "against cannot be compared")
+        name = "/".join(row[:3])
+        ratios = [p[name] for p in document["processes"] if name in p]
         if ratios:
             out[tuple(row)] = statistics.median(ratios)
     return out
@@ -658,10 +686,22 @@ def _reference(folder: Path, name: str) -> dict | None:
     return _load(folder, "reference-" + name.removeprefix("series-"))
 
 
-def _condition_table(folder: Path, condition: str) -> list[str]:
+#: where the sets of another machine than the one the results folder's own sets were
+#: measured on are kept: MACHINES/<name>/, the same files as the results folder's
+MACHINES = "machines"
+
+
+def _other_machines(folder: Path) -> list[Path]:
+    """The folders of other machines' sets under `folder` (MACHINES/*), by name."""
+    return sorted(p for p in (folder / MACHINES).glob("*") if p.is_dir())
+
+
+def _condition_table(folder: Path, condition: str, machine: str | None = None) -> list[str]:
     """One simulated machine's tables, one per kind of series measured (default runs,
     `--quick` runs): run-to-run z (the first pair apart), the reference held, run times,
-    and what the runs' own processes said."""
+    and what the runs' own processes said. `machine`: the sets of MACHINES/`machine`."""
+    if machine is not None:
+        folder = folder / MACHINES / machine
     measured = _measured_series(folder, condition)
     if not measured:
         return [f"(not measured: run `series --condition {condition}`)"]
@@ -696,7 +736,10 @@ def _series_table(folder: Path, condition: str, name: str, document: dict,
         lines += [f"| intervals holding a {len(ref['processes'])}-process "
                   f"torch.utils.benchmark reference ({len(ref['rows'])} rows) | at least 93% "
                   f"| {held['held']} of {held['intervals']} "
-                  f"({_pct(held['held'], held['intervals'])}) |",
+                  f"({_pct(held['held'], held['intervals'])})"
+                  + (f"; {held['other_baseline']} intervals of rows a run compared with "
+                     "another baseline than the reference's left out"
+                     if held["other_baseline"] else "") + " |",
                   f"| decisive words the reference contradicts | at most 2.5% | "
                   f"{held['contradicted']} of {held['decisive']} "
                   f"({_pct(held['contradicted'], held['decisive'])}) |"]
@@ -749,12 +792,17 @@ def _conditions_table(folder: Path) -> list[str]:
             lines.append(f"| {condition} | 0 | (not measured: run `series --condition "
                          f"{condition}`) | | | | | | |")
         lines += [_conditions_row(folder, condition, *series) for series in measured]
+    for machine in _other_machines(folder):  # only what was measured there
+        lines += [_conditions_row(machine, condition, *series, machine=machine.name)
+                  for condition in CONDITIONS
+                  for series in _measured_series(machine, condition)]
     return lines
 
 
 def _conditions_row(folder: Path, condition: str, name: str, document: dict,
-                    quick: bool) -> str:
-    """One series' row of the conditions table."""
+                    quick: bool, machine: str | None = None) -> str:
+    """One series' row of the conditions table (`machine`: the name of the other
+    machine's folder it comes from, with its CPU as its runs recorded it)."""
     runs = document["runs"]
     more = _more_firsts(folder, condition, quick)["pairs"]
     s = stability(runs, more)
@@ -763,7 +811,10 @@ def _conditions_row(folder: Path, condition: str, name: str, document: dict,
     held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
     seconds = [r["seconds"] for r in runs]
     cold = [seconds[0]] + [pair[0]["seconds"] for pair in more]
-    cells = [condition, f"{len(runs)} {'`--quick`' if quick else 'default'}",
+    cpus = sorted({r["cpu"] for r in runs if r.get("cpu")})
+    label = condition if machine is None else (
+        f"{condition}, {machine}" + (f" ({' and '.join(cpus)})" if cpus else ""))
+    cells = [label, f"{len(runs)} {'`--quick`' if quick else 'default'}",
              _pct(later["beyond_level"], later["rows"]) if later.get("rows") else "-",
              f"{later['robust_sd']:.2f}" if later.get("rows") else "-",
              _pct(later["beyond_4"], later["rows"], 2) if later.get("rows") else "-",
@@ -1002,13 +1053,17 @@ TABLES = {"condition": _condition_table, "conditions": _conditions_table,
 
 
 def markdown(kind: str, folder: Path, *argument: str) -> str:
-    """The markdown table `kind` (a key of TABLES; `condition` takes a CONDITIONS name)
-    from the results saved in `folder`."""
+    """The markdown table `kind` (a key of TABLES; `condition` takes a CONDITIONS name,
+    and the name of another machine's folder where its sets are meant) from the results
+    saved in `folder`."""
     return "\n".join(TABLES[kind](folder, *argument))
 
 
 def table(args) -> None:
     print("\n\n".join([*(markdown("condition", args.out, c) for c in CONDITIONS),
+                        *(markdown("condition", args.out, c, m.name)
+                          for m in _other_machines(args.out) for c in CONDITIONS
+                          if _measured_series(m, c)),
                         *(markdown(kind, args.out) for kind in TABLES
                           if kind != "condition")]))
 

@@ -107,12 +107,26 @@ def test_z_takes_the_recorded_standard_error_over_a_wider_printed_interval():
 
 
 def test_words_held_counts_intervals_holding_the_reference_and_contradicted_words():
-    runs = [{"rows": [_row("F", "a", "faster", 0.8), _row("F", "b", "slower", 1.2),
-                      _row("F", "c", "same", 1.0), _row("F", "d", "inconclusive", 1.01)]}]
-    reference = {("F", "n=1", "a"): 0.81, ("F", "n=1", "b"): 0.99, ("F", "n=1", "c"): 1.08,
-                 ("F", "n=1", "d"): 1.0}
+    runs = [{"rows": [_row("F", "base", "baseline"), _row("F", "a", "faster", 0.8),
+                      _row("F", "b", "slower", 1.2), _row("F", "c", "same", 1.0),
+                      _row("F", "d", "inconclusive", 1.01)]}]
+    reference = {("F", "n=1", "a", "base"): 0.81, ("F", "n=1", "b", "base"): 0.99,
+                 ("F", "n=1", "c", "base"): 1.08, ("F", "n=1", "d", "base"): 1.0}
     held = vs.words_held(runs, reference)
-    assert held == {"intervals": 4, "held": 2, "decisive": 3, "contradicted": 2}
+    assert held == {"intervals": 4, "held": 2, "decisive": 3, "contradicted": 2,
+                    "other_baseline": 0}
+
+
+def test_a_row_compared_with_another_baseline_than_the_references_is_left_out():
+    """Where a run did not time the baseline (the loop at sizes where it takes minutes),
+    its rows are ratios to the variant standing in for it: a reference timed against the
+    finding's baseline measures another ratio, hundreds of times off, and is neither held
+    nor missed but counted apart. A run that timed the reference's baseline is compared."""
+    stand_in = {"rows": [_row("F", "batched", "baseline"), _row("F", "a", "faster", 0.5)]}
+    timed = {"rows": [_row("F", "loop", "baseline"), _row("F", "a", "faster", 0.002)]}
+    reference = {("F", "n=1", "a", "loop"): 0.002}
+    assert vs.words_held([stand_in, timed], reference) == {
+        "intervals": 1, "held": 1, "decisive": 1, "contradicted": 0, "other_baseline": 1}
 
 
 def test_the_draw_is_stratified_by_call_length_and_adds_two_mode_rows():
@@ -120,18 +134,22 @@ def test_the_draw_is_stratified_by_call_length_and_adds_two_mode_rows():
             + [_row("F", f"mid{k}", "faster", median_s=1e-4) for k in range(30)]
             + [_row("F", f"long{k}", "faster", median_s=1e-2) for k in range(3)])
     rows[0]["process_p"] = 0.001  # its processes disagreed: drawn whatever the strata say
+    rows.append(_row("F", "base", "baseline", median_s=1e-3))
     drawn = vs.draw_rows([{"rows": rows}], 12, seed=1)
-    variants = [v for _, _, v in drawn]
+    assert {baseline for *_, baseline in drawn} == {"base"}  # what the run compared with
+    variants = [v for _, _, v, _ in drawn]
     assert sum(v.startswith("long") for v in variants) == 3
     assert sum(v.startswith("mid") for v in variants) >= 4
-    assert "short0" in variants and len(drawn) in (12, 13)
+    assert "short0" in variants and len(drawn) in (12, 13) and "base" not in variants
     assert drawn == vs.draw_rows([{"rows": rows}], 12, seed=1)
 
 
 def test_the_reference_is_the_median_process(tmp_path):
-    document = {"rows": [["F", "n=1", "a"]],
+    document = {"rows": [["F", "n=1", "a", "base"]],
                 "processes": [{"F/n=1/a": x} for x in (0.9, 1.3, 0.95, 0.92, 5.0)]}
-    assert vs.reference_ratios(document) == {("F", "n=1", "a"): 0.95}
+    assert vs.reference_ratios(document) == {("F", "n=1", "a", "base"): 0.95}
+    with pytest.raises(ValueError, match=r"expected \[finding, case, variant, baseline\]"):
+        vs.reference_ratios({"rows": [["F", "n=1", "a"]], "processes": []})
 
 
 def test_a_condition_table_gives_its_bars_and_what_was_measured(tmp_path):
@@ -163,6 +181,30 @@ def test_a_series_says_the_cpu_its_runs_measured_on_where_they_recorded_it(tmp_p
     (tmp_path / "series-here.json").write_text(json.dumps(document))
     assert "3 default runs of cccccccccc on Intel(R) Xeon(R) Processor, AVX512, the first" in \
         vs.markdown("condition", tmp_path, "here")
+
+
+def test_another_machines_sets_have_their_own_rows_and_tables(tmp_path):
+    """Sets copied into machines/<name>/ stand beside the folder's own: a row of the
+    conditions table for each series measured there, named with its CPU, and its own
+    condition table; a condition not measured there adds no row."""
+    rng = np.random.default_rng(5)
+    own = _runs(rng.normal(0, 0.01, (3, 20)).tolist(), 0.02)
+    (tmp_path / "series-here.json").write_text(json.dumps(
+        {"condition": "here", "commit": "a" * 12, "runs": own}))
+    other = _runs(rng.normal(0, 0.01, (4, 20)).tolist(), 0.02)
+    for run in other:
+        run["cpu"] = "Intel(R) Xeon(R) Processor, AVX512"
+    (tmp_path / "machines" / "xeon").mkdir(parents=True)
+    (tmp_path / "machines" / "xeon" / "series-here.json").write_text(json.dumps(
+        {"condition": "here", "commit": "d" * 12, "runs": other}))
+    rows = vs.markdown("conditions", tmp_path).splitlines()
+    assert [r.split(" | ")[:2] for r in rows if r.startswith("| here")] == [
+        ["| here", "3 default"],
+        ["| here, xeon (Intel(R) Xeon(R) Processor, AVX512)", "4 default"]]
+    assert not any(r.startswith("| co-runner, xeon") for r in rows)
+    table = vs.markdown("condition", tmp_path, "here", "xeon")
+    assert "4 default runs of dddddddddd on Intel(R) Xeon(R) Processor, AVX512" in table
+    assert "3 default runs" not in table
 
 
 def test_a_condition_with_default_and_quick_series_shows_both(tmp_path):
@@ -285,15 +327,20 @@ def _noisy_runs(ratios: dict[str, list[float]], halfwidth: float = 0.02) -> list
 def test_the_reference_worker_times_a_quick_series_rows_at_their_quick_cases():
     """A quick series' rows name quick cases (the training iteration's 2 envs x 5 steps
     exists only there): the reference times them at those cases, one ratio per row, the
-    placebo at 1."""
-    rows = [["E2E-iteration", "num_envs=2,max_steps=5", "reviews"],
-            ["E2E-iteration", "num_envs=2,max_steps=5", "placebo"]]
+    placebo at 1, each against the baseline its row names."""
+    gae = ["B4-CR-03", "num_envs=4,max_steps=25,dones=episode", "batched"]
+    rows = [["E2E-iteration", "num_envs=2,max_steps=5", "reviews", "original"],
+            ["E2E-iteration", "num_envs=2,max_steps=5", "placebo", "original"],
+            [*gae, "batched"], [*gae[:2], "scan", "loop"]]
     done = subprocess.run([sys.executable, "-c", vs.REFERENCE_WORKER, json.dumps(rows), "1",
                            "quick"], cwd=vs.REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     ratios = json.loads(done.stdout.strip().splitlines()[-1])
     assert ratios["E2E-iteration/num_envs=2,max_steps=5/placebo"] == 1.0
     assert 0.2 < ratios["E2E-iteration/num_envs=2,max_steps=5/reviews"] < 5.0
+    # batched against itself; scan against the 300-read Python loop (about 10x faster)
+    assert 0.7 < ratios["B4-CR-03/num_envs=4,max_steps=25,dones=episode/batched"] < 1.4
+    assert ratios["B4-CR-03/num_envs=4,max_steps=25,dones=episode/scan"] < 0.5
 
 
 def test_the_reference_times_at_the_threads_it_is_given_and_leaves_out_its_loop():
