@@ -22,8 +22,9 @@ measured: nothing here is fitted to them.
         an independent reference for NAME's series: ROWS rows drawn at random from the
         series' first run, stratified by call length, plus every row whose processes
         disagreed in any run of it (two-mode rows), each timed by torch.utils.benchmark in
-        20 fresh processes under the same condition; the reference is the median over
-        processes of each process's ratio, the typical process the runs' intervals aim at;
+        20 fresh processes under the same condition, against the baseline the series'
+        first run compared it with; the reference is the median over processes of each
+        process's ratio, the typical process the runs' intervals aim at;
     python benchmarks/verdict_stability.py planted OUT
         one run of benchmarks/planted_findings.py: a +10% planted slowdown should read
         slower, a +3% one never faster;
@@ -300,12 +301,25 @@ def _se(row: dict) -> float:
     return float(recorded) if recorded else _printed_se(row)
 
 
+def _baselines(rows: list[dict]) -> dict[tuple[str, str], str]:
+    """(finding, case) -> the variant a run compared that case's rows with: the finding's
+    baseline, or the variant standing in for it where it was not timed (the loop at
+    sizes where it would take minutes)."""
+    return {(r["finding"], r["case"]): r["variant"] for r in rows
+            if r.get("verdict") == "baseline"}
+
+
 def pair_z(first: dict, second: dict) -> list[float]:
-    """For each row worded in both runs: the difference of the two log ratios over their
-    combined standard error (`_se`)."""
+    """For each row worded in both runs against the same baseline (`_baselines`: a run
+    that did not time the loop in a case compares with a variant standing in for it, a
+    ratio of another thing): the difference of the two log ratios over their combined
+    standard error (`_se`)."""
     a, b = _worded(first["rows"]), _worded(second["rows"])
+    base_a, base_b = _baselines(first["rows"]), _baselines(second["rows"])
     out = []
     for key in sorted(a.keys() & b.keys()):
+        if base_a.get(key[:2]) != base_b.get(key[:2]):
+            continue
         se = math.hypot(_se(a[key]), _se(b[key]))
         if se > 0:
             out.append((math.log(a[key]["ratio"]) - math.log(b[key]["ratio"])) / se)
@@ -334,14 +348,6 @@ def stability(runs: list[dict], more_firsts: list[list[dict]] = ()) -> dict:
     return {"pairs": len(pairs), "first_pairs": len(firsts),
             "first": z_summary([x for first, second in firsts for x in pair_z(first, second)]),
             "later": z_summary(later)}
-
-
-def _baselines(rows: list[dict]) -> dict[tuple[str, str], str]:
-    """(finding, case) -> the variant a run compared that case's rows with: the finding's
-    baseline, or the variant standing in for it where it was not timed (the loop at
-    sizes where it would take minutes)."""
-    return {(r["finding"], r["case"]): r["variant"] for r in rows
-            if r.get("verdict") == "baseline"}
 
 
 def words_held(runs: list[dict], reference: dict[tuple, float], margin: float = 0.05) -> dict:

@@ -78,6 +78,17 @@ def test_the_reference_times_at_the_threads_its_series_timed_at():
     assert vs.reference_threads([{"rows": []}], co_runner) == (os.cpu_count() or 1)
 
 
+def test_run_to_run_z_leaves_out_a_row_its_runs_compared_with_different_baselines():
+    """One run timed the loop in a case, the next compared with a variant standing in
+    for it: their ratios measure different things and give no z."""
+    timed = {"rows": [_row("F", "loop", "baseline"), _row("F", "a", "faster", 0.002),
+                      _row("F", "b", "faster", 0.5)]}
+    stand_in = {"rows": [_row("F", "batched", "baseline"), _row("F", "a", "faster", 0.5),
+                         _row("F", "b", "faster", 0.5)]}
+    assert len(vs.pair_z(timed, timed)) == 2
+    assert vs.pair_z(timed, stand_in) == []
+
+
 def test_z_reads_each_interval_at_its_own_level():
     """A 99% interval as wide as another run's 95% one carries a smaller standard error."""
     a = {"rows": [_row("F", "v", "same", 1.0, halfwidth=0.0258)]}
