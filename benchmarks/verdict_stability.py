@@ -81,7 +81,7 @@ class Condition:
 
 
 CONDITIONS = {
-    "here": Condition("this machine, idle"),
+    "here": Condition("the machine idle"),
     "co-runner": Condition("a busy process spinning one core for the whole series",
                            co_runner=True),
     "other-kernels": Condition(
