@@ -267,6 +267,10 @@ def test_a_corrupt_invariants_config_exits_2_naming_the_file(tmp_path, capsys, c
 
 # --- --update-baseline merges ---------------------------------------------------------------
 
+def _key(entry: dict) -> tuple[str, str, str]:
+    return entry["finding"], entry["case"], entry["variant"]
+
+
 @pytest.mark.integration
 def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys):
     committed = json.loads(COMMITTED_BASELINE.read_text())
@@ -287,7 +291,25 @@ def test_updating_one_finding_keeps_every_other_entry_in_place(tmp_path, capsys)
 
     expected = committed["counters"]
     expected[0] = {**expected[0], "tolerance": {"allocations": 1}}
-    assert json.loads(path.read_text())["counters"] == expected  # 30 of 30, same order
+    written = json.loads(path.read_text())["counters"]
+    assert [_key(e) for e in written] == [_key(e) for e in expected]  # every entry, in place
+    here = gate_counters.kernel_path_id(gate_counters.gate_kernel_path())
+    stale = _key(ours[0])
+    for old, new in zip(expected, written):
+        if old["finding"] != FINDING:
+            assert new == old
+            continue
+        # measured again: the exact counts and their lines as committed (they are the
+        # same on every machine), this machine's kernel path as measured (as committed
+        # where it was recorded), the other paths' kept unless the cell's counts changed
+        assert {k: new[k] for k in ("op_calls", "host_syncs", "sources")} == \
+            {k: old[k] for k in ("op_calls", "host_syncs", "sources")}
+        if here in old["by_kernel_path"]:
+            assert new["by_kernel_path"][here] == old["by_kernel_path"][here]
+        others = {k: v for k, v in old["by_kernel_path"].items() if k != here}
+        kept = {k: v for k, v in new["by_kernel_path"].items() if k != here}
+        assert here in new["by_kernel_path"]
+        assert kept == ({} if _key(old) == stale else others)
 
 
 COUNTS = {"op_calls": 10, "host_syncs": 0, "allocations": 2, "allocated_bytes": 64,
