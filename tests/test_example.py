@@ -34,6 +34,7 @@ def _run(*args: str, cwd: Path = EXAMPLE) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a minute: the example project end to end; CI runs a user's project (.ci/wheel)
 def test_the_example_measures_reports_and_gates_its_claim(tmp_path):
     results, reports = tmp_path / "results", tmp_path / "reports"
     done = _run("harness.run", "--quick", "--out", str(results), "--reports", str(reports))

@@ -138,6 +138,7 @@ def _run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.long  # CI runs .ci/wheel: the run, report and gate from the wheel
 def test_a_users_project_runs_reports_gates_and_bisects_from_the_wheel(wheel_site, project):
     where = _run(wheel_site, project, "-c", "import harness, esper_review; "
                  "print(harness.__file__, esper_review.__file__)")

@@ -124,6 +124,7 @@ def test_a_failing_rank_marks_its_cells_and_the_others_are_kept(tmp_path):
     assert by_rank[1]["error"].str.contains("not run: rank 1 failed").all()
 
 
+@pytest.mark.long  # a gate over ranks; CI shards a run over them
 def test_gate_against_spreads_its_sessions_over_the_ranks(tmp_path):
     """`torchrun -m harness.gate --against REV` on a user's repository: the six A/B
     sessions are shared out over two ranks (each pairs both trees in one process, as
@@ -155,6 +156,7 @@ def test_gate_against_spreads_its_sessions_over_the_ranks(tmp_path):
     assert not Outcome(rows["cols"]["outcome"]).fails, rows  # unchanged: pass (or faster)
 
 
+@pytest.mark.long  # a gate over ranks; CI shards a run over them
 def test_gate_quality_spreads_its_runs_over_the_ranks(tmp_path):
     out = tmp_path / "quality.json"
     done = subprocess.run([*TORCHRUN, "-m", "harness.gate.quality", "--counters-runs", "0",

@@ -20,6 +20,7 @@ gae_compiled(x, x, flags, flags, x, torch.full((4,), 25), gamma=0.99, gae_lambda
 
 @pytest.mark.slow  # one torch.compile from empty caches: 10-20 s
 @pytest.mark.integration
+@pytest.mark.long  # one cold torch.compile: 40 s on the Xeon
 def test_the_first_compile_builds_no_precompiled_header(tmp_path):
     """Inductor precompiles its C++ prefix header (about 150 MB) into a folder of the temp
     dir that no cache setting moves, keyed by the include paths, before compiling a kernel:

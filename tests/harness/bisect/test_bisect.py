@@ -231,6 +231,7 @@ def test_bisect_is_a_subcommand_of_the_console_script(capsys):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.long  # a minute of bisecting by time; CI bisects by counters
 def test_time_bisect_finds_the_commit_that_made_a_variant_30x_slower(tmp_path):
     """--time: each commit timed against the good one by the gate's paired A/B sessions;
     the slow commit is named, with the counters that changed with it. (About 40 s.)"""

@@ -61,6 +61,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.integration
+@pytest.mark.long  # six gate processes, over two minutes: run on demand
 def test_unchanged_code_passes_on_another_kernel_path_and_a_planted_op_still_fails(tmp_path):
     baseline = tmp_path / "counters.json"
     rows_file = tmp_path / "rows.json"
