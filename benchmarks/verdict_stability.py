@@ -200,6 +200,11 @@ def _measured_run(clone: Path, results: Path, extra: tuple[str, ...],
             "cpu": machine_label(metadata)}
 
 
+def _cpus(runs: list[dict]) -> str:
+    """The CPUs a series' runs recorded (`machine_label`), joined; '' where none did."""
+    return " and ".join(sorted({r["cpu"] for r in runs if r.get("cpu")}))
+
+
 def machine_label(metadata: dict) -> str | None:
     """The CPU a run measured on and the vector ISA its ATen kernels ran ("Intel(R)
     Xeon(R) Processor, AVX512"); None for a run that recorded neither."""
@@ -726,9 +731,9 @@ def _series_table(folder: Path, condition: str, name: str, document: dict,
     kind, bar = ("`--quick` runs", "at most 40 s") if quick else ("default runs", "at most 150 s")
     also = (f" {len(more['pairs'])} more fresh clones of {more['commit'][:10]}, each run "
             "twice, add their first pairs." if more["pairs"] else "")
-    cpus = sorted({r["cpu"] for r in runs if r.get("cpu")})
+    cpus = _cpus(runs)
     lines = [f"{CONDITIONS[condition].description}: {len(runs)} {kind} of "
-             f"{document['commit'][:10]}{' on ' + ' and '.join(cpus) if cpus else ''}, "
+             f"{document['commit'][:10]}{' on ' + cpus if cpus else ''}, "
              "the first from a fresh clone with empty compile "
              f"caches.{also}", "",
              "| claim | bar | measured |", "|---|---|---|",
@@ -817,9 +822,9 @@ def _conditions_row(folder: Path, condition: str, name: str, document: dict,
     held = words_held(runs, reference_ratios(ref)) if ref and ref.get("processes") else None
     seconds = [r["seconds"] for r in runs]
     cold = [seconds[0]] + [pair[0]["seconds"] for pair in more]
-    cpus = sorted({r["cpu"] for r in runs if r.get("cpu")})
+    cpus = _cpus(runs)
     label = condition if machine is None else (
-        f"{condition}, {machine}" + (f" ({' and '.join(cpus)})" if cpus else ""))
+        f"{condition}, {machine}" + (f" ({cpus})" if cpus else ""))
     cells = [label, f"{len(runs)} {'`--quick`' if quick else 'default'}",
              _pct(later["beyond_level"], later["rows"]) if later.get("rows") else "-",
              f"{later['robust_sd']:.2f}" if later.get("rows") else "-",
