@@ -31,10 +31,10 @@ def _has_avx512() -> bool:
         return False
 
 
-#: CI runs the first two (ATen's slowest path, oneDNN capped); `-m long` every one
+#: CI runs the first (ATen's slowest path, at one thread); `-m long` every one
 CONDITIONS = [
     ({"ATEN_CPU_CAPABILITY": "default"}, 1),
-    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, 1),
+    pytest.param({"ONEDNN_MAX_CPU_ISA": "AVX2"}, 1, marks=pytest.mark.long),
     pytest.param({"ATEN_CPU_CAPABILITY": "avx2"}, 2, marks=pytest.mark.long),
     pytest.param({"ATEN_CPU_CAPABILITY": "avx512"}, 1, marks=[pytest.mark.long, pytest.mark.skipif(
         not _has_avx512(), reason="this CPU has no AVX-512")]),

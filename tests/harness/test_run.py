@@ -677,6 +677,7 @@ def test_the_report_import_records_its_cpu_seconds_not_its_wall_time_beside_busy
 
 @pytest.mark.integration
 @pytest.mark.skipif(usable_cores() < 2, reason="one warm-up process at a time")
+@pytest.mark.long  # a cold compile to see an order; CI fills cold caches in other tests
 def test_a_cold_cpu_runs_later_compile_group_starts_once_inductors_isa_checks_have_ended(
         tmp_path, outside_the_repository):
     """On 2 cores inductor's vector-ISA checks (run by the run's process from an empty

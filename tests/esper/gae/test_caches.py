@@ -27,6 +27,7 @@ print(numba_cache_cold(), inductor_cache_cold())
 
 @pytest.mark.slow  # numba's serial kernel and a torch.compile, from empty caches: 10-20 s
 @pytest.mark.integration  # a fresh interpreter: numba reads NUMBA_CACHE_DIR at import
+@pytest.mark.long  # two compiles from empty caches; CI warms them in every cold run test
 def test_the_caches_read_cold_until_each_method_compiled_into_them(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,

@@ -111,6 +111,7 @@ def repo(tmp_path_factory) -> Repo:
 
 
 @pytest.mark.integration
+@pytest.mark.long  # half a minute; CI runs the interrupted bisections
 def test_the_planted_host_sync_is_found_with_its_line_and_the_broken_commit_skipped(repo):
     before = _state(repo.path)
     started = time.perf_counter()

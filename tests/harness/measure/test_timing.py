@@ -268,7 +268,7 @@ print(json.dumps({"traced_at": cell.traced_at, "frames": [prepared, traced, fram
 
 @pytest.mark.slow  # one cold torch.compile: 5-15 s
 @pytest.mark.integration  # a fresh interpreter and an empty inductor cache
-@pytest.mark.parametrize("threads", ["pinned", "bare"])
+@pytest.mark.parametrize("threads", ["pinned", pytest.param("bare", marks=pytest.mark.long)])
 def test_a_graph_traced_again_at_the_timing_threads_loads_its_code_and_is_traced_before_timing(
         tmp_path, threads):
     """Dynamo guards a graph on torch's thread count, so a variant first called while the
