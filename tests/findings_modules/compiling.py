@@ -3,7 +3,10 @@ variant in the folder `COMPILES_CACHE` names), for the tests of a run's warm ste
 (`Recording.caches_cold`, `Recording.compile_groups`). Each first call appends `pid variant
 compiled|loaded` to the file `COMPILES_LOG` names (with the wall clock before and after
 it, and 1 or 0: whether the report's modules were imported then): compiled where the
-cache held nothing yet, which takes 0.3 s. This module registers
+cache held nothing yet, which takes 0.3 s. Where `COMPILES_MEET` names a folder, a
+compiling call first leaves its variant's name there and waits (at most 30 s) until both
+variants' names are there: processes that compile at once then overlap however long each
+took to start, and processes that compile one after the other do not. This module registers
 nothing: `compiles` and `compiles_grouped` each register one such finding, so that loading
 either runs only its own."""
 
@@ -28,6 +31,12 @@ def _make_call(variant: str, x: torch.Tensor):
     began = time.time()
     state = "loaded" if cache.exists() else "compiled"
     if state == "compiled":
+        if meet := os.environ.get("COMPILES_MEET"):
+            (Path(meet) / variant).parent.mkdir(parents=True, exist_ok=True)
+            (Path(meet) / variant).touch()
+            deadline = time.monotonic() + 30
+            while len(list(Path(meet).iterdir())) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
         time.sleep(0.3)
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.touch()
