@@ -106,15 +106,26 @@ BUSY_WINDOW_S = 0.2
 BUSY_CORE = 0.7
 
 
-def _cpu_times() -> tuple[int, int] | None:
-    """(busy, total) clock ticks of all cores together, from /proc/stat; None without it."""
+def _cpu_times() -> tuple[int, int, int] | None:
+    """(busy, total) clock ticks of the cores this process may run on (`usable_cores`'
+    lines of /proc/stat; all cores where they are not listed), and how many cores that
+    is; None without /proc/stat."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    busy = total = cores = 0
     try:
         with open(PROC_STAT) as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
-    except (OSError, ValueError):
+            lines = [line.split() for line in stat if line.startswith("cpu")]
+        for name, *values in lines[1:] if len(lines) > 1 else lines:
+            if name != "cpu" and allowed is not None and int(name[3:]) not in allowed:
+                continue
+            fields = [int(v) for v in values]
+            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+            busy, total, cores = busy + sum(fields) - idle, total + sum(fields), cores + 1
+    except (OSError, ValueError, IndexError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+    if lines and len(lines) == 1:  # only the machine's sum: all its cores
+        cores = os.cpu_count() or 1
+    return (busy, total, cores) if cores else None
 
 
 def _process_ticks(pid: int) -> int | None:
@@ -125,6 +136,55 @@ def _process_ticks(pid: int) -> int | None:
         return None if fields is None else int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):
         return None
+
+
+def _tree_ticks(root: int) -> int | None:
+    """Clock ticks process `root` and every process it started (and theirs) have run:
+    user and system time, with what their children that ended and were waited for ran
+    (/proc's cutime and cstime, so a worker that exits moves no ticks out of the sum);
+    None where `root` cannot be read."""
+    parents: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        fields = process_stat(int(name)) if name.isdigit() else None
+        if fields is not None and len(fields) > 1:
+            parents.setdefault(int(fields[1]), []).append(int(name))
+    total, todo, root_read = 0, [root], False
+    while todo:
+        pid = todo.pop()
+        fields = process_stat(pid)
+        if fields is None or len(fields) < 15:
+            continue
+        root_read = root_read or pid == root
+        total += sum(int(v) for v in fields[11:15])
+        todo.extend(parents.get(pid, ()))
+    return total if root_read else None
+
+
+class LoadWatch:
+    """How many cores processes other than the run's kept busy over a span: from its
+    creation to `others_cores()`. The run's are process `root` (by default this one) and
+    every process it started (its workers, their compile workers, py-spy); what the
+    machine's cores ran beyond them is another job's load, which a timed cell shares its
+    cores with."""
+
+    def __init__(self, root: int | None = None) -> None:
+        self.root = os.getpid() if root is None else root
+        self._machine, self._own = _cpu_times(), self._ticks()
+
+    def _ticks(self) -> int | None:
+        try:
+            return _tree_ticks(self.root)
+        except OSError:  # no /proc to list
+            return None
+
+    def others_cores(self) -> float | None:
+        """Cores the other processes kept busy since the watch began, on average (0 to
+        the usable cores); None where /proc cannot say."""
+        machine, own = _cpu_times(), self._ticks()
+        if None in (machine, own, self._machine, self._own) or machine[1] <= self._machine[1]:
+            return None
+        busy = machine[0] - self._machine[0] - max(0, own - self._own)
+        return max(0, busy) / (machine[1] - self._machine[1]) * machine[2]
 
 
 def busy_cores(window_s: float = BUSY_WINDOW_S, own: Sequence[int] = ()) -> float | None:
@@ -139,7 +199,7 @@ def busy_cores(window_s: float = BUSY_WINDOW_S, own: Sequence[int] = ()) -> floa
     mine = sum(b - a for a, b in zip(own_before, own_after)
                if a is not None and b is not None and b >= a)
     busy = max(0, after[0] - before[0] - mine)
-    return busy / (after[1] - before[1]) * (os.cpu_count() or 1)
+    return busy / (after[1] - before[1]) * after[2]
 
 
 def usable_cores() -> int:
@@ -147,6 +207,12 @@ def usable_cores() -> int:
     or `taskset` may allow fewer than the machine has), at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, cores or 1)
+
+
+def _taken(busy: float) -> int:
+    """Cores that `busy` cores of other processes' work take: 0.7 of a core (BUSY_CORE)
+    counts as one."""
+    return int(busy + (1.0 - BUSY_CORE))
 
 
 def free_threads(threads: int, own: Sequence[int] = ()) -> int:
@@ -158,8 +224,16 @@ def free_threads(threads: int, own: Sequence[int] = ()) -> int:
     busy = busy_cores(own=own)
     if busy is None:
         return threads
-    taken = int(busy + (1.0 - BUSY_CORE))  # 0.7 of a core counts as one
-    return max(1, min(threads, usable_cores() - taken))
+    return max(1, min(threads, usable_cores() - _taken(busy)))
+
+
+def shares_cores(threads: int, others_cores: float) -> bool:
+    """Whether `threads` torch threads shared a core with processes that kept
+    `others_cores` cores busy while they were timed: from half a core each, not BUSY_CORE,
+    since a busy process beside a run whose threads fill the cores gets only its fair
+    share of one (2/3 of a core beside 2 busy threads on 2 cores), and half a core of
+    other work already holds a parallel region back half of the time."""
+    return threads > usable_cores() - int(others_cores + 0.5)
 
 
 def start(launch: Launch, device: torch.device):

@@ -198,6 +198,10 @@ class CaseRun:
         """variant -> `Recording.sample_metrics` of each sample, in sample order."""
         self.traced_at: dict[str, int] = {}
         """variant -> torch's thread count when torch.compile traced its first call."""
+        self.load: dict[str, float | bool] = {}
+        """While its processes timed it, what other processes ran (`ranks.LoadWatch`):
+        `others_busy_cores` and `timed_beside_load` (the cell's threads shared a core
+        with them), on each of its summary rows; empty where nothing was timed."""
 
     # ------------------------------------------------------------------ steps
 
@@ -628,7 +632,8 @@ class CaseRun:
             rows.append({**self._base(), "variant": variant,
                          "baseline": variant == self.finding.baseline,
                          "placebo": variant == PLACEBO,
-                         "status": status, "verdict": getattr(verdict, "value", verdict), **cell})
+                         "status": status, "verdict": getattr(verdict, "value", verdict),
+                         **self.load, **cell})
         return rows
 
     @property

@@ -19,7 +19,8 @@ from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.stats import Verdict
 from harness.report.headline import COUNTERS, Headline, headline, headline_case
 from harness.report.summary import (
-    compiled_line, format_seconds, process_line, sampling_line, signed_seconds, verdict_word,
+    compiled_line, format_seconds, load_line, process_line, sampling_line, signed_seconds,
+    verdict_word,
 )
 from harness.report.verdicts import case_phrase, level_label, present, verdict_sentence
 
@@ -287,7 +288,7 @@ def run_sampling_line(run: Run) -> str | None:
     lines = [sampling_line(run.summary, run.metadata.get("precision") or 0.0,
                            run.metadata.get("margin") or DEFAULT_MARGIN),
              process_line(run.summary, run.metadata.get("process_level")),
-             compiled_line(run.summary)]
+             compiled_line(run.summary), load_line(run.summary)]
     return "; ".join(filter(None, lines)) or None
 
 

@@ -133,6 +133,26 @@ def compiled_line(summary: pd.DataFrame) -> str | None:
             "function, seconds)")
 
 
+def load_line(summary: pd.DataFrame) -> str | None:
+    """The cells timed while other processes kept the cores busy that the cell's threads
+    ran on (`timed_beside_load`: another job that started after the run chose its threads),
+    or None where none was (or the run did not record it)."""
+    if summary.empty or "timed_beside_load" not in summary.columns:
+        return None
+    watched = summary[summary.others_busy_cores.notna()]
+    cells = watched.drop_duplicates(["finding", "case"])
+    loaded = cells[cells.timed_beside_load.eq(True)]
+    if loaded.empty:
+        return None
+    names = ", ".join(f"{r.finding} {r.case}" for r in loaded.head(3).itertuples())
+    more = f" and {len(loaded) - 3} more" if len(loaded) > 3 else ""
+    return (f"load: other processes kept {loaded.others_busy_cores.median():.1f} cores busy "
+            f"(median) while {len(loaded)} of {len(cells)} timed cells ran ({names}{more}), "
+            "leaving fewer free cores than the cells' threads: their parallel regions waited "
+            "for a core, so their times and ratios are a loaded machine's (on a quiet "
+            "machine, or with --threads 1 beside the load, every cell is timed alike)")
+
+
 def process_line(summary: pd.DataFrame, level: dict | None) -> str | None:
     """The process level the run measured, in one line: how many processes timed its
     rows, how far a fresh process moved a ratio per call-length band (with the degrees of

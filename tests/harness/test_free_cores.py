@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from harness.gate.quality import busy_processes
-from harness.ranks import busy_cores, free_threads, usable_cores
+from harness.ranks import LoadWatch, busy_cores, free_threads, shares_cores, usable_cores
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
 
@@ -36,10 +39,12 @@ def test_the_runs_own_processes_are_not_counted_busy():
     with busy_processes(1) as (spinner,):
         counted, left_out = [], []
         for _ in range(3):
-            counted.append(busy_cores())
-            left_out.append(busy_cores(own=[spinner.pid]))
+            counted.append(busy_cores(window_s=0.5))
+            left_out.append(busy_cores(window_s=0.5, own=[spinner.pid]))
     assert None not in counted + left_out
-    assert sum(counted) / 3 - sum(left_out) / 3 >= 0.6  # about one core, the spinner's
+    # about one core, the spinner's; under a loaded test run its fair share of one (half a
+    # core beside three more busy threads on two cores), never the 0 of a core counted twice
+    assert sum(counted) / 3 - sum(left_out) / 3 >= 0.4
     assert min(left_out) >= 0.0
 
 
@@ -63,3 +68,43 @@ def test_usable_cores_are_the_affinity_s_not_the_machine_s():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "1"
     assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+@linux_only
+def test_a_load_watch_counts_every_process_the_run_started_as_the_runs_grandchildren_included():
+    """Two watches over the same second, one rooted at this process, one at a sleeping
+    child of it: a spinner this process started through a shell (a grandchild) is the
+    first's own work and the second's other load; what else runs beside the test (the
+    other test workers) moves both alike. A watch whose root is gone says nothing."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    spin = "import time\nends = time.monotonic() + 30\nwhile time.monotonic() < ends: pass"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    spinner = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "{spin}"; true'],
+                               start_new_session=True)
+    try:
+        time.sleep(0.5)  # the interpreters have started
+        mine, the_sleepers = LoadWatch(), LoadWatch(root=sleeper.pid)
+        time.sleep(1.0)
+        own_run, other_run = mine.others_cores(), the_sleepers.others_cores()
+    finally:
+        os.killpg(spinner.pid, 9)
+        sleeper.kill()
+        spinner.wait()
+        sleeper.wait()
+    assert own_run is not None and other_run is not None
+    assert other_run - own_run >= 0.5  # the spinner's core, or its fair share of one
+    assert 0.0 <= own_run <= usable_cores() + 0.05
+    gone = LoadWatch(root=sleeper.pid)
+    assert gone.others_cores() is None
+
+
+def test_threads_share_their_cores_from_half_a_core_of_other_work():
+    """The rule that marks a cell timed beside another job's load (`shares_cores`)."""
+    cores = usable_cores()
+    assert not shares_cores(cores, 0.0) and not shares_cores(cores, 0.45)
+    assert shares_cores(cores, 0.5)
+    assert shares_cores(1, float(cores))  # every core busy: one thread waits too
+    if cores >= 2:
+        assert not shares_cores(cores - 1, 1.0)  # the core it left free
+        assert shares_cores(cores - 1, 1.6)

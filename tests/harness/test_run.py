@@ -718,3 +718,34 @@ def test_a_runs_budget_counts_from_before_its_imports():
     before_clock, importing = map(float, done.stdout.split())
     assert importing > 0
     assert 0 <= before_clock < 0.1 * importing, (before_clock, importing)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
+def test_load_that_appears_after_the_run_chose_its_threads_is_named_with_the_cells_it_shared(
+        tmp_path, outside_the_repository):
+    """Another job's busy process starts as the run builds its second cell, after the run
+    chose its threads (here all the cores, --threads): that cell is marked timed beside
+    load, the CLI's load line names it and warns, and the report says so too. (The first
+    cell is not asserted quiet: the test's neighbours may load it as well.)"""
+    env = {**os.environ, "LOADED_STARTED": str(tmp_path / "started"),
+           "LOADED_STOP": str(tmp_path / "stop")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.run", "--findings-module",
+             "tests.findings_modules.loaded", "--quick", "--budget", "8", "--every-cell",
+             "--no-profile", "--threads", str(usable_cores()), "--out",
+             str(tmp_path / "results")],
+            env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        (tmp_path / "stop").touch()  # the spinner ends
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "started").exists()
+    run = load_run(None, tmp_path / "results")
+    second = run.summary[run.summary.case == "n=512"]
+    assert len(second) == 2 and second.timed_beside_load.eq(True).all()
+    assert (second.others_busy_cores >= 0.5).all()
+    assert "load: other processes kept" in done.stdout and "LOADED-co-runner n=512" in done.stdout
+    assert "loaded: cells were timed while other processes kept their cores busy" in done.stderr
+    index = next((tmp_path / "reports").glob("*/index.html")).read_text()
+    assert "load: other processes kept" in index

@@ -100,3 +100,26 @@ def test_a_rows_sampling_cell_names_its_processes_and_the_time_line_its_workers(
         for v in ("a", "b")]}, {"seconds": {"time": 1.0}, "summary": [{"variant": "a"}]}]
     assert time_line(unprofiled) == ("time: 11 s sampling; 1 cell not profiled to keep the "
                                      "budget (a larger --budget profiles it)")
+
+
+def test_the_load_line_names_the_cells_timed_beside_another_jobs_load():
+    """Cells whose threads shared their cores with other processes (`timed_beside_load`)
+    are counted and named once per cell; cells timed on free cores are counted as timed;
+    a run with none, or one recorded before the watch, has no such line."""
+    from harness.report.summary import load_line
+
+    def watched(case, variant, others, beside):
+        return {**row("A", case, variant, "decided"), "others_busy_cores": others,
+                "timed_beside_load": beside}
+
+    rows = pd.DataFrame([watched("c1", "x", 0.1, False), watched("c1", "y", 0.1, False),
+                         watched("c2", "x", 1.0, True), watched("c2", "y", 1.0, True),
+                         watched("c3", "x", 1.2, True),
+                         row("B", "c1", "x", None, median_s=None, iqr_s=None,
+                             status="needs_cuda")])
+    line = load_line(rows)
+    assert line.startswith("load: other processes kept 1.1 cores busy (median) while 2 of 3 "
+                           "timed cells ran (A c2, A c3)")
+    assert "--threads 1" in line
+    assert load_line(rows[~rows.case.isin(["c2", "c3"])]) is None
+    assert load_line(pd.DataFrame([row("A", "c1", "x", "decided")])) is None
