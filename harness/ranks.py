@@ -104,6 +104,9 @@ PROC_STAT = "/proc/stat"
 BUSY_WINDOW_S = 0.2
 #: cores another process keeps busy before the run leaves one to it
 BUSY_CORE = 0.7
+#: cores of other work beside a timed cell that take one of the cores its threads ran on
+#: (`shares_cores`)
+SHARED_CORE = 0.5
 
 
 def _cpu_times() -> tuple[int, int, int] | None:
@@ -123,7 +126,7 @@ def _cpu_times() -> tuple[int, int, int] | None:
             busy, total, cores = busy + sum(fields) - idle, total + sum(fields), cores + 1
     except (OSError, ValueError, IndexError):
         return None
-    if lines and len(lines) == 1:  # only the machine's sum: all its cores
+    if len(lines) == 1:  # only the machine's sum: all its cores
         cores = os.cpu_count() or 1
     return (busy, total, cores) if cores else None
 
@@ -143,21 +146,34 @@ def _tree_ticks(root: int) -> int | None:
     user and system time, with what their children that ended and were waited for ran
     (/proc's cutime and cstime, so a worker that exits moves no ticks out of the sum);
     None where `root` cannot be read."""
-    parents: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        fields = process_stat(int(name)) if name.isdigit() else None
-        if fields is not None and len(fields) > 1:
-            parents.setdefault(int(fields[1]), []).append(int(name))
-    total, todo, root_read = 0, [root], False
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no /proc to list
+        return None
+    stats = {int(name): process_stat(int(name)) for name in names if name.isdigit()}
+    stats = {pid: fields for pid, fields in stats.items()
+             if fields is not None and len(fields) >= 15}
+    if root not in stats:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        fields = process_stat(pid)
-        if fields is None or len(fields) < 15:
-            continue
-        root_read = root_read or pid == root
-        total += sum(int(v) for v in fields[11:15])
-        todo.extend(parents.get(pid, ()))
-    return total if root_read else None
+        total += sum(int(v) for v in stats[pid][11:15])
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+def _busy_beyond(before, after, own_ticks: int) -> float | None:
+    """Cores the machine's processes kept busy between two `_cpu_times` readings, on
+    average, less the `own_ticks` of them that the run's own processes ran; None where
+    either reading is missing or no tick passed."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    busy = max(0, after[0] - before[0] - own_ticks)
+    return busy / (after[1] - before[1]) * after[2]
 
 
 class LoadWatch:
@@ -169,22 +185,15 @@ class LoadWatch:
 
     def __init__(self, root: int | None = None) -> None:
         self.root = os.getpid() if root is None else root
-        self._machine, self._own = _cpu_times(), self._ticks()
-
-    def _ticks(self) -> int | None:
-        try:
-            return _tree_ticks(self.root)
-        except OSError:  # no /proc to list
-            return None
+        self._machine, self._own = _cpu_times(), _tree_ticks(self.root)
 
     def others_cores(self) -> float | None:
         """Cores the other processes kept busy since the watch began, on average (0 to
         the usable cores); None where /proc cannot say."""
-        machine, own = _cpu_times(), self._ticks()
-        if None in (machine, own, self._machine, self._own) or machine[1] <= self._machine[1]:
+        machine, own = _cpu_times(), _tree_ticks(self.root)
+        if own is None or self._own is None:
             return None
-        busy = machine[0] - self._machine[0] - max(0, own - self._own)
-        return max(0, busy) / (machine[1] - self._machine[1]) * machine[2]
+        return _busy_beyond(self._machine, machine, max(0, own - self._own))
 
 
 def busy_cores(window_s: float = BUSY_WINDOW_S, own: Sequence[int] = ()) -> float | None:
@@ -194,12 +203,9 @@ def busy_cores(window_s: float = BUSY_WINDOW_S, own: Sequence[int] = ()) -> floa
     before, own_before = _cpu_times(), [_process_ticks(pid) for pid in own]
     time.sleep(window_s)
     after, own_after = _cpu_times(), [_process_ticks(pid) for pid in own]
-    if before is None or after is None or after[1] <= before[1]:
-        return None
     mine = sum(b - a for a, b in zip(own_before, own_after)
                if a is not None and b is not None and b >= a)
-    busy = max(0, after[0] - before[0] - mine)
-    return busy / (after[1] - before[1]) * after[2]
+    return _busy_beyond(before, after, mine)
 
 
 def usable_cores() -> int:
@@ -209,10 +215,10 @@ def usable_cores() -> int:
     return max(1, cores or 1)
 
 
-def _taken(busy: float) -> int:
-    """Cores that `busy` cores of other processes' work take: 0.7 of a core (BUSY_CORE)
-    counts as one."""
-    return int(busy + (1.0 - BUSY_CORE))
+def _taken(busy: float, core: float = BUSY_CORE) -> int:
+    """Cores that `busy` cores of other processes' work take: `core` of a core counts as
+    one."""
+    return int(busy + (1.0 - core))
 
 
 def free_threads(threads: int, own: Sequence[int] = ()) -> int:
@@ -229,11 +235,11 @@ def free_threads(threads: int, own: Sequence[int] = ()) -> int:
 
 def shares_cores(threads: int, others_cores: float) -> bool:
     """Whether `threads` torch threads shared a core with processes that kept
-    `others_cores` cores busy while they were timed: from half a core each, not BUSY_CORE,
-    since a busy process beside a run whose threads fill the cores gets only its fair
-    share of one (2/3 of a core beside 2 busy threads on 2 cores), and half a core of
-    other work already holds a parallel region back half of the time."""
-    return threads > usable_cores() - int(others_cores + 0.5)
+    `others_cores` cores busy while they were timed: from SHARED_CORE (half a core) each,
+    not BUSY_CORE, since a busy process beside a run whose threads fill the cores gets only
+    its fair share of one (2/3 of a core beside 2 busy threads on 2 cores), and half a
+    core of other work already holds a parallel region back half of the time."""
+    return threads > usable_cores() - _taken(others_cores, SHARED_CORE)
 
 
 def start(launch: Launch, device: torch.device):

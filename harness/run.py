@@ -987,7 +987,7 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
             worker_seconds["worker_time"] += done["stages"].get("time", 0.0)
             worker_seconds["worker_other"] += done["seconds"] - done["stages"].get("time", 0.0)
 
-    load = ranks.LoadWatch()  # what another job runs while the cell is timed
+    load = ranks.LoadWatch() if timed else None  # what another job runs while it is timed
     if timed and position % 2:  # the workers first in every other cell
         in_workers()
         cell.time()
@@ -996,7 +996,7 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
         in_workers()
     else:
         in_workers()  # nothing to time: the prepared workers are released
-    others = load.others_cores() if timed else None
+    others = load.others_cores() if load is not None else None
     if others is not None:
         cell.load = {"others_busy_cores": round(others, 2),
                      "timed_beside_load": ranks.shares_cores(torch.get_num_threads(), others)}
@@ -1190,7 +1190,7 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     level = writer.metadata.get("process_level") or {}
     lines = [sampling_line(table, writer.metadata.get("precision", 0.0),
                            writer.metadata.get("margin") or DEFAULT_MARGIN),
-             process_line(table, level), compiled_line(table), load_line(table),
+             process_line(table, level), compiled_line(table), loaded := load_line(table),
              time_line(read_cells(writer.folder))]
     trust = reliability(table)
     lines += [trust.placebo_line(), trust.words_line()]
@@ -1203,7 +1203,7 @@ def _print_result(writer: RunWriter, table: pd.DataFrame, status: str) -> None:
     if trust.noisy:
         print(f"noisy run: a placebo read {', '.join(trust.placebo_decisive)}; its close "
               "words may not repeat (see the noise floor line above)", file=sys.stderr)
-    if load_line(table) is not None:
+    if loaded is not None:
         print("loaded: cells were timed while other processes kept their cores busy "
               "(see the load line above)", file=sys.stderr)
     inflation = (level.get("calibration") or {}).get("inflation", 1.0)
