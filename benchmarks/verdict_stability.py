@@ -854,7 +854,10 @@ def _bar_slowdown(row: dict) -> float | None:
     return min((s for s in GATE_BARS if s > 1.0), key=lambda s: abs(s - row["measured"]))
 
 
-def _gate_table(folder: Path) -> list[str]:
+def _gate_table(folder: Path, machine: str | None = None) -> list[str]:
+    """The gate runs' table (`gate_table`); `machine`: the runs of MACHINES/`machine`."""
+    if machine is not None:
+        folder = folder / MACHINES / machine
     document = _load(folder, "gate-runs")
     if not document:
         return ["(not measured: run `gate`)"]
@@ -1065,8 +1068,8 @@ TABLES = {"condition": _condition_table, "conditions": _conditions_table,
 
 def markdown(kind: str, folder: Path, *argument: str) -> str:
     """The markdown table `kind` (a key of TABLES; `condition` takes a CONDITIONS name,
-    and the name of another machine's folder where its sets are meant) from the results
-    saved in `folder`."""
+    and, as `gate-power` does, the name of another machine's folder where its sets are
+    meant) from the results saved in `folder`."""
     return "\n".join(TABLES[kind](folder, *argument))
 
 
@@ -1076,7 +1079,9 @@ def table(args) -> None:
                           for m in _other_machines(args.out) for c in CONDITIONS
                           if _measured_series(m, c)),
                         *(markdown(kind, args.out) for kind in TABLES
-                          if kind != "condition")]))
+                          if kind != "condition"),
+                        *(markdown("gate-power", args.out, m.name)
+                          for m in _other_machines(args.out) if _load(m, "gate-runs"))]))
 
 
 def main(argv=None) -> int:

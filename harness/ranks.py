@@ -195,6 +195,16 @@ class LoadWatch:
             return None
         return _busy_beyond(self._machine, machine, max(0, own - self._own))
 
+    def seen(self, threads: int) -> dict[str, float | bool]:
+        """What a timing at `threads` torch threads since the watch began ran beside, as a
+        summary row's fields: `others_busy_cores` (`others_cores`) and `timed_beside_load`
+        (`shares_cores`); empty where /proc cannot say."""
+        others = self.others_cores()
+        if others is None:
+            return {}
+        return {"others_busy_cores": round(others, 2),
+                "timed_beside_load": shares_cores(threads, others)}
+
 
 def busy_cores(window_s: float = BUSY_WINDOW_S, own: Sequence[int] = ()) -> float | None:
     """How many cores the machine's processes kept busy over the next `window_s` seconds

@@ -100,6 +100,7 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "claim_word": str, "claim_factor": float, "claim_tolerance": float, "profile_note": str,
     "warning": str, "floor_s": float, "floor_level": str, "bound": str, "min_bytes": float,
     "achieved_bytes_per_s": float, "others_busy_cores": float, "timed_beside_load": bool,
+    "one_thread_beside_load": bool,
 }
 
 

@@ -996,10 +996,8 @@ def _measure_cell(finding, case, options: RunOptions, plan: Plan, workers: _Work
         in_workers()
     else:
         in_workers()  # nothing to time: the prepared workers are released
-    others = load.others_cores() if load is not None else None
-    if others is not None:
-        cell.load = {"others_busy_cores": round(others, 2),
-                     "timed_beside_load": ranks.shares_cores(torch.get_num_threads(), others)}
+    if load is not None:
+        cell.load = load.seen(torch.get_num_threads())
     cell.finish(trace, profile_s=plan.spare_s(key))
     seconds = {**cell.seconds, **worker_seconds}
     sampling = seconds.get("time", 0.0) + worker_seconds["worker_time"]
@@ -1033,7 +1031,8 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
                    measured: list[dict], progress: Progress) -> None:
     """Each finding's headline cell timed again at one torch thread, in two fresh
     processes, where the run has more and the budget lasts: a word the thread count decides
-    is said beside the run's (the rows' `one_thread_*`, `harness.combine`)."""
+    is said beside the run's (the rows' `one_thread_*`, `harness.combine`), and where other
+    processes kept every core busy while one of them timed it, that too (`joined_load`)."""
     if torch.get_num_threads() == 1:
         return
     deadline = _extra_deadline_s(options)
@@ -1062,23 +1061,17 @@ def _at_one_thread(writer: RunWriter, selected, options: RunOptions, workers: _W
                 return
             entry = cells[(finding.id, label)]
             timed = sorted({r["variant"] for r in entry["samples"]})
-            added = []
+            added, summary = [], entry["summary"]
             for process in (101, 102):  # two processes, as every row has
                 worker = alone.get(process)
                 if isinstance(worker, str):
                     progress.note(f"at one thread: {worker}")
                     return
+                load = ranks.LoadWatch()  # what another job runs while it times the cell
                 done = worker.measure(finding.id, label, True, share, timed)
                 added += done.get("samples", [])
-            samples = entry["samples"] + added
-            with signals_deferred():
-                writer.add_cell(finding.id, label, tuple(entry["order"]), entry["summary"],
-                                samples, **{k: v for k, v in entry.items() if k not in (
-                                    "schema_version", "finding", "case", "order", "summary",
-                                    "samples")})
-            for item in measured:  # the entry this rank hands to rank 0
-                if (item["finding"], item["case"]) == (finding.id, label):
-                    item["samples"] = samples
+                summary = joined_load(summary, load.seen(1), one_thread=True)
+            _rejournal(writer, measured, entry, entry["samples"] + added, summary)
     finally:
         alone.close()
 
@@ -1089,7 +1082,7 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
     with the run's spread or that more processes would decide (`Combined.undecided`),
     timed again in a fresh process (one more each round, up to `MAX_PROCESSES`) while the
     budget less what the report will take lasts: each one's rows join the cell's journal
-    entry."""
+    entry, with the load it was timed beside (`joined_load`)."""
     by_id = {f.id: f for f in selected}
     deadline = _extra_deadline_s(options)
     for process in range(options.processes + 1, MAX_PROCESSES + 1):
@@ -1122,19 +1115,49 @@ def _more_processes(writer: RunWriter, selected, options: RunOptions, workers: _
                 return
             entry = entries[(finding_id, label)]
             finding = by_id[finding_id]
+            load = ranks.LoadWatch()  # what another job runs while it is timed
             done = worker.measure(finding_id, label, label == headline_label(finding, options),
                                   share, sorted({r["variant"] for r in entry["samples"]}))
             if "error" in done:
                 continue
-            samples = entry["samples"] + done["samples"]
-            with signals_deferred():
-                writer.add_cell(finding_id, label, tuple(entry["order"]), entry["summary"],
-                                samples, **{k: v for k, v in entry.items() if k not in (
-                                    "schema_version", "finding", "case", "order", "summary",
-                                    "samples")})
-            for item in measured:  # the entry this rank hands to rank 0
-                if (item["finding"], item["case"]) == (finding_id, label):
-                    item["samples"] = samples
+            _rejournal(writer, measured, entry, entry["samples"] + done["samples"],
+                       joined_load(entry["summary"], load.seen(torch.get_num_threads())))
+
+
+def joined_load(rows: list[dict], seen: dict, one_thread: bool = False) -> list[dict]:
+    """A cell's summary `rows` with what a later timing of it ran beside
+    (`ranks.LoadWatch.seen`) joined: for more processes at the run's threads, whose samples
+    join its rows' words, the most cores other processes kept busy over its timings
+    (`others_busy_cores`) and `timed_beside_load` where any of them was; for its
+    one-thread processes `one_thread_beside_load`, since only the one-thread word is
+    theirs. `rows` as they are where the watch could not say."""
+    if not seen:
+        return rows
+    if one_thread:
+        return [{**row, "one_thread_beside_load": bool(row.get("one_thread_beside_load"))
+                 or seen["timed_beside_load"]} for row in rows]
+    return [{**row, "others_busy_cores": max(row.get("others_busy_cores") or 0.0,
+                                             seen["others_busy_cores"]),
+             "timed_beside_load": bool(row.get("timed_beside_load"))
+             or seen["timed_beside_load"]} for row in rows]
+
+
+def _rejournal(writer: RunWriter, measured: list[dict], entry: dict, samples: list[dict],
+               summary: list[dict]) -> None:
+    """Journal cell `entry` (read back from the run's cells) again with `samples` and
+    `summary`, and hand them to rank 0 in this rank's `measured` entry of the cell."""
+    with signals_deferred():
+        writer.add_cell(entry["finding"], entry["case"], tuple(entry["order"]), summary,
+                        samples, **_entry_extra(entry))
+    for item in measured:
+        if (item["finding"], item["case"]) == (entry["finding"], entry["case"]):
+            item.update(samples=samples, summary=summary)
+
+
+def _entry_extra(entry: dict) -> dict:
+    """A journal entry's fields beyond those `RunWriter.add_cell` takes by name."""
+    return {k: v for k, v in entry.items() if k not in (
+        "schema_version", "finding", "case", "order", "summary", "samples")}
 
 
 def _sources(finding, cell: CaseRun, options: RunOptions) -> dict[str, list[dict] | str]:
@@ -1158,10 +1181,8 @@ def _finish(writer: RunWriter, outcomes: list[dict], pyspy: bool) -> int:
     for outcome in outcomes:
         for cell in outcome["cells"]:
             if (cell["finding"], cell["case"]) not in done:  # a rank without this file system
-                extra = {k: v for k, v in cell.items()
-                         if k not in ("schema_version", "finding", "case", "order", "summary", "samples")}
                 writer.add_cell(cell["finding"], cell["case"], tuple(cell["order"]),
-                                cell["summary"], cell["samples"], **extra)
+                                cell["summary"], cell["samples"], **_entry_extra(cell))
     if len(outcomes) > 1:
         writer.metadata["ranks"] = [o["rank"] for o in outcomes]
     writer.metadata["seconds"] = time.perf_counter() - STARTED

@@ -216,6 +216,14 @@ def test_another_machines_sets_have_their_own_rows_and_tables(tmp_path):
     table = vs.markdown("condition", tmp_path, "here", "xeon")
     assert "4 default runs of dddddddddd on Intel(R) Xeon(R) Processor, AVX512" in table
     assert "3 default runs" not in table
+    # gate runs too: the machine's own table, the folder's (none here) apart
+    (tmp_path / "machines" / "xeon" / "gate-runs.json").write_text(json.dumps([
+        {"check": "c", "condition": "unchanged", "expect_flag": False, "exit_codes": [0, 0],
+         "seconds": [110.0, 114.0], "ranks": [0, 0], "rows": [[], []],
+         "commits": ["e" * 40] * 2}]))
+    assert "| unchanged | at most 5% | 2 | 0 (0%) |" in vs.markdown("gate-power", tmp_path,
+                                                                   "xeon")
+    assert vs.markdown("gate-power", tmp_path) == "(not measured: run `gate`)"
 
 
 def test_a_condition_with_default_and_quick_series_shows_both(tmp_path):

@@ -146,6 +146,8 @@ class Headline:
     one_thread: tuple[str, float, float, float] | None = None
     """The same row at one torch thread (the run's headline cells timed again so): (word,
     ratio, ci_low, ci_high); None where the run had one thread or did not."""
+    one_thread_loaded: bool = False
+    """Whether other processes kept every core busy while it was timed at one thread."""
     claim_word: str | None = None
     """The claim's word about its factor (met, exceeded, not met, inconclusive)."""
     claim_tolerance: float | None = None
@@ -297,12 +299,16 @@ class Headline:
 
     def threads_text(self) -> str:
         """'at 1 thread: slower 1.3x [1.2-1.4], where the run's threads read faster: the
-        thread count decides this word', where the word at one thread differs; ''."""
+        thread count decides this word' (or that load, where other processes kept every
+        core busy meanwhile), where the word at one thread differs; ''."""
         if self.one_thread is None or self.one_thread[0] == self.verdict:
             return ""
         word, ratio, low, high = self.one_thread
+        cause = ("timed while other processes kept every core busy: the thread count or "
+                 "that load decides this word" if self.one_thread_loaded
+                 else "the thread count decides this word")
         return (f"at 1 thread: {word} {ratio:.3g} [{low:.3g}-{high:.3g}], where the run's "
-                f"threads read {self.verdict}: the thread count decides this word")
+                f"threads read {self.verdict}: {cause}")
 
     def counter_text(self) -> str:
         """The counter that moved most ('host syncs 204 -> 0'), 'unchanged' or 'not counted'."""
@@ -483,6 +489,7 @@ def headline(finding: str, rows: pd.DataFrame, *, claim: str, baseline: str,
             fields["one_thread"] = (row["one_thread_verdict"], float(row["one_thread_ratio"]),
                                     float(row["one_thread_ci_low"]),
                                     float(row["one_thread_ci_high"]))
+            fields["one_thread_loaded"] = bool(_value(row, "one_thread_beside_load"))
     if baseline in at and variant in at:
         fields["counters"], fields["counted"] = counter_changes(at[variant], at[baseline])
     elif not row:

@@ -134,23 +134,38 @@ def compiled_line(summary: pd.DataFrame) -> str | None:
 
 
 def load_line(summary: pd.DataFrame) -> str | None:
-    """The cells timed while other processes kept the cores busy that the cell's threads
-    ran on (`timed_beside_load`: another job that started after the run chose its threads),
-    or None where none was (or the run did not record it)."""
+    """The cells timed while other processes kept busy the cores the cell's threads ran on
+    (`timed_beside_load`: another job that started after the run chose its threads), and
+    the headline cells whose one-thread processes were (`one_thread_beside_load`: every
+    core busy), or None where none was (or the run did not record it)."""
     if summary.empty or "timed_beside_load" not in summary.columns:
         return None
     watched = summary[summary.others_busy_cores.notna()]
     cells = watched.drop_duplicates(["finding", "case"])
     loaded = cells[cells.timed_beside_load.eq(True)]
-    if loaded.empty:
+    alone = (cells[cells.one_thread_beside_load.eq(True)]
+             if "one_thread_beside_load" in cells.columns else cells.iloc[:0])
+    if loaded.empty and alone.empty:
         return None
-    names = ", ".join(f"{r.finding} {r.case}" for r in loaded.head(3).itertuples())
-    more = f" and {len(loaded) - 3} more" if len(loaded) > 3 else ""
-    return (f"load: other processes kept {loaded.others_busy_cores.median():.1f} cores busy "
-            f"(median) while {len(loaded)} of {len(cells)} timed cells ran ({names}{more}), "
-            "leaving fewer free cores than the cells' threads: their parallel regions waited "
-            "for a core, so their times and ratios are a loaded machine's (on a quiet "
-            "machine, or with --threads 1 beside the load, every cell is timed alike)")
+    parts = []
+    if not loaded.empty:
+        parts.append(f"other processes kept {loaded.others_busy_cores.median():.1f} cores "
+                     f"busy (median) while {len(loaded)} of {len(cells)} timed cells ran "
+                     f"({_cell_names(loaded)})")
+    if not alone.empty:
+        parts.append(f"{'and' if parts else 'other processes kept'} every core busy while "
+                     f"the one-thread processes of {len(alone)} headline "
+                     f"cell{'s' * (len(alone) > 1)} ran ({_cell_names(alone)})")
+    return (f"load: {' '.join(parts)}, leaving fewer free cores than the cells' threads: "
+            "their threads waited for a core, so their times and ratios are a loaded "
+            "machine's (on a quiet machine, or with --threads 1 beside the load, every cell "
+            "is timed alike)")
+
+
+def _cell_names(cells: pd.DataFrame) -> str:
+    """'A c1, B c2 and 2 more': the first three of `cells` by finding and case."""
+    names = ", ".join(f"{r.finding} {r.case}" for r in cells.head(3).itertuples())
+    return names + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
 
 
 def process_line(summary: pd.DataFrame, level: dict | None) -> str | None:

@@ -3,13 +3,19 @@ inputs are built (a process outside the run's: it leaves the process that starts
 no process of the run is its parent), for the test of a run that sees load appear after
 it chose its threads. The process spins one core until the file `LOADED_STOP` names
 exists (or 120 s pass); the file `LOADED_STARTED` names is created as it starts, so that
-the run's second process, building the same case, starts no second one."""
+the run's second process, building the same case, starts no second one.
+
+With `LOADED_AFTER_CELLS` (the run's --out) and `LOADED_SPINNERS=N`, the first case
+starts N such processes instead, and only once both cells are in the run's journal: in
+the processes that time a cell again after every cell was timed (more processes, or its
+headline at one thread)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -29,20 +35,28 @@ _SPINNER = """if True:
 
 
 def _build(case, device, seed) -> torch.Tensor:
-    if case["n"] == 512:
-        try:
-            marker = os.open(os.environ["LOADED_STARTED"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:  # the run's other process started it
-            pass
-        else:
-            # none of the run's pipes: whoever reads the run's output sees it end with it
-            starter = subprocess.Popen([sys.executable, "-c", _SPINNER,
-                                        os.environ["LOADED_STOP"]],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
-            starter.wait()
-            os.close(marker)
+    results = os.environ.get("LOADED_AFTER_CELLS")
+    if results is None and case["n"] == 512:
+        _start_spinners(1)
+    elif results is not None and case["n"] == 256 \
+            and len(list(Path(results).glob("*/cells/*.json"))) >= 2:
+        _start_spinners(int(os.environ["LOADED_SPINNERS"]))
     return torch.arange(case["n"], dtype=torch.float64, device=device)
+
+
+def _start_spinners(count: int) -> None:
+    """`count` spinners, unless a process of the run started them already."""
+    try:
+        marker = os.open(os.environ["LOADED_STARTED"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:  # the run's other process started them
+        return
+    for _ in range(count):
+        # none of the run's pipes: whoever reads the run's output sees it end with it
+        starter = subprocess.Popen([sys.executable, "-c", _SPINNER, os.environ["LOADED_STOP"]],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        starter.wait()
+    os.close(marker)
 
 
 register(Finding(

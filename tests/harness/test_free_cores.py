@@ -74,8 +74,9 @@ def test_usable_cores_are_the_affinity_s_not_the_machine_s():
 def test_a_load_watch_counts_every_process_the_run_started_as_the_runs_grandchildren_included():
     """Two watches over the same second, one rooted at this process, one at a sleeping
     child of it: a spinner this process started through a shell (a grandchild) is the
-    first's own work and the second's other load; what else runs beside the test (the
-    other test workers) moves both alike. A watch whose root is gone says nothing."""
+    first's own work and the second's other load (which threads on every core shared:
+    `seen`); what else runs beside the test (the other test workers) moves both alike. A
+    watch whose root is gone says nothing."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")
     spin = "import time\nends = time.monotonic() + 30\nwhile time.monotonic() < ends: pass"
@@ -86,17 +87,20 @@ def test_a_load_watch_counts_every_process_the_run_started_as_the_runs_grandchil
         time.sleep(0.5)  # the interpreters have started
         mine, the_sleepers = LoadWatch(), LoadWatch(root=sleeper.pid)
         time.sleep(1.0)
-        own_run, other_run = mine.others_cores(), the_sleepers.others_cores()
+        own_run, seen = mine.others_cores(), the_sleepers.seen(usable_cores())
     finally:
         os.killpg(spinner.pid, 9)
         sleeper.kill()
         spinner.wait()
         sleeper.wait()
-    assert own_run is not None and other_run is not None
+    assert own_run is not None and seen
+    other_run = seen["others_busy_cores"]
     assert other_run - own_run >= 0.5  # the spinner's core, or its fair share of one
+    assert seen["timed_beside_load"] is True  # threads on every core shared one with it
     assert 0.0 <= own_run <= usable_cores() + 0.05
     gone = LoadWatch(root=sleeper.pid)
     assert gone.others_cores() is None
+    assert gone.seen(1) == {}  # nothing to record where /proc cannot say
 
 
 def test_threads_share_their_cores_from_half_a_core_of_other_work():

@@ -749,3 +749,58 @@ def test_load_that_appears_after_the_run_chose_its_threads_is_named_with_the_cel
     assert "loaded: cells were timed while other processes kept their cores busy" in done.stderr
     index = next((tmp_path / "reports").glob("*/index.html")).read_text()
     assert "load: other processes kept" in index
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
+@pytest.mark.skipif(usable_cores() < 2, reason="one thread is the run's own on one core")
+def test_load_while_the_headline_is_timed_again_at_one_thread_marks_that_word(
+        tmp_path, outside_the_repository):
+    """Busy processes on every core (twice as many as cores) start as the headline cell
+    is built again after every cell was timed (by its one-thread processes): its rows
+    record `one_thread_beside_load`, and the load line names it as a one-thread timing.
+    (The cells' own timing is not asserted quiet: the test's neighbours may load it.)"""
+    env = {**os.environ, "LOADED_STARTED": str(tmp_path / "started"),
+           "LOADED_STOP": str(tmp_path / "stop"),
+           "LOADED_AFTER_CELLS": str(tmp_path / "results"),
+           "LOADED_SPINNERS": str(2 * usable_cores())}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.run", "--findings-module",
+             "tests.findings_modules.loaded", "--quick", "--budget", "40", "--no-profile",
+             "--no-report", "--placebo", "none", "--precision", "0.5",  # the cells end early:
+             "--threads", str(usable_cores()), "--out",  # time is left for one thread
+             str(tmp_path / "results")],
+            env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        (tmp_path / "stop").touch()  # the spinners end
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "started").exists(), done.stderr[-2000:]  # a one-thread process ran
+    run = load_run(None, tmp_path / "results")
+    headline = run.summary[run.summary.case == "n=256"]
+    assert headline[headline.variant == "cumsum"].one_thread_verdict.notna().all()
+    assert len(headline) == 2 and headline.one_thread_beside_load.eq(True).all()
+    assert "the one-thread processes of 1 headline cell ran (LOADED-co-runner n=256)" \
+        in done.stdout
+    assert "loaded: cells were timed" in done.stderr
+
+
+def test_a_later_timing_joins_its_load_to_the_cells_rows():
+    """More processes at the run's threads: the most cores other processes kept busy over
+    the cell's timings, and beside load where any was; one-thread processes mark only
+    the one-thread word; a watch that could not say changes nothing."""
+    from harness.run import joined_load
+
+    rows = [{"variant": "a", "others_busy_cores": 0.1, "timed_beside_load": False},
+            {"variant": "b", "others_busy_cores": 1.0, "timed_beside_load": True}]
+    quiet = {"others_busy_cores": 0.05, "timed_beside_load": False}
+    loaded = {"others_busy_cores": 1.3, "timed_beside_load": True}
+    assert joined_load(rows, quiet) == [{**rows[0], "others_busy_cores": 0.1}, rows[1]]
+    assert [(r["others_busy_cores"], r["timed_beside_load"]) for r in joined_load(rows, loaded)] \
+        == [(1.3, True), (1.3, True)]
+    alone = joined_load(rows, loaded, one_thread=True)
+    assert [r["one_thread_beside_load"] for r in alone] == [True, True]
+    assert [(r["others_busy_cores"], r["timed_beside_load"]) for r in alone] \
+        == [(0.1, False), (1.0, True)]
+    assert joined_load(rows, {}) is rows and joined_load(rows, {}, one_thread=True) is rows
+    assert joined_load([{"variant": "a"}], quiet) == [{"variant": "a", **quiet}]

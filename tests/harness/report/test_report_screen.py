@@ -228,6 +228,26 @@ def test_the_headline_is_the_claims_proposal_at_the_case_the_run_marked():
     assert h.counters_text() == "host syncs 204 \u2192 0, allocations 717 \u2192 49"
 
 
+def test_a_word_the_thread_count_flips_is_said_and_a_loaded_one_thread_timing_shares_the_blame():
+    """Where the word at one thread differs from the run's, the headline says so; where
+    other processes kept every core busy while it was timed at one thread, that load is
+    named beside the thread count as what may decide it."""
+    alone = {"one_thread_verdict": "slower", "one_thread_ratio": 1.3,
+             "one_thread_ci_low": 1.2, "one_thread_ci_high": 1.4}
+    rows = gae_rows(CASES, {"loop": LOOP, "scan": {**SCAN, **alone}})
+    text = headline("B4-CR-03", rows, claim="", baseline="loop").threads_text()
+    assert text == ("at 1 thread: slower 1.3 [1.2-1.4], where the run's threads read faster: "
+                    "the thread count decides this word")
+    loaded = gae_rows(CASES, {"loop": LOOP, "scan": {**SCAN, **alone,
+                                                     "one_thread_beside_load": True}})
+    assert headline("B4-CR-03", loaded, claim="", baseline="loop").threads_text().endswith(
+        "read faster: timed while other processes kept every core busy: the thread count or "
+        "that load decides this word")
+    same = gae_rows(CASES, {"loop": LOOP, "scan": {**SCAN, **alone, "one_thread_verdict":
+                                                   "faster", "one_thread_beside_load": True}})
+    assert headline("B4-CR-03", same, claim="", baseline="loop").threads_text() == ""
+
+
 def test_the_headline_case_needs_a_timed_baseline_and_broken_variants_are_named():
     rows = gae_rows(CASES, {"loop": LOOP, "scan": SCAN})
     untimed = rows.copy()

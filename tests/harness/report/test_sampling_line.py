@@ -123,3 +123,26 @@ def test_the_load_line_names_the_cells_timed_beside_another_jobs_load():
     assert "--threads 1" in line
     assert load_line(rows[~rows.case.isin(["c2", "c3"])]) is None
     assert load_line(pd.DataFrame([row("A", "c1", "x", "decided")])) is None
+
+
+def test_the_load_line_names_headline_cells_whose_one_thread_processes_were_loaded():
+    """A headline cell timed again at one thread while every core was busy
+    (`one_thread_beside_load`) is named apart from the cells loaded at the run's threads:
+    its one-thread word is a loaded machine's, its main word not."""
+    from harness.report.summary import load_line
+
+    def watched(case, others, beside, alone=None):
+        return {**row("A", case, "x", "decided"), "others_busy_cores": others,
+                "timed_beside_load": beside, "one_thread_beside_load": alone}
+
+    only_alone = pd.DataFrame([watched("c1", 0.1, False, True), watched("c2", 0.0, False)])
+    assert load_line(only_alone).startswith(
+        "load: other processes kept every core busy while the one-thread processes of 1 "
+        "headline cell ran (A c1), leaving fewer free cores")
+    both = pd.DataFrame([watched("c1", 0.1, False, True), watched("c2", 1.0, True),
+                         watched("c3", 1.4, True, True)])
+    assert load_line(both).startswith(
+        "load: other processes kept 1.2 cores busy (median) while 2 of 3 timed cells ran "
+        "(A c2, A c3) and every core busy while the one-thread processes of 2 headline "
+        "cells ran (A c1, A c3)")
+    assert load_line(pd.DataFrame([watched("c1", 0.1, False, False)])) is None
