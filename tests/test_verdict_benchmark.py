@@ -357,8 +357,10 @@ def test_the_reference_worker_times_a_quick_series_rows_at_their_quick_cases():
     ratios = json.loads(done.stdout.strip().splitlines()[-1])
     assert ratios["E2E-iteration/num_envs=2,max_steps=5/placebo"] == 1.0
     assert 0.2 < ratios["E2E-iteration/num_envs=2,max_steps=5/reviews"] < 5.0
-    # batched against itself; scan against the 300-read Python loop (about 10x faster)
-    assert 0.7 < ratios["B4-CR-03/num_envs=4,max_steps=25,dones=episode/batched"] < 1.4
+    # batched against itself; scan against the 300-read Python loop (about 10x faster). A
+    # median of 5 calls of ~0.7 ms beside the other test workers reads 1 +- half: a row timed
+    # against the wrong baseline (the loop) would read about 0.1
+    assert 0.5 < ratios["B4-CR-03/num_envs=4,max_steps=25,dones=episode/batched"] < 2.0
     assert ratios["B4-CR-03/num_envs=4,max_steps=25,dones=episode/scan"] < 0.5
 
 
