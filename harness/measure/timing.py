@@ -43,7 +43,6 @@ __all__ = [
     "StopReason",
     "VariantError",
     "calibrate",
-    "call_overhead",
     "make_clock",
     "measure_interleaved",
     "pinned_threads",
@@ -434,8 +433,8 @@ class Measurement:
     positions: tuple[int, ...] = ()
     """Where in each round's shuffled order this variant's sample was taken (0: first)."""
     call_overhead_s: float = 0.0
-    """Seconds per call the timing loop itself costs, measured with an empty function
-    and already removed from `samples`."""
+    """Seconds per call the timing loop itself costs: the median over the rounds of an
+    empty function's timing, each already removed from its round's `samples`."""
     confidence: float = 0.95
     """The level of each check of the words (1 - 0.05 / looks)."""
     looks: int = 1
@@ -557,26 +556,26 @@ def _empty() -> None:
     """The call whose cost is the timing loop's own (a loop step and a Python call)."""
 
 
-def call_overhead(clock: Clock, number: int, repeats: int = 5) -> float:
-    """Seconds per call that the clock's loop adds to any call: the fastest of `repeats`
-    timings of `number` calls of an empty function, per call."""
-    return min(clock.time(_empty, number) for _ in range(repeats)) / number
-
-
 #: a sample never drops below this share of its raw time when the loop's cost is removed
 OVERHEAD_FLOOR = 0.05
 
 
-def _timed(clock: Clock, fn: Callable[[], object], number: int, overhead: float) -> float:
-    """Seconds per call of one sample, the loop's own cost removed, with the garbage
-    collector off while it is timed (a collection belongs to no variant in particular)."""
+def _timed(clock: Clock, fn: Callable[[], object], number: int) -> float:
+    """Seconds per call of `number` calls of `fn`, the loop's own cost included, with the
+    garbage collector off while they run (a collection belongs to no variant in
+    particular)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        raw = clock.time(fn, number) / number
+        return clock.time(fn, number) / number
     finally:
         if enabled:
             gc.enable()
+
+
+def _net(raw: float, overhead: float) -> float:
+    """A sample's seconds per call less the loop's own cost per call (`overhead`), never
+    below OVERHEAD_FLOOR of it."""
     return max(raw - overhead, OVERHEAD_FLOOR * raw)
 
 
@@ -664,11 +663,17 @@ def measure_interleaved(
     """Time every variant in `fns` (name -> zero-argument callable) in shuffled rounds.
 
     Each variant in turn: its first call is timed alone, warm-up calls run, and its calls
-    per sample are calibrated (`Sampling`); the timing loop's own cost per call is
-    measured with an empty function and removed from every sample. Then rounds of one
+    per sample are calibrated (`Sampling`). Then rounds of one
     sample per variant still sampling, in an order shuffled per round, until every
     variant has stopped (`Sampling`: decided, precise enough, the round cap or the
-    budget, which counts sampling seconds, untimed calls included). Each sample follows
+    budget, which counts sampling seconds, untimed calls included). Each round also times
+    the loop's own cost (an empty function, at a place of its own in the shuffled order,
+    at the most calls per sample of any variant) and takes it from that round's samples:
+    a cost timed once, at the start, is taken from every sample at the machine's speed of
+    that moment (on the 2-core CPU, calls of 30-130 ns ran at two speeds, switching within
+    a second; five timings of the empty call at a process's start read 74 ns a call where
+    their median over its rounds read 35 ns, and a 64-ns call's sample would have kept
+    none of its own cost). Each sample follows
     untimed calls of its own variant (`settling_calls`: as many as it has; one before a
     sample of one call under SETTLE_UNDER_S; none in a paired cell, whose calls advance
     state): the calls after another variant's code pay for the caches, allocator and
@@ -690,27 +695,37 @@ def measure_interleaved(
     names = list(fns)
     reference = reference if reference in fns else names[0]
     prepared = {name: _prepare(name, fn, clock, sampling) for name, fn in fns.items()}
-    overhead = call_overhead(clock, max(p.number for p in prepared.values()))
+    loop_number = max(p.number for p in prepared.values())
+    overheads: list[float] = []  # the loop's cost per call, one per round
     settling = {name: settling_calls(p.number, p.call_seconds, paired=sampling.paired)
                 for name, p in prepared.items()}
     samples: dict[str, list[float]] = {name: [] for name in names}
     positions: dict[str, list[int]] = {name: [] for name in names}
     order_rng = np.random.default_rng(sampling.seed)
+    loop_rng = np.random.default_rng([sampling.seed, 1])  # the orders stay the seed's
     started = now()
     rule = _StopRule(names, reference, sampling,
                      budget_spent=lambda: now() - started >= sampling.time_budget_s)
     done = False
     while not done:
         order = [rule.active[i] for i in order_rng.permutation(len(rule.active))]
-        for position, name in enumerate(order):
+        loop_at = int(loop_rng.integers(len(order) + 1))
+        raw: dict[str, float] = {}
+        for position, name in enumerate([*order, None]):
+            if position == loop_at:
+                overheads.append(_timed(clock, _empty, loop_number))
+            if name is None:
+                break
             number = prepared[name].number
             with _attributed(name, "sampling"):
                 if settling[name]:  # the switch is not billed to the sample
                     clock.time(fns[name], settling[name])  # through the clock: a device idles
-                samples[name].append(_timed(clock, fns[name], number, overhead))
+                raw[name] = _timed(clock, fns[name], number)
                 positions[name].append(position)
                 if after_sample is not None:  # outside the clock
                     after_sample(name)
+        for name, seconds in raw.items():
+            samples[name].append(_net(seconds, overheads[-1]))
         done = rule(samples)
     threads = torch.get_num_threads()
     looks = rule.looks
@@ -725,7 +740,7 @@ def measure_interleaved(
             stopped_by=rule.stopped[name],
             precision_reached=rule.widths.get(name),
             positions=tuple(positions[name]),
-            call_overhead_s=overhead,
+            call_overhead_s=float(np.median(overheads)),
             confidence=looks.confidence,
             looks=looks.count,
         )

@@ -19,6 +19,7 @@ import torch
 
 from harness.measure.decision import Looks, Word, decide
 from harness.measure.estimate import rounds_estimate
+from harness.measure import timing
 from harness.measure.timing import (
     SETTLE_UNDER_S,
     CpuClock,
@@ -497,6 +498,57 @@ def test_the_loops_own_cost_is_measured_with_an_empty_call_and_removed():
     assert result["fast"].samples == (2 * loop,) * 4
 
 
+class TransientClock(OverheadClock):
+    """An `OverheadClock` where everything, the loop's own step included, costs twice as
+    much for `window` seconds from the first timing of the empty call (measured on the
+    2-core CPU: 30-ns calls ran at two speeds, switching within a second; an empty loop
+    timed five times at a process's start read 74 ns a call where its median over the
+    sampling was 35 ns)."""
+
+    def __init__(self, overhead: float, window: float) -> None:
+        super().__init__(overhead)
+        self.window = window
+        self.slow_from: float | None = None
+
+    def scale(self) -> float:
+        return 2.0 if self.slow_from is not None and \
+            self.now < self.slow_from + self.window else 1.0
+
+    def time(self, fn, number):
+        if fn is timing._empty and self.slow_from is None:
+            self.slow_from = self.now
+        start = self.now
+        for _ in range(number):
+            self.now += self.overhead * self.scale()
+            fn()
+        return self.now - start
+
+    def variant(self, name, cost):
+        def call() -> None:
+            self.log.append(name)
+            self.now += cost * self.scale()
+
+        return call
+
+
+def test_the_loops_own_cost_is_timed_in_each_round_beside_that_rounds_samples():
+    """A slow spell that starts as the loop's cost is first timed: a cost timed once then,
+    and taken from every later sample, would leave the 120 and 60 ns calls at 90 and 30 ns
+    (a ratio of 0.33, not 0.5). Timed in every round and taken from that round's samples,
+    a sample is its call's own cost at its round's speed: the rounds after the spell read
+    exactly the calls' costs, and the medians do."""
+    loop = 2.0**-25  # ~30 ns, exact in binary
+    clock = TransientClock(loop, window=2e-3)  # a few rounds of about 0.4 ms
+    fns = {"slow": clock.variant("slow", 4 * loop), "fast": clock.variant("fast", 2 * loop)}
+    result = measure(fns, clock, min_rounds=20, max_rounds=20, sequential=False,
+                     min_sample_time=2.0**-12)
+    for name, cost in (("slow", 4 * loop), ("fast", 2 * loop)):
+        samples = result[name].samples
+        assert samples.count(cost) > len(samples) / 2, (name, samples)
+        assert float(np.median(samples)) == cost
+    assert result["slow"].call_overhead_s == loop  # the median over the rounds
+
+
 class FadingSwitchClock(FakeClock):
     """A fake clock where the k-th call of a variant after another variant's call costs
     `penalty / k**2` more: what the other variant's code left in the caches, the allocator
@@ -511,7 +563,8 @@ class FadingSwitchClock(FakeClock):
         self.since_switch = 0
 
     def time(self, fn, number):
-        self.numbers.append(number)
+        if fn is not timing._empty:  # the loop's own cost, timed once a round, apart
+            self.numbers.append(number)
         return super().time(fn, number)
 
     def variant(self, name, costs):
