@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import threading
@@ -55,3 +57,37 @@ def outside_the_repository(tmp_path_factory):
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = path
+
+
+@contextlib.contextmanager
+def _cores_lock(tmp_path_factory, kind: int):
+    """`fcntl.flock` of `kind` on a file every xdist worker of this session shares (beside
+    their own temporary folders); nothing where the session has one process."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    path = tmp_path_factory.getbasetemp().parent / "cores.lock"
+    with open(path, "a") as held:
+        fcntl.flock(held, kind)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def cores_alone(tmp_path_factory):
+    """For a test that keeps every core busy on purpose (processes spinning beside a run):
+    no test that asks for `cores_calm` runs meanwhile on another xdist worker, whose
+    words a 2-core machine's spinners would decide (a claim's 5-s run read a 60x faster
+    call as inconclusive beside them)."""
+    with _cores_lock(tmp_path_factory, fcntl.LOCK_EX):
+        yield
+
+
+@pytest.fixture
+def cores_calm(tmp_path_factory):
+    """For a test that asserts a word a real run times: it waits for any `cores_alone`
+    test to end, and holds one off while it runs (tests asking for this run together)."""
+    with _cores_lock(tmp_path_factory, fcntl.LOCK_SH):
+        yield

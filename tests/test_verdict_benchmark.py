@@ -343,6 +343,7 @@ def _noisy_runs(ratios: dict[str, list[float]], halfwidth: float = 0.02) -> list
 
 
 @pytest.mark.integration
+@pytest.mark.usefixtures("cores_calm")
 def test_the_reference_worker_times_a_quick_series_rows_at_their_quick_cases():
     """A quick series' rows name quick cases (the training iteration's 2 envs x 5 steps
     exists only there): the reference times them at those cases, one ratio per row, the

@@ -17,6 +17,7 @@ linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads 
 
 
 @linux_only
+@pytest.mark.usefixtures("cores_alone")
 def test_a_process_spinning_a_core_is_seen_and_leaves_the_run_one_thread_fewer():
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
@@ -30,6 +31,7 @@ def test_a_process_spinning_a_core_is_seen_and_leaves_the_run_one_thread_fewer()
 
 
 @linux_only
+@pytest.mark.usefixtures("cores_alone")
 def test_the_runs_own_processes_are_not_counted_busy():
     """The run's spare worker imports while the run looks (`harness.spawn`): a core it
     keeps busy is not another process's. Windows taken in turn, three each: the spinner's
@@ -71,6 +73,7 @@ def test_usable_cores_are_the_affinity_s_not_the_machine_s():
 
 
 @linux_only
+@pytest.mark.usefixtures("cores_alone")
 def test_a_load_watch_counts_every_process_the_run_started_as_the_runs_grandchildren_included():
     """Two watches over the same second, one rooted at this process, one at a sleeping
     child of it: a spinner this process started through a shell (a grandchild) is the
@@ -103,6 +106,7 @@ def test_a_load_watch_counts_every_process_the_run_started_as_the_runs_grandchil
     assert gone.seen(1) == {}  # nothing to record where /proc cannot say
 
 
+@pytest.mark.usefixtures("cores_alone")
 def test_threads_share_their_cores_from_half_a_core_of_other_work():
     """The rule that marks a cell timed beside another job's load (`shares_cores`)."""
     cores = usable_cores()

@@ -447,6 +447,7 @@ def test_unknown_id(claim):
 
 
 @pytest.mark.integration  # five real runs of harness.run, each in a process of its own
+@pytest.mark.usefixtures("cores_calm")
 def test_a_users_claims_pass_and_fail_as_harness_run_measures_them(pytester, plugin_only):
     pytester.makepyfile(my_findings=FINDINGS_MODULE, test_user_claims=USER_TESTS)
     kept = pytester.path / "kept-runs"
@@ -465,9 +466,11 @@ def test_a_users_claims_pass_and_fail_as_harness_run_measures_them(pytester, plu
     # a wrong word, a counter that does not hold, twins said faster, a FAIL: each fails
     # with its line and what failed
     for expected in (
-            "*AssertionError: MY-rowsums sum_dim vs row_loop at rows=64: ratio * faster, "
+            # the word the run measured (faster, or inconclusive on a busy machine) is not
+            # the one claimed: either way the claim fails
+            "*AssertionError: MY-rowsums sum_dim vs row_loop at rows=64: ratio *, "
             "expected slower; does not hold; run *",
-            "*- rows=64: faster, not slower",
+            "*- rows=64: *, not slower*",
             "*- allocations: expected 0, measured 1 at rows=64",
             "*AssertionError: LOCAL-twins b vs a at n=4096: ratio * expected faster; does not "
             "hold; run *",

@@ -722,6 +722,7 @@ def test_a_runs_budget_counts_from_before_its_imports():
 
 @pytest.mark.integration
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
+@pytest.mark.usefixtures("cores_alone")
 def test_load_that_appears_after_the_run_chose_its_threads_is_named_with_the_cells_it_shared(
         tmp_path, outside_the_repository):
     """Another job's busy process starts as the run builds its second cell, after the run
@@ -754,6 +755,7 @@ def test_load_that_appears_after_the_run_chose_its_threads_is_named_with_the_cel
 @pytest.mark.integration
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
 @pytest.mark.skipif(usable_cores() < 2, reason="one thread is the run's own on one core")
+@pytest.mark.usefixtures("cores_alone")
 def test_load_while_the_headline_is_timed_again_at_one_thread_marks_that_word(
         tmp_path, outside_the_repository):
     """Busy processes on every core (twice as many as cores) start as the headline cell

@@ -721,6 +721,7 @@ def test_markdown_escapes_pipes_and_summary_counts_outcomes():
 # --- gate_quality -------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("cores_alone")
 def test_busy_processes_spin_while_inside_and_are_gone_after():
     with gate_quality.busy_processes(2) as spinners:
         assert len(spinners) == 2 and all(s.poll() is None for s in spinners)

@@ -621,6 +621,7 @@ def test_remove_stale_worktrees_leaves_a_live_gates_worktree(clone):
 @pytest.mark.integration
 @linux_only
 @pytest.mark.slow
+@pytest.mark.usefixtures("cores_alone")
 def test_a_terminated_quality_run_leaves_no_busy_process(tmp_path):
     log = open(tmp_path / "quality.log", "w")
     quality = subprocess.Popen(
@@ -645,6 +646,7 @@ def test_a_terminated_quality_run_leaves_no_busy_process(tmp_path):
 
 @pytest.mark.integration
 @linux_only
+@pytest.mark.usefixtures("cores_alone")
 def test_a_busy_process_stops_when_its_parent_is_killed_outright():
     parent = subprocess.Popen(
         [sys.executable, "-c", "import os, subprocess, sys, time\n"
