@@ -79,8 +79,8 @@ def _cores_lock(tmp_path_factory, kind: int):
 def cores_alone(tmp_path_factory):
     """For a test that keeps every core busy on purpose (processes spinning beside a run):
     no test that asks for `cores_calm` runs meanwhile on another xdist worker, whose
-    words a 2-core machine's spinners would decide (a claim's 5-s run read a 60x faster
-    call as inconclusive beside them)."""
+    words a 2-core machine's spinners could decide (on CI a claim's 5-s run read a 60x
+    faster call as inconclusive, its samples swinging 2-5x under some other test's load)."""
     with _cores_lock(tmp_path_factory, fcntl.LOCK_EX):
         yield
 
