@@ -148,10 +148,8 @@ def describe_error(err: BaseException) -> str:
 #: how much slower the profiler makes a call, to foresee a profile's cost: about 20x for
 #: a Python loop of small ops (the most it records per second), less for calls of few ops
 PROFILER_SLOWDOWN = 20.0
-#: a profile foreseen to take at most this share of the run's budget is always taken, even
-#: past the budget (a quick run's 35 s: 0.35 s; a flat 1 s let the cells of a first quick
-#: run, past its budget after compiling, profile 3 s more than it had)
-PROFILE_ALWAYS_SHARE = 0.01
+#: a profile foreseen to take at most this many seconds is always taken
+PROFILE_ALWAYS_S = 1.0
 
 
 def _dynamo_frames() -> int:
@@ -297,7 +295,7 @@ class CaseRun:
         are all the run reads), this process's ratios and the bandwidth floor. The
         profile is left out (said in each row) where it would take more than `profile_s`
         seconds (the run's `Plan.spare_s`; None: no limit) and more than
-        `PROFILE_ALWAYS_SHARE` of the run's budget."""
+        `PROFILE_ALWAYS_S`."""
         if self.options.profile and self.measurements:
             with self._stage("profile"):
                 if self._profile_fits(profile_s):
@@ -472,8 +470,7 @@ class CaseRun:
         medians = [m.median for v, m in self.measurements.items()
                    if v != PLACEBO and (limit is None or m.median <= limit)]
         cost = PROFILER_SLOWDOWN * sum(medians)
-        always_s = PROFILE_ALWAYS_SHARE * self.options.budget_s
-        if profile_s is None or cost <= max(profile_s, always_s):
+        if profile_s is None or cost <= max(profile_s, PROFILE_ALWAYS_S):
             return True
         for variant in self.measurements:
             if variant != PLACEBO:
