@@ -64,7 +64,7 @@ import torch
 
 from harness import findings as registry
 from harness.exits import UsageError, command, die_with_parent, kill_group
-from harness.isa_checks import IsaChecks
+from harness.isa_checks import IsaChecks, check_isas_lazily
 from harness.measure.decision import DEFAULT_MARGIN
 from harness.measure.timing import pinned_threads
 from harness.runner import CaseRun, RunOptions
@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(environ)
     spec = _spec(argv)
     die_with_parent(spec.parent, "the run")
+    check_isas_lazily()  # before its findings modules, which may import inductor
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the findings print goes to stderr, never into the protocol
     sys.stdout = sys.stderr

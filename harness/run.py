@@ -50,7 +50,7 @@ from harness.exits import (
     UsageError, add_version, check_writable_folder, command, epilog, interruption, loading,
     signals_deferred, version,
 )
-from harness.isa_checks import IsaChecks
+from harness.isa_checks import IsaChecks, check_isas_lazily
 from harness.measure.bandwidth import measure_copy_bandwidth
 from harness.measure.flamegraph import record_flamegraph
 from harness.measure.machine import (
@@ -306,6 +306,7 @@ def _main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None, writing: contextlib.ExitStack) -> int:
     args = build_parser().parse_args(argv)
     isolate_compile_cache()
+    check_isas_lazily()  # before any finding's module imports inductor
     if args.resume is None:  # a resumed run imports the modules it recorded, below
         _load_modules(args, resumed=False)
     if args.list:

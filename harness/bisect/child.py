@@ -124,6 +124,9 @@ def main(argv: list[str]) -> int:
     from harness.exits import die_with_parent  # the installed harness
 
     die_with_parent(config.get("parent"), "the bisect")
+    from harness.isa_checks import check_isas_lazily
+
+    check_isas_lazily()
     # nothing may come from the working directory: the tree is put on sys.path
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     print(json.dumps(measure(config)))

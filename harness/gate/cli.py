@@ -51,6 +51,7 @@ from harness import exits, lock, options
 from harness import findings as registry
 from harness.exits import UsageError
 from harness.gate import ab as gate_ab, counters as gate_counters, invariants as gate_invariants
+from harness.isa_checks import check_isas_lazily
 from harness.measure.machine import isolate_compile_cache
 from harness.gate.table import (
     STEP_SUMMARY_VARIABLE, GateRow, Outcome, append_step_summary, render_markdown, rows_document,
@@ -335,6 +336,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 @exits.command
 def main(argv: list[str] | None = None) -> int:
     isolate_compile_cache()
+    check_isas_lazily()
     args = parse(argv)
     if args.update_baseline:
         return _update(args)

@@ -289,6 +289,9 @@ def main(argv: list[str]) -> int:
     from harness.exits import die_with_parent  # the installed harness, as every tree shares it
 
     die_with_parent(raw.get("parent"), "the gate")
+    from harness.isa_checks import check_isas_lazily
+
+    check_isas_lazily()
     for name in ("trees", "findings", "findings_modules", "paths"):
         if name in raw:
             raw[name] = tuple(raw[name])

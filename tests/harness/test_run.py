@@ -544,12 +544,13 @@ def test_cold_caches_are_filled_in_a_process_of_their_own_before_anything_is_tim
         rows = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
         return [(int(p), v, s, float(began), float(ended)) for p, v, s, began, ended, _ in rows]
 
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-
     # each ISA's answer is kept in the process: the run's checks then end at once and hold
     # no core, so the groups compile at once (a CPU run's second group otherwise waits for
     # them: test_a_cold_cpu_runs_later_compile_group_starts_once_inductors_isa_checks...)
     assert IsaChecks().wait() is None
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list  # the lazy list, installed
+
+    assert getattr(valid_vec_isa_list, "lazy", False) == (os.uname().machine == "x86_64")
     valid_vec_isa_list.cache_clear()  # whatever this process answered before
     assert main([*command, "--out", str(tmp_path / "cold")]) == 0
     # inductor's CPU build checks ran in the run's own process, beside the warm-up
