@@ -212,7 +212,8 @@ def test_sum_syncs_nothing(claim):
 
 def test_the_pytest_plugin_loads_from_the_wheel_through_its_entry_point(wheel_site, tmp_path):
     """Installing the wheel is enough: pytest finds the plugin by its pytest11 entry point
-    (no -p, no conftest), lists the fixture from the wheel's module, and a claim (correctness and counters) runs."""
+    (no -p, no conftest), lists the fixture from the wheel's module, and a claim
+    (correctness and counters) runs."""
     (entry_points,) = wheel_site.glob("esper_bench-*.dist-info/entry_points.txt")
     assert "[pytest11]\nesper-bench = harness.pytest_plugin" in entry_points.read_text()
     (tmp_path / "test_user.py").write_text(USER_TEST)
