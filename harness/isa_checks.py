@@ -61,8 +61,10 @@ class ValidIsas(Sequence):
     def _check_until(self, count: float) -> None:
         with self._lock:
             while len(self._valid) < count and self._unchecked:
-                isa = self._unchecked.pop(0)
-                if isa:
+                isa = self._unchecked[0]
+                valid = bool(isa)  # a check that raises is tried again by the next reader
+                self._unchecked.pop(0)
+                if valid:
                     self._valid.append(isa)
 
     def __getitem__(self, index):

@@ -53,6 +53,24 @@ def test_the_list_checks_only_as_far_as_it_is_read():
     assert not ValidIsas([_Isa("avx2", False, empty)]) and empty == ["avx2"]
 
 
+class _Failing(_Isa):
+    """An ISA whose first check raises (a build that could not start), as inductor's may."""
+
+    def __bool__(self) -> bool:
+        if not self.checks:
+            self.checks.append("raised")
+            raise OSError("no compiler")
+        return super().__bool__()
+
+
+def test_a_check_that_raises_is_said_and_tried_again_by_the_next_reader():
+    checks: list[str] = []
+    isas = ValidIsas([_Failing("amx", True, checks), _Isa("avx2", True, checks)])
+    with pytest.raises(OSError, match="no compiler"):
+        bool(isas)
+    assert str(isas[0]) == "amx" and checks == ["raised", "amx"]
+
+
 def test_two_readers_at_once_check_each_isa_once():
     checks: list[str] = []
     isas = _isas(checks)
