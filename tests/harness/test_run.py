@@ -130,8 +130,12 @@ def test_real_findings_quick_run_agree(tmp_path, capsys):
     h3 = summary[summary["finding"] == "H3-stream-sync"]
     assert (h3["verdict"] == "needs_cuda").all() and h3["median_s"].isna().all()
     drl = summary[(summary["finding"] == "B4-DRL-03") & (summary["case"].str.contains("random"))]
-    allocs = drl.set_index("variant")["allocations"]
-    assert allocs["clone"] > 0 and allocs["mask"] > 0
+    rows = drl.set_index("variant").loc[["clone", "mask"]]
+    if "allocations" in rows and rows["allocations"].notna().all():
+        assert (rows["allocations"] > 0).all()
+    else:  # a machine slowed past the 1 s profile allowance: each row says so, with the cost
+        notes = rows["profile_note"]
+        assert notes.str.startswith(plan.BUDGET_UNPROFILED).all(), notes
 
 
 def test_usage_errors_exit_2(capsys):
