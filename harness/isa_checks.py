@@ -35,12 +35,10 @@ __all__ = ["IsaChecks", "check_isas_lazily"]
 
 
 def _candidates() -> list:
-    """The ISAs `valid_vec_isa_list` checks on this CPU, best first: on x86, those whose
-    flags the CPU reports; elsewhere none (it checks those itself, without building)."""
+    """The ISAs `valid_vec_isa_list` checks on this x86 CPU (`check_isas_lazily` installs
+    the lazy list nowhere else), best first: those whose flags the CPU reports."""
     from torch._inductor import cpu_vec_isa
 
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return []
     flags = cpu_vec_isa.x86_isa_checker()
     return [isa for isa in cpu_vec_isa.supported_vec_isa_list
             if all(flag in flags for flag in str(isa).split())]
